@@ -1,0 +1,177 @@
+/*
+ * The backend interface: what core asks of a backend, and nothing else. Core plans every public call
+ * into the jobs below; a backend owns its memory and runs jobs on it. Core never includes a backend
+ * and backends never include each other; backends/registry.c is the only place that names them.
+ *
+ * Versioning: a backend fills kvq_backend_ops.abi_version with KVQ_BACKEND_ABI_VERSION; core refuses
+ * a table of another version. Fields are only appended.
+ *
+ * Memory model: kvq_buffer is memory owned by one backend (host memory for the CPU backend, device
+ * memory for GPU backends), created with buffer_create and moved with write/read/copy/zero. Offsets
+ * are bytes. Host arrays passed inside a job (sequence views, page lists) are read before the job
+ * call returns; the backend must copy what it needs later.
+ *
+ * Synchronization model: a job or buffer call may return with its work still in flight. Work runs in
+ * submission order. buffer_read returns only once the data is on the host; finish() waits for all
+ * submitted work. Core calls finish() before a public call returns results to the caller.
+ *
+ * Errors: every call returns a kvq_status; on failure the backend writes a sentence to
+ * backend->message. Device loss is KVQ_ERROR_DEVICE_LOST, device memory exhaustion
+ * KVQ_ERROR_DEVICE_MEMORY. A backend never aborts.
+ */
+#ifndef KVQ_BACKENDS_BACKEND_H
+#define KVQ_BACKENDS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/config.h"
+#include "kvq/kvq.h"
+
+#define KVQ_BACKEND_ABI_VERSION 1u
+
+typedef struct kvq_backend kvq_backend;
+typedef struct kvq_buffer kvq_buffer;
+
+/* One side (keys or values) of one layer as jobs see it. */
+typedef struct kvq_side_desc {
+  kvq_side_layout layout;
+  kvq_buffer *matrix[KVQ_SIDE_MATRICES]; /* QJL: S (m x d) and S_o (m_o x d), fp32 row-major; else NULL */
+  double qjl_constant;                   /* QJL: c_d for this head_dim */
+} kvq_side_desc;
+
+/* ---- Jobs ------------------------------------------------------------------------------------ */
+
+typedef enum kvq_job_kind {
+  KVQ_JOB_QUANTIZE = 0,      /* encode pages from full-precision tokens */
+  KVQ_JOB_DEQUANTIZE = 1,    /* decode pages to fp32 */
+  KVQ_JOB_PREPARE_QUERY = 2, /* per-method query preprocessing (QJL: S q) */
+  KVQ_JOB_SCORE = 3,         /* scaled logits of queries against pages and window */
+  KVQ_JOB_SOFTMAX = 4,       /* masked, numerically stable softmax of logit rows */
+  KVQ_JOB_WEIGHTED_SUM = 5,  /* probabilities times values */
+  KVQ_JOB_ATTENTION = 6,     /* fused score + softmax + weighted sum (optional) */
+  KVQ_JOB_KIND_COUNT
+} kvq_job_kind;
+
+/* Encode one page: `tokens` valid tokens ([tokens][kv_heads][head_dim] in the input dtype, contiguous)
+ * from src at src_offset, into the page image at dst_offset (side.layout.page_bytes). */
+typedef struct kvq_quantize_item {
+  kvq_buffer *src;
+  uint64_t src_offset;
+  uint64_t dst_offset;
+  uint32_t tokens; /* 1 .. page_size; the rest of the page is written as zeros */
+} kvq_quantize_item;
+
+typedef struct kvq_job_quantize {
+  const kvq_side_desc *side;
+  kvq_dtype input_dtype;
+  kvq_buffer *dst;                 /* the layer's page pool for this side */
+  uint32_t count;
+  const kvq_quantize_item *items;  /* host array */
+} kvq_job_quantize;
+
+/* Decode whole pages: page slots[i] of `pages` -> out[i][page_size][kv_heads][head_dim] fp32 at
+ * out_offset. Tokens beyond a page's valid count decode from its zero padding. */
+typedef struct kvq_job_dequantize {
+  const kvq_side_desc *side;
+  kvq_buffer *pages;
+  uint32_t count;
+  const uint32_t *slots;           /* host array */
+  kvq_buffer *out;
+  uint64_t out_offset;
+} kvq_job_dequantize;
+
+/* Query preprocessing: rows fp32 vectors of head_dim at queries/q_offset -> rows vectors of
+ * kvq_prepared_floats(side) floats at out/out_offset. */
+typedef struct kvq_job_prepare {
+  const kvq_side_desc *keys;
+  uint32_t rows;
+  kvq_buffer *queries;
+  uint64_t q_offset;
+  kvq_buffer *out;
+  uint64_t out_offset;
+} kvq_job_prepare;
+
+/* One sequence in an attention batch. Its n = quantized + window tokens are: tokens [0, quantized)
+ * in pages page_slots[page_first ...] (the last page may be partial), then tokens
+ * [quantized, quantized + window) in its ring, token t at ring slot t % ring_capacity. */
+typedef struct kvq_attention_seq {
+  uint32_t page_first;
+  uint32_t quantized;
+  uint32_t window;
+  uint32_t ring_capacity;
+  uint64_t ring_offset;   /* byte offset of this sequence's ring in key_ring / value_ring */
+  uint32_t query_first;   /* first query row of the batch (row = one position, all query heads) */
+  uint32_t query_count;   /* rows of this sequence in the batch */
+  uint32_t query_position; /* causal mask: row r sits at position query_position + r and sees t <= it */
+  uint32_t mask;          /* kvq_mask */
+  uint64_t score_offset;  /* element offset of its scores [nq][query_heads][n] in `scores` */
+} kvq_attention_seq;
+
+/* SCORE, SOFTMAX, WEIGHTED_SUM and ATTENTION all take this description; each reads what it needs.
+ * queries: fp32 [rows][query_heads][head_dim]; prepared: fp32 [rows][query_heads][prepared floats];
+ * scores: fp32 logits (SCORE writes, masked entries -inf), turned into probabilities in place by
+ * SOFTMAX (masked entries 0); output: fp32 [rows][query_heads][head_dim] (WEIGHTED_SUM, ATTENTION). */
+typedef struct kvq_job_attention {
+  const kvq_side_desc *keys;
+  const kvq_side_desc *values;
+  uint32_t query_heads;
+  kvq_dtype window_dtype;
+  float scale;                     /* 1 / sqrt(head_dim) */
+  uint32_t seq_count;
+  const kvq_attention_seq *seqs;   /* host array */
+  const uint32_t *page_slots;      /* host array */
+  kvq_buffer *key_pages, *value_pages;
+  kvq_buffer *key_ring, *value_ring;
+  kvq_buffer *queries, *prepared, *scores, *output;
+} kvq_job_attention;
+
+/* ---- The table ------------------------------------------------------------------------------- */
+
+typedef struct kvq_backend_ops {
+  uint32_t abi_version;
+  const char *name;
+  void (*destroy)(kvq_backend *backend);
+  /* Whether this backend can run a job kind on a side layout (values for WEIGHTED_SUM, keys else;
+   * ATTENTION checks both via keys and values). Core falls back to the CPU path never: a backend
+   * must support every non-fused job of every layout it accepts at cache creation. */
+  int (*supports)(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
+                  const kvq_side_layout *values);
+
+  kvq_status (*buffer_create)(kvq_backend *backend, uint64_t bytes, kvq_buffer **out);
+  void (*buffer_destroy)(kvq_backend *backend, kvq_buffer *buffer);
+  kvq_status (*buffer_write)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, const void *src,
+                             uint64_t bytes);
+  kvq_status (*buffer_read)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes);
+  kvq_status (*buffer_copy)(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
+                            uint64_t src_offset, uint64_t bytes);
+  kvq_status (*buffer_zero)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes);
+
+  kvq_status (*quantize)(kvq_backend *backend, const kvq_job_quantize *job);
+  kvq_status (*dequantize)(kvq_backend *backend, const kvq_job_dequantize *job);
+  kvq_status (*prepare_queries)(kvq_backend *backend, const kvq_job_prepare *job);
+  kvq_status (*score)(kvq_backend *backend, const kvq_job_attention *job);
+  kvq_status (*softmax)(kvq_backend *backend, const kvq_job_attention *job);
+  kvq_status (*weighted_sum)(kvq_backend *backend, const kvq_job_attention *job);
+  kvq_status (*attention)(kvq_backend *backend, const kvq_job_attention *job); /* NULL if not fused */
+
+  kvq_status (*finish)(kvq_backend *backend);
+} kvq_backend_ops;
+
+struct kvq_backend {
+  const kvq_backend_ops *ops;
+  kvq_backend_kind kind;
+  char device[256];  /* what it runs on, for kvq info */
+  char message[512]; /* the last failure, in words */
+};
+
+/* ---- Registry (backends/registry.c) ---------------------------------------------------------- */
+
+/* Creates a backend of a concrete kind (not AUTO). On failure writes why to `why`. */
+kvq_status kvq_backend_create(kvq_backend_kind kind, const kvq_context_options *options, kvq_backend **out,
+                              kvq_availability *availability, char *why, size_t why_size);
+
+/* Probes availability without keeping a backend. */
+void kvq_backend_probe(kvq_backend_kind kind, kvq_backend_info *info);
+
+#endif /* KVQ_BACKENDS_BACKEND_H */

@@ -1,0 +1,60 @@
+/*
+ * The CPU reference backend: plain scalar C, one file per method, readable against the papers.
+ * It implements every job; its outputs are the truth the other backends are compared with.
+ * Codes follow core/quantize_math.h and the orders documented in docs/FORMAT.md exactly; scores,
+ * softmax and weighted sums accumulate in double so that the reference is as close to exact as
+ * the stored codes allow.
+ */
+#ifndef KVQ_BACKENDS_CPU_CPU_H
+#define KVQ_BACKENDS_CPU_CPU_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+struct kvq_buffer {
+  uint8_t *data;
+  uint64_t size;
+};
+
+/* The view of one kv head's block of one page that method code works on. */
+typedef struct cpu_head {
+  const kvq_side_desc *side;
+  const float *matrix[KVQ_SIDE_MATRICES]; /* host pointers of side->matrix[] (NULL if absent) */
+} cpu_head;
+
+/*
+ * What each method provides. `x` points at token 0, channel 0 of one kv head of fp32 tokens; token t
+ * starts at x + t * token_stride.
+ */
+typedef struct cpu_method {
+  /* Encode n (1..P) tokens into a zeroed head block. */
+  void (*encode)(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block);
+  /* Reconstruct token t of a head block into out[head_dim]. */
+  void (*decode)(const cpu_head *h, const uint8_t *block, uint32_t t, float *out);
+  /* Optional (keys): per-query preprocessing into prepared[kvq_prepared_floats()]. */
+  void (*prepare)(const cpu_head *h, const float *q, float *prepared);
+  /* Optional (keys): q . k_t for the first n tokens of a block, into dots[n]; when absent the
+   * generic path decodes each key and takes the dot product. */
+  void (*dot_page)(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
+                   double *dots);
+} cpu_method;
+
+extern const cpu_method kvq_cpu_exact;
+extern const cpu_method kvq_cpu_qjl;
+extern const cpu_method kvq_cpu_uniform;
+
+const cpu_method *kvq_cpu_method(uint32_t layout_method);
+cpu_head kvq_cpu_head(const kvq_side_desc *side);
+
+/* The jobs (cpu_jobs.c, cpu_attention.c). */
+kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job);
+kvq_status kvq_cpu_dequantize(kvq_backend *b, const kvq_job_dequantize *job);
+kvq_status kvq_cpu_prepare(kvq_backend *b, const kvq_job_prepare *job);
+kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job);
+kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job);
+kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job);
+
+kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size);
+
+#endif

@@ -1,0 +1,209 @@
+/*
+ * Appending tokens and flushing: the residual window and when pages get quantized.
+ *
+ * Per (sequence, layer) the state is tokens n, ring_start F and quantized Q (internal.h). The ring
+ * of R + P slots holds tokens [F, n), token t at slot t % (R + P). After an append, pages are
+ * quantized while n - F >= R + P: page F / P from tokens [F, F + P), then F += P. A flush
+ * quantizes [F, n) (the last page possibly partial) and sets Q = n, leaving F at the start of the
+ * partial page, whose tokens stay in the ring so the page can be re-quantized once it fills.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tensor.h"
+#include "token_check.h"
+
+static uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+/* Copies `count` packed tokens to ring slots starting at token position `first`, wrapping. */
+static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
+                             uint32_t first, uint32_t count, const uint8_t *src) {
+  kvq_backend *be = cache->ctx->backend;
+  while (count > 0) {
+    uint32_t slot = first % cache->ring_capacity;
+    uint32_t run = cache->ring_capacity - slot < count ? cache->ring_capacity - slot : count;
+    kvq_status st = be->ops->buffer_write(be, ring, ring_offset + slot * token_bytes, src, run * token_bytes);
+    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "writing the full-precision window");
+    first += run;
+    count -= run;
+    src += run * token_bytes;
+  }
+  return KVQ_OK;
+}
+
+/* Copies ring tokens [first, first + count) into `dst` at dst_offset, in order. */
+static kvq_status copy_from_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
+                                 uint32_t first, uint32_t count, kvq_buffer *dst, uint64_t dst_offset) {
+  kvq_backend *be = cache->ctx->backend;
+  while (count > 0) {
+    uint32_t slot = first % cache->ring_capacity;
+    uint32_t run = cache->ring_capacity - slot < count ? cache->ring_capacity - slot : count;
+    kvq_status st = be->ops->buffer_copy(be, dst, dst_offset, ring, ring_offset + slot * token_bytes, run * token_bytes);
+    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "staging window tokens");
+    first += run;
+    count -= run;
+    dst_offset += run * token_bytes;
+  }
+  return KVQ_OK;
+}
+
+/* Quantizes pages [first_page, first_page + count) of one side from `src` (page i's tokens at
+ * src_offset + i * P * token_bytes); the last page holds `last_tokens` valid tokens. */
+static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, const kvq_sequence *seq,
+                                 uint32_t first_page, uint32_t count, uint32_t last_tokens, kvq_buffer *src,
+                                 uint64_t src_offset, uint64_t page_stride) {
+  kvq_layer_storage *ls = &cache->storage[layer];
+  kvq_quantize_item *items = malloc(sizeof *items * count);
+  if (!items) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning quantization");
+  for (uint32_t i = 0; i < count; i++) {
+    items[i] = (kvq_quantize_item){
+        .src = src,
+        .src_offset = src_offset + i * page_stride,
+        .dst_offset = (uint64_t)seq->pages[first_page + i] * ls->side[side].layout.page_bytes,
+        .tokens = i + 1 == count ? last_tokens : cache->config.page_size,
+    };
+  }
+  kvq_job_quantize job = {
+      .side = &ls->side[side],
+      .input_dtype = cache->config.input_dtype,
+      .dst = ls->pages[side],
+      .count = count,
+      .items = items,
+  };
+  kvq_backend *be = cache->ctx->backend;
+  kvq_status st = be->ops->quantize(be, &job);
+  free(items);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, "quantizing pages");
+}
+
+kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_context *ctx = cache->ctx;
+  kvq_status st;
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  if (layer >= cache->config.layer_count)
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_append: layer %u, the cache has %u layers", layer,
+                    cache->config.layer_count);
+  const kvq_layer_config *L = &cache->layers[layer];
+  const int64_t expect[3] = {-1, L->kv_heads, L->head_dim};
+  if ((st = kvq_tensor_check(ctx, keys, "kvq_append keys", expect)) != KVQ_OK) return st;
+  if ((st = kvq_tensor_check(ctx, values, "kvq_append values", expect)) != KVQ_OK) return st;
+  if (keys->shape[0] != values->shape[0])
+    return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_append: %lld key tokens but %lld value tokens",
+                    (long long)keys->shape[0], (long long)values->shape[0]);
+  const kvq_tensor *tensors[2] = {keys, values};
+  for (int s = 0; s < 2; s++)
+    if (tensors[s]->dtype != cache->config.input_dtype)
+      return kvq_fail(ctx, KVQ_ERROR_DTYPE_MISMATCH, "kvq_append: %s are %s, the cache's input dtype is %s",
+                      s ? "values" : "keys", kvq_dtype_name(tensors[s]->dtype), kvq_dtype_name(cache->config.input_dtype));
+
+  kvq_seq_layer *state = &seq->layers[layer];
+  const uint32_t P = cache->config.page_size, R = cache->config.residual_window;
+  const uint64_t max_tokens = (uint64_t)cache->config.max_pages * P + R + P;
+  if ((uint64_t)keys->shape[0] + state->tokens > max_tokens)
+    return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: %lld tokens would make the sequence longer than the cache can hold",
+                    (long long)keys->shape[0]);
+  const uint32_t count = (uint32_t)keys->shape[0];
+  const uint32_t n = state->tokens, F = state->ring_start, n_new = n + count;
+  uint32_t F_new = F;
+  while (n_new - F_new >= R + P) F_new += P;
+  const uint32_t quantized_new = state->quantized > F_new ? state->quantized : F_new;
+  const uint32_t pages_needed = ceil_div(quantized_new, P);
+  const uint32_t new_pages = pages_needed > seq->page_count ? pages_needed - seq->page_count : 0;
+  if (new_pages > cache->free_count)
+    return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: needs %u new pages, %u of %u are free", new_pages,
+                    cache->free_count, cache->config.max_pages);
+
+  /* Everything that can fail on bad input happens before the first change. */
+  const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
+  if (!packed[0] || !packed[1]) {
+    st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
+    goto done;
+  }
+  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+    kvq_tensor_gather(tensors[s], packed[s], cache->config.input_dtype);
+    st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, packed[s], count,
+                          s ? "kvq_append values" : "kvq_append keys", n);
+  }
+  if (st != KVQ_OK) goto done;
+  if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) goto done;
+  kvq_buffer *staging = NULL;
+  if (F_new > F && (st = kvq_scratch(cache, KVQ_SCRATCH_STAGING, (uint64_t)(F_new - F) * token_bytes, &staging)) != KVQ_OK)
+    goto done;
+
+  /* From here on only device errors can fail (and then the cache must be considered lost). */
+  kvq_take_pages(cache, seq, new_pages);
+  const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
+  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+    kvq_buffer *ring = cache->storage[layer].ring[s];
+    if (F_new > F) {
+      /* Stage tokens [F, F_new): old window tokens from the ring, then the new ones. */
+      st = copy_from_ring(cache, ring, ring_offset, token_bytes, F, n - F, staging, 0);
+      if (st == KVQ_OK) {
+        kvq_backend *be = ctx->backend;
+        st = be->ops->buffer_write(be, staging, (uint64_t)(n - F) * token_bytes, packed[s],
+                                   (uint64_t)(F_new - n) * token_bytes);
+        if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "staging new tokens");
+      }
+      if (st == KVQ_OK)
+        st = quantize_pages(cache, layer, s, seq, F / P, (F_new - F) / P, P, staging, 0, (uint64_t)P * token_bytes);
+    }
+    /* The tokens that stay in the window go to their ring slots. */
+    uint32_t keep_from = n > F_new ? n : F_new;
+    if (st == KVQ_OK)
+      st = write_ring(cache, ring, ring_offset, token_bytes, keep_from, n_new - keep_from,
+                      packed[s] + (uint64_t)(keep_from - n) * token_bytes);
+  }
+  if (st == KVQ_OK) {
+    state->tokens = n_new;
+    state->ring_start = F_new;
+    state->quantized = quantized_new;
+  }
+done:
+  free(packed[0]);
+  free(packed[1]);
+  return st;
+}
+
+kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_status st;
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  const uint32_t P = cache->config.page_size;
+  uint32_t pages_needed = seq->page_count;
+  for (uint32_t l = 0; l < cache->config.layer_count; l++)
+    if (ceil_div(seq->layers[l].tokens, P) > pages_needed) pages_needed = ceil_div(seq->layers[l].tokens, P);
+  const uint32_t new_pages = pages_needed - seq->page_count;
+  if (new_pages > cache->free_count)
+    return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
+                    cache->free_count, cache->config.max_pages);
+  if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) return st;
+  kvq_take_pages(cache, seq, new_pages);
+  for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+    kvq_seq_layer *state = &seq->layers[l];
+    if (state->quantized == state->tokens) continue;
+    const kvq_layer_config *L = &cache->layers[l];
+    const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+    const uint64_t ring_offset = kvq_ring_offset(cache, l, kvq_sequence_slot(cache, seq));
+    const uint32_t F = state->ring_start, n = state->tokens;
+    const uint32_t pages = ceil_div(n - F, P);
+    /* F is page-aligned and the ring holds a multiple of P slots, so each page's tokens are
+     * contiguous in the ring and can be quantized in place. */
+    for (int s = 0; s < 2; s++) {
+      for (uint32_t i = 0; i < pages && st == KVQ_OK; i++) {
+        const uint32_t first = F + i * P;
+        const uint64_t src_offset = ring_offset + (uint64_t)(first % cache->ring_capacity) * token_bytes;
+        const uint32_t tokens = n - first < P ? n - first : P;
+        st = quantize_pages(cache, l, s, seq, first / P, 1, tokens, cache->storage[l].ring[s], src_offset, 0);
+      }
+      if (st != KVQ_OK) return st;
+    }
+    state->ring_start = n / P * P;
+    state->quantized = n;
+  }
+  return KVQ_OK;
+}

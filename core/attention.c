@@ -1,0 +1,343 @@
+/*
+ * The planner for attention, scores and dequantization: turns public calls into backend jobs.
+ *
+ * Attention for a batch of sequences runs PREPARE_QUERY (when the key method needs it), SCORE,
+ * SOFTMAX and WEIGHTED_SUM, or the fused ATTENTION job when the backend offers one. Batches are cut
+ * so that the score matrix stays within a scratch budget (a long prefill is split by query rows).
+ * Results land in host scratch first and reach the caller's tensors only when everything succeeded.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tensor.h"
+
+/* Score floats per batch: 64 MiB of fp32. Bounds the memory of one step, not the problem size. */
+#define SCORE_BUDGET ((uint64_t)16 << 20)
+
+typedef enum stage { STAGE_LOGITS, STAGE_PROBABILITIES, STAGE_OUTPUT } stage;
+
+/* One block of queries of one sequence, packed on the host. */
+typedef struct attend_item {
+  const kvq_sequence *seq;
+  uint32_t mask;
+  uint32_t rows;         /* query positions */
+  uint32_t position;     /* causal: position of row 0 */
+  const float *queries;  /* [rows][Hq][d] */
+  float *scores;         /* [rows][Hq][n] (LOGITS / PROBABILITIES) */
+  float *output;         /* [rows][Hq][d] (OUTPUT) */
+} attend_item;
+
+typedef struct batch {
+  kvq_attention_seq *seqs;
+  uint32_t *slots;
+  uint32_t seq_count, slot_count, rows;
+  uint64_t score_floats;
+} batch;
+
+static uint32_t layer_pages(const kvq_cache *cache, const kvq_sequence *seq, uint32_t layer) {
+  return (seq->layers[layer].quantized + cache->config.page_size - 1) / cache->config.page_size;
+}
+
+/* Runs the jobs for one batch whose views are built; copies results to the items' host arrays. */
+static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch *b, attend_item *const *parts,
+                            const uint32_t *part_row0) {
+  kvq_context *ctx = cache->ctx;
+  kvq_backend *be = ctx->backend;
+  const kvq_layer_storage *ls = &cache->storage[layer];
+  const kvq_layer_config *L = &ls->config;
+  const uint64_t row_floats = (uint64_t)L->query_heads * L->head_dim;
+  const uint32_t pf = kvq_prepared_floats(&ls->side[KVQ_SIDE_KEYS].layout);
+  kvq_buffer *queries, *prepared = NULL, *scores, *output = NULL;
+  kvq_status st;
+  if ((st = kvq_scratch(cache, KVQ_SCRATCH_QUERIES, b->rows * row_floats * 4, &queries)) != KVQ_OK) return st;
+  if (pf && (st = kvq_scratch(cache, KVQ_SCRATCH_PREPARED, (uint64_t)b->rows * L->query_heads * pf * 4, &prepared)) != KVQ_OK)
+    return st;
+  if ((st = kvq_scratch(cache, KVQ_SCRATCH_SCORES, b->score_floats * 4, &scores)) != KVQ_OK) return st;
+  if (upto == STAGE_OUTPUT && (st = kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, b->rows * row_floats * 4, &output)) != KVQ_OK)
+    return st;
+  for (uint32_t i = 0; i < b->seq_count; i++) {
+    const attend_item *it = parts[i];
+    st = be->ops->buffer_write(be, queries, (uint64_t)b->seqs[i].query_first * row_floats * 4,
+                               it->queries + (uint64_t)part_row0[i] * row_floats, (uint64_t)b->seqs[i].query_count * row_floats * 4);
+    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "uploading queries");
+  }
+  if (pf) {
+    kvq_job_prepare prep = {.keys = &ls->side[KVQ_SIDE_KEYS], .rows = b->rows * L->query_heads, .queries = queries,
+                            .out = prepared};
+    if ((st = be->ops->prepare_queries(be, &prep)) != KVQ_OK) return kvq_fail_backend(ctx, st, "preparing queries");
+  }
+  kvq_job_attention job = {
+      .keys = &ls->side[KVQ_SIDE_KEYS],
+      .values = &ls->side[KVQ_SIDE_VALUES],
+      .query_heads = L->query_heads,
+      .window_dtype = cache->config.input_dtype,
+      .scale = (float)(1.0 / sqrt((double)L->head_dim)),
+      .seq_count = b->seq_count,
+      .seqs = b->seqs,
+      .page_slots = b->slots,
+      .key_pages = ls->pages[KVQ_SIDE_KEYS],
+      .value_pages = ls->pages[KVQ_SIDE_VALUES],
+      .key_ring = ls->ring[KVQ_SIDE_KEYS],
+      .value_ring = ls->ring[KVQ_SIDE_VALUES],
+      .queries = queries,
+      .prepared = prepared,
+      .scores = scores,
+      .output = output,
+  };
+  if (upto == STAGE_OUTPUT && be->ops->attention &&
+      be->ops->supports(be, KVQ_JOB_ATTENTION, &job.keys->layout, &job.values->layout)) {
+    if ((st = be->ops->attention(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "attention");
+  } else {
+    if ((st = be->ops->score(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "scoring");
+    if (upto >= STAGE_PROBABILITIES && (st = be->ops->softmax(be, &job)) != KVQ_OK)
+      return kvq_fail_backend(ctx, st, "softmax");
+    if (upto == STAGE_OUTPUT && (st = be->ops->weighted_sum(be, &job)) != KVQ_OK)
+      return kvq_fail_backend(ctx, st, "weighted sum");
+  }
+  for (uint32_t i = 0; i < b->seq_count; i++) {
+    const kvq_attention_seq *v = &b->seqs[i];
+    const attend_item *it = parts[i];
+    if (upto == STAGE_OUTPUT) {
+      st = be->ops->buffer_read(be, output, (uint64_t)v->query_first * row_floats * 4,
+                                it->output + (uint64_t)part_row0[i] * row_floats, (uint64_t)v->query_count * row_floats * 4);
+    } else {
+      const uint64_t n = (uint64_t)v->quantized + v->window;
+      st = be->ops->buffer_read(be, scores, v->score_offset * 4, it->scores + (uint64_t)part_row0[i] * L->query_heads * n,
+                                (uint64_t)v->query_count * L->query_heads * n * 4);
+    }
+    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
+  }
+  if ((st = be->ops->finish(be)) != KVQ_OK) return kvq_fail_backend(ctx, st, "finishing");
+  return KVQ_OK;
+}
+
+/* Splits the items into batches within the score budget and runs them. */
+static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_item *items, size_t count) {
+  const kvq_layer_config *L = &cache->layers[layer];
+  size_t total_pages = 0;
+  for (size_t i = 0; i < count; i++) total_pages += layer_pages(cache, items[i].seq, layer);
+  batch b = {0};
+  b.seqs = malloc(sizeof *b.seqs * (count ? count : 1));
+  b.slots = malloc(sizeof *b.slots * (total_pages ? total_pages : 1));
+  attend_item **parts = malloc(sizeof *parts * (count ? count : 1));
+  uint32_t *part_row0 = malloc(sizeof *part_row0 * (count ? count : 1));
+  kvq_status st = KVQ_OK;
+  if (!b.seqs || !b.slots || !parts || !part_row0) {
+    st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning attention");
+    goto done;
+  }
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    attend_item *it = &items[i];
+    const kvq_seq_layer *state = &it->seq->layers[layer];
+    const uint64_t n = state->tokens;
+    const uint64_t floats_per_row = (uint64_t)L->query_heads * n;
+    uint32_t rows_per_part = (uint32_t)(SCORE_BUDGET / floats_per_row);
+    if (rows_per_part == 0) rows_per_part = 1; /* one row always fits: n <= 2^31 tokens */
+    for (uint32_t row0 = 0; row0 < it->rows && st == KVQ_OK; row0 += rows_per_part) {
+      uint32_t rows = it->rows - row0 < rows_per_part ? it->rows - row0 : rows_per_part;
+      if (b.seq_count > 0 && b.score_floats + rows * floats_per_row > SCORE_BUDGET) {
+        st = run_batch(cache, layer, upto, &b, parts, part_row0);
+        b.seq_count = b.slot_count = b.rows = 0;
+        b.score_floats = 0;
+        if (st != KVQ_OK) break;
+      }
+      const uint32_t pages = layer_pages(cache, it->seq, layer);
+      b.seqs[b.seq_count] = (kvq_attention_seq){
+          .page_first = b.slot_count,
+          .quantized = state->quantized,
+          .window = state->tokens - state->quantized,
+          .ring_capacity = cache->ring_capacity,
+          .ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, it->seq)),
+          .query_first = b.rows,
+          .query_count = rows,
+          .query_position = it->position + row0,
+          .mask = it->mask,
+          .score_offset = b.score_floats,
+      };
+      memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
+      parts[b.seq_count] = it;
+      part_row0[b.seq_count] = row0;
+      b.seq_count++;
+      b.slot_count += pages;
+      b.rows += rows;
+      b.score_floats += rows * floats_per_row;
+    }
+  }
+  if (st == KVQ_OK && b.seq_count > 0) st = run_batch(cache, layer, upto, &b, parts, part_row0);
+done:
+  free(b.seqs);
+  free(b.slots);
+  free(parts);
+  free(part_row0);
+  return st;
+}
+
+/* Validates one block of queries and fills an item (queries packed to fp32, owned by the caller). */
+static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kvq_mask mask, const kvq_tensor *queries,
+                               const char *what, attend_item *it) {
+  kvq_context *ctx = cache->ctx;
+  kvq_status st;
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  const kvq_layer_config *L = &cache->layers[layer];
+  const int64_t expect[3] = {-1, L->query_heads, L->head_dim};
+  if ((st = kvq_tensor_check(ctx, queries, what, expect)) != KVQ_OK) return st;
+  if (mask != KVQ_MASK_CAUSAL && mask != KVQ_MASK_NONE)
+    return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: unknown mask %d", what, (int)mask);
+  const uint32_t n = seq->layers[layer].tokens;
+  if (n == 0) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: sequence %u has no tokens in layer %u", what, id, layer);
+  if (mask == KVQ_MASK_CAUSAL && queries->shape[0] > n)
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE,
+                    "%s: %lld causal queries but the sequence has %u tokens (causal queries are its last positions)", what,
+                    (long long)queries->shape[0], n);
+  it->seq = seq;
+  it->mask = (uint32_t)mask;
+  it->rows = (uint32_t)queries->shape[0];
+  it->position = mask == KVQ_MASK_CAUSAL ? n - it->rows : 0;
+  return KVQ_OK;
+}
+
+static kvq_status check_layer(kvq_cache *cache, uint32_t layer, const char *what) {
+  if (layer < cache->config.layer_count) return KVQ_OK;
+  return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: layer %u, the cache has %u layers", what, layer,
+                  cache->config.layer_count);
+}
+
+kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_context *ctx = cache->ctx;
+  kvq_status st = check_layer(cache, layer, "kvq_attention");
+  if (st != KVQ_OK) return st;
+  if (count == 0) return KVQ_OK;
+  if (!requests) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_attention: requests is NULL");
+  if (count > cache->config.max_sequences * (size_t)64)
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_attention: %zu requests is more than this cache can mean", count);
+  const kvq_layer_config *L = &cache->layers[layer];
+  attend_item *items = calloc(count, sizeof *items);
+  if (!items) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    st = prepare_item(cache, layer, requests[i].sequence, requests[i].mask, &requests[i].queries,
+                      "kvq_attention queries", &items[i]);
+    const int64_t expect[3] = {requests[i].queries.shape[0], L->query_heads, L->head_dim};
+    if (st == KVQ_OK) st = kvq_tensor_check(ctx, &requests[i].output, "kvq_attention output", expect);
+  }
+  const uint64_t row_floats = (uint64_t)L->query_heads * L->head_dim;
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    float *q = malloc(items[i].rows * row_floats * 4);
+    items[i].output = malloc(items[i].rows * row_floats * 4);
+    items[i].queries = q;
+    if (!q || !items[i].output) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+    else kvq_tensor_gather(&requests[i].queries, q, KVQ_DTYPE_F32);
+  }
+  if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
+  if (st == KVQ_OK)
+    for (size_t i = 0; i < count; i++) kvq_tensor_scatter(&requests[i].output, items[i].output);
+  for (size_t i = 0; i < count; i++) {
+    free((void *)items[i].queries);
+    free(items[i].output);
+  }
+  free(items);
+  return st;
+}
+
+kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
+                      kvq_score_kind kind, const kvq_tensor *scores) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_context *ctx = cache->ctx;
+  kvq_status st = check_layer(cache, layer, "kvq_scores");
+  if (st != KVQ_OK) return st;
+  if (kind != KVQ_SCORES_LOGITS && kind != KVQ_SCORES_PROBABILITIES)
+    return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_scores: unknown score kind %d", (int)kind);
+  attend_item item = {0};
+  if ((st = prepare_item(cache, layer, id, mask, queries, "kvq_scores queries", &item)) != KVQ_OK) return st;
+  const uint32_t n = item.seq->layers[layer].tokens;
+  const int64_t expect[3] = {queries->shape[0], cache->layers[layer].query_heads, n};
+  if ((st = kvq_tensor_check(ctx, scores, "kvq_scores scores", expect)) != KVQ_OK) return st;
+  const kvq_layer_config *L = &cache->layers[layer];
+  float *q = malloc((uint64_t)item.rows * L->query_heads * L->head_dim * 4);
+  item.scores = malloc((uint64_t)item.rows * L->query_heads * n * 4);
+  item.queries = q;
+  if (!q || !item.scores) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
+  if (st == KVQ_OK) {
+    kvq_tensor_gather(queries, q, KVQ_DTYPE_F32);
+    st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
+  }
+  if (st == KVQ_OK) kvq_tensor_scatter(scores, item.scores);
+  free(q);
+  free(item.scores);
+  return st;
+}
+
+/* Decodes tokens [first, first + count) of one side into out[count][kv_heads][head_dim] fp32. */
+static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, int side, uint32_t first,
+                                  uint32_t count, float *out) {
+  kvq_context *ctx = cache->ctx;
+  kvq_backend *be = ctx->backend;
+  const kvq_layer_storage *ls = &cache->storage[layer];
+  const kvq_seq_layer *state = &seq->layers[layer];
+  const uint32_t P = cache->config.page_size;
+  const uint64_t token_floats = (uint64_t)ls->config.kv_heads * ls->config.head_dim;
+  kvq_status st = KVQ_OK;
+  const uint32_t end = first + count;
+  if (first < state->quantized) { /* quantized part: decode whole pages, keep the asked tokens */
+    const uint32_t q_end = end < state->quantized ? end : state->quantized;
+    const uint32_t page0 = first / P, pages = (q_end - 1) / P - page0 + 1;
+    kvq_buffer *scratch;
+    if ((st = kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, (uint64_t)pages * P * token_floats * 4, &scratch)) != KVQ_OK) return st;
+    kvq_job_dequantize job = {.side = &ls->side[side], .pages = ls->pages[side], .count = pages,
+                              .slots = seq->pages + page0, .out = scratch};
+    if ((st = be->ops->dequantize(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "dequantizing");
+    st = be->ops->buffer_read(be, scratch, (uint64_t)(first - page0 * P) * token_floats * 4, out,
+                              (uint64_t)(q_end - first) * token_floats * 4);
+    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading dequantized tokens");
+  }
+  const kvq_dtype dtype = cache->config.input_dtype;
+  const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, ls->config.head_dim);
+  uint8_t *raw = malloc(token_bytes);
+  if (!raw) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+  const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
+  for (uint32_t t = first > state->quantized ? first : state->quantized; t < end && st == KVQ_OK; t++) {
+    st = be->ops->buffer_read(be, ls->ring[side], ring_offset + (uint64_t)(t % cache->ring_capacity) * token_bytes, raw,
+                              token_bytes);
+    if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "reading the window");
+    else kvq_convert_to_f32(dtype, raw, out + (uint64_t)(t - first) * token_floats, token_floats);
+  }
+  free(raw);
+  return st;
+}
+
+kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
+                          const kvq_tensor *keys, const kvq_tensor *values) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_context *ctx = cache->ctx;
+  kvq_status st = check_layer(cache, layer, "kvq_dequantize");
+  if (st != KVQ_OK) return st;
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  const uint32_t n = seq->layers[layer].tokens;
+  if (count == 0 || first > n || count > n - first)
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_dequantize: tokens [%llu, +%llu) outside the %u tokens of the sequence",
+                    (unsigned long long)first, (unsigned long long)count, n);
+  if (!keys && !values) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_dequantize: keys and values are both NULL");
+  const kvq_layer_config *L = &cache->layers[layer];
+  const int64_t expect[3] = {(int64_t)count, L->kv_heads, L->head_dim};
+  const kvq_tensor *outs[2] = {keys, values};
+  for (int s = 0; s < 2; s++)
+    if (outs[s] && (st = kvq_tensor_check(ctx, outs[s], s ? "kvq_dequantize values" : "kvq_dequantize keys", expect)) != KVQ_OK)
+      return st;
+  float *buffers[2] = {NULL, NULL};
+  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+    if (!outs[s]) continue;
+    buffers[s] = malloc(count * L->kv_heads * L->head_dim * sizeof(float));
+    if (!buffers[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+    else st = dequantize_side(cache, seq, layer, s, (uint32_t)first, (uint32_t)count, buffers[s]);
+  }
+  if (st == KVQ_OK)
+    for (int s = 0; s < 2; s++)
+      if (outs[s]) kvq_tensor_scatter(outs[s], buffers[s]);
+  free(buffers[0]);
+  free(buffers[1]);
+  return st;
+}

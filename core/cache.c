@@ -1,0 +1,265 @@
+/* Caches: building storage, the page pool, sequences and scratch buffers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "detmath.h"
+#include "internal.h"
+#include "matrix.h"
+
+uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot) {
+  const kvq_layer_config *L = &cache->layers[layer];
+  return (uint64_t)slot * cache->ring_capacity * kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+}
+
+static void free_storage(kvq_cache *cache) {
+  kvq_backend *be = cache->ctx->backend;
+  if (cache->storage) {
+    for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+      kvq_layer_storage *st = &cache->storage[l];
+      for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
+          if (st->side[s].matrix[i]) be->ops->buffer_destroy(be, st->side[s].matrix[i]);
+          free(st->matrix_host[s][i]);
+        }
+        if (st->pages[s]) be->ops->buffer_destroy(be, st->pages[s]);
+        if (st->ring[s]) be->ops->buffer_destroy(be, st->ring[s]);
+      }
+    }
+  }
+  for (int i = 0; i < KVQ_SCRATCH_COUNT; i++)
+    if (cache->scratch[i]) be->ops->buffer_destroy(be, cache->scratch[i]);
+  if (cache->seqs)
+    for (uint32_t i = 0; i < cache->config.max_sequences; i++) {
+      free(cache->seqs[i].pages);
+      free(cache->seqs[i].layers);
+    }
+  free(cache->seqs);
+  free(cache->free_pages);
+  free(cache->storage);
+  free(cache->layers);
+}
+
+static kvq_status create_buffer(kvq_cache *cache, uint64_t bytes, kvq_buffer **out, const char *what) {
+  kvq_backend *be = cache->ctx->backend;
+  kvq_status st = be->ops->buffer_create(be, bytes, out);
+  if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, what);
+  st = be->ops->buffer_zero(be, *out, 0, bytes);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, what);
+}
+
+kvq_status kvq_upload_matrices(kvq_cache *cache) {
+  kvq_backend *be = cache->ctx->backend;
+  for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+    kvq_layer_storage *st = &cache->storage[l];
+    for (int s = 0; s < 2; s++)
+      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
+        uint32_t rows = kvq_side_matrix_rows(&st->side[s].layout, i);
+        if (!rows) continue;
+        uint64_t bytes = (uint64_t)rows * st->config.head_dim * sizeof(float);
+        kvq_status status = be->ops->buffer_write(be, st->side[s].matrix[i], 0, st->matrix_host[s][i], bytes);
+        if (status != KVQ_OK) return kvq_fail_backend(cache->ctx, status, "uploading a matrix");
+      }
+  }
+  return KVQ_OK;
+}
+
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_matrices, kvq_cache **out) {
+  kvq_cache *cache = calloc(1, sizeof *cache);
+  if (!cache) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
+  cache->ctx = ctx;
+  cache->config = *config;
+  const uint32_t L = config->layer_count, P = config->page_size;
+  cache->ring_capacity = config->residual_window + P;
+  cache->layers = malloc(sizeof *cache->layers * L);
+  cache->storage = calloc(L, sizeof *cache->storage);
+  cache->free_pages = malloc(sizeof *cache->free_pages * config->max_pages);
+  cache->seqs = calloc(config->max_sequences, sizeof *cache->seqs);
+  kvq_status st = KVQ_OK;
+  if (!cache->layers || !cache->storage || !cache->free_pages || !cache->seqs) {
+    st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
+    goto fail;
+  }
+  memcpy(cache->layers, config->layers, sizeof *cache->layers * L);
+  cache->config.layers = cache->layers;
+  for (uint32_t i = 0; i < config->max_sequences; i++) {
+    cache->seqs[i].layers = calloc(L, sizeof(kvq_seq_layer));
+    if (!cache->seqs[i].layers) {
+      st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
+      goto fail;
+    }
+  }
+  /* Free pages pop from the end: slot 0 is handed out first. */
+  for (uint32_t i = 0; i < config->max_pages; i++) cache->free_pages[i] = config->max_pages - 1 - i;
+  cache->free_count = config->max_pages;
+
+  for (uint32_t l = 0; l < L; l++) {
+    const kvq_layer_config *lc = &cache->layers[l];
+    kvq_layer_storage *ls = &cache->storage[l];
+    ls->config = *lc;
+    const kvq_method_config *methods[2] = {&lc->keys, &lc->values};
+    for (int s = 0; s < 2; s++) {
+      kvq_side_desc *side = &ls->side[s];
+      kvq_side_layout_init(&side->layout, methods[s], P, lc->head_dim, lc->kv_heads);
+      side->qjl_constant = kvq_qjl_unbiased_constant(lc->head_dim);
+      if (!ctx->backend->ops->supports(ctx->backend, KVQ_JOB_QUANTIZE, s == 0 ? &side->layout : NULL,
+                                       s == 1 ? &side->layout : NULL)) {
+        st = kvq_fail(ctx, KVQ_ERROR_UNSUPPORTED, "layers[%u].%s: the %s backend does not support method %s", l,
+                      s == 0 ? "keys" : "values", ctx->backend->ops->name, kvq_method_name(methods[s]->method));
+        goto fail;
+      }
+      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
+        uint32_t rows = kvq_side_matrix_rows(&side->layout, i);
+        if (!rows) continue;
+        size_t count = (size_t)rows * lc->head_dim;
+        ls->matrix_host[s][i] = malloc(count * sizeof(float));
+        if (!ls->matrix_host[s][i]) {
+          st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory for matrices");
+          goto fail;
+        }
+        if (make_matrices && kvq_build_sketch(config->seed, l, kvq_side_matrix_purpose(&side->layout, i), rows,
+                                              lc->head_dim, ls->matrix_host[s][i]) != 0) {
+          st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory building matrices");
+          goto fail;
+        }
+        st = create_buffer(cache, count * sizeof(float), &side->matrix[i], "allocating a matrix");
+        if (st) goto fail;
+      }
+      st = create_buffer(cache, side->layout.page_bytes * config->max_pages, &ls->pages[s], "allocating the page pool");
+      if (st) goto fail;
+      uint64_t ring = (uint64_t)config->max_sequences * cache->ring_capacity *
+                      kvq_token_bytes(config->input_dtype, lc->kv_heads, lc->head_dim);
+      st = create_buffer(cache, ring, &ls->ring[s], "allocating the full-precision windows");
+      if (st) goto fail;
+    }
+  }
+  if (make_matrices && (st = kvq_upload_matrices(cache)) != KVQ_OK) goto fail;
+  ctx->live_caches++;
+  *out = cache;
+  return KVQ_OK;
+fail:
+  free_storage(cache);
+  free(cache);
+  return st;
+}
+
+kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_create: out is NULL");
+  *out = NULL;
+  kvq_status st = kvq_config_validate(config, ctx->error, sizeof ctx->error);
+  if (st != KVQ_OK) return st;
+  uint64_t bytes;
+  st = kvq_cache_config_bytes(config, &bytes);
+  if (st != KVQ_OK || bytes > ((uint64_t)1 << 46))
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_create: the cache would need %llu bytes",
+                    (unsigned long long)bytes);
+  kvq_clear_error(ctx);
+  return kvq_cache_build(ctx, config, 1, out);
+}
+
+void kvq_cache_destroy(kvq_cache *cache) {
+  if (!cache) return;
+  kvq_context *ctx = cache->ctx;
+  free_storage(cache);
+  free(cache);
+  ctx->live_caches--;
+  kvq_context_release(ctx);
+}
+
+kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config *config) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!config) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_get_config: config is NULL");
+  *config = cache->config;
+  return KVQ_OK;
+}
+
+kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **out) {
+  if (bytes == 0) bytes = 16;
+  if (cache->scratch_size[kind] < bytes) {
+    kvq_backend *be = cache->ctx->backend;
+    kvq_buffer *fresh = NULL;
+    uint64_t grown = bytes + bytes / 4; /* some headroom so growing sizes do not reallocate each call */
+    kvq_status st = be->ops->buffer_create(be, grown, &fresh);
+    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "allocating scratch memory");
+    if (cache->scratch[kind]) be->ops->buffer_destroy(be, cache->scratch[kind]);
+    cache->scratch[kind] = fresh;
+    cache->scratch_size[kind] = grown;
+  }
+  *out = cache->scratch[kind];
+  return KVQ_OK;
+}
+
+/* ---- Sequences --------------------------------------------------------------------------------- */
+
+uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq) { return (uint32_t)(seq - cache->seqs); }
+
+kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, kvq_status *status) {
+  uint32_t slot = id & 0xffffu, generation = id >> 16;
+  if (slot >= cache->config.max_sequences || !cache->seqs[slot].live || cache->seqs[slot].generation != generation) {
+    *status = kvq_fail(cache->ctx, KVQ_ERROR_NOT_FOUND, "sequence %u is not a live sequence of this cache", id);
+    return NULL;
+  }
+  *status = KVQ_OK;
+  return &cache->seqs[slot];
+}
+
+kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *id) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!id) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_add: id is NULL");
+  for (uint32_t slot = 0; slot < cache->config.max_sequences; slot++) {
+    kvq_sequence *seq = &cache->seqs[slot];
+    if (seq->live) continue;
+    seq->generation = (uint16_t)(seq->generation == 0xffff ? 1 : seq->generation + 1);
+    seq->live = 1;
+    seq->page_count = 0;
+    memset(seq->layers, 0, sizeof(kvq_seq_layer) * cache->config.layer_count);
+    cache->live_sequences++;
+    *id = (uint32_t)seq->generation << 16 | slot;
+    return KVQ_OK;
+  }
+  return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_sequence_add: all %u sequence slots are live",
+                  cache->config.max_sequences);
+}
+
+kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_status st;
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  for (uint32_t j = seq->page_count; j-- > 0;) cache->free_pages[cache->free_count++] = seq->pages[j];
+  seq->page_count = 0;
+  seq->live = 0;
+  cache->live_sequences--;
+  return KVQ_OK;
+}
+
+kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t id, uint32_t layer, kvq_sequence_info *info) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_status st;
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  if (layer >= cache->config.layer_count)
+    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "layer %u: the cache has %u layers", layer,
+                    cache->config.layer_count);
+  if (!info) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_info_get: info is NULL");
+  info->tokens = seq->layers[layer].tokens;
+  info->quantized_tokens = seq->layers[layer].quantized;
+  info->pages = seq->page_count;
+  return KVQ_OK;
+}
+
+kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages) {
+  if (pages <= seq->page_capacity) return KVQ_OK;
+  uint32_t capacity = seq->page_capacity ? seq->page_capacity : 8;
+  while (capacity < pages) capacity = capacity > UINT32_MAX / 2 ? pages : capacity * 2;
+  uint32_t *grown = realloc(seq->pages, sizeof *grown * capacity);
+  if (!grown) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a page table");
+  seq->pages = grown;
+  seq->page_capacity = capacity;
+  return KVQ_OK;
+}
+
+void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) seq->pages[seq->page_count++] = cache->free_pages[--cache->free_count];
+}

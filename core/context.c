@@ -1,0 +1,71 @@
+/* Contexts: one backend each, chosen explicitly or automatically. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const kvq_backend_kind all_kinds[] = {KVQ_BACKEND_CPU, KVQ_BACKEND_VULKAN, KVQ_BACKEND_CUDA};
+#define KIND_COUNT (sizeof all_kinds / sizeof all_kinds[0])
+
+kvq_status kvq_backends_list(kvq_backend_info *infos, size_t capacity, size_t *count) {
+  if (!count || (capacity > 0 && !infos)) return KVQ_ERROR_INVALID_ARGUMENT;
+  for (size_t i = 0; i < KIND_COUNT && i < capacity; i++) kvq_backend_probe(all_kinds[i], &infos[i]);
+  *count = KIND_COUNT;
+  return KVQ_OK;
+}
+
+kvq_context_options kvq_context_options_default(void) {
+  return (kvq_context_options){.backend = KVQ_BACKEND_AUTO, .device_index = -1};
+}
+
+kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out) {
+  if (!out) return KVQ_ERROR_INVALID_ARGUMENT;
+  *out = NULL;
+  kvq_context_options opt = options ? *options : kvq_context_options_default();
+  if (opt.backend < KVQ_BACKEND_AUTO || opt.backend > KVQ_BACKEND_CUDA) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (opt.device_index < -1) return KVQ_ERROR_OUT_OF_RANGE;
+  kvq_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return KVQ_ERROR_OUT_OF_MEMORY;
+  /* AUTO: the fastest backend that starts (CUDA, then Vulkan), else the CPU reference. */
+  const kvq_backend_kind auto_order[] = {KVQ_BACKEND_CUDA, KVQ_BACKEND_VULKAN, KVQ_BACKEND_CPU};
+  kvq_status st = KVQ_ERROR_BACKEND_UNAVAILABLE;
+  char why[256];
+  kvq_availability availability;
+  if (opt.backend == KVQ_BACKEND_AUTO) {
+    for (size_t i = 0; i < 3 && !ctx->backend; i++)
+      st = kvq_backend_create(auto_order[i], &opt, &ctx->backend, &availability, why, sizeof why);
+  } else {
+    st = kvq_backend_create(opt.backend, &opt, &ctx->backend, &availability, why, sizeof why);
+  }
+  if (st != KVQ_OK || !ctx->backend) {
+    free(ctx);
+    return st == KVQ_OK ? KVQ_ERROR_BACKEND_UNAVAILABLE : st;
+  }
+  if (ctx->backend->ops->abi_version != KVQ_BACKEND_ABI_VERSION) {
+    ctx->backend->ops->destroy(ctx->backend);
+    free(ctx);
+    return KVQ_ERROR_INTERNAL;
+  }
+  *out = ctx;
+  return KVQ_OK;
+}
+
+void kvq_context_destroy(kvq_context *ctx) {
+  if (!ctx) return;
+  /* Caches still using the context keep it alive; the last one to go frees it. */
+  ctx->destroy_requested = 1;
+  kvq_context_release(ctx);
+}
+
+void kvq_context_release(kvq_context *ctx) {
+  if (!ctx->destroy_requested || ctx->live_caches > 0) return;
+  if (ctx->backend) ctx->backend->ops->destroy(ctx->backend);
+  free(ctx);
+}
+
+kvq_backend_kind kvq_context_backend(const kvq_context *ctx) {
+  return ctx && ctx->backend ? ctx->backend->kind : KVQ_BACKEND_AUTO;
+}
+
+const char *kvq_context_last_error(const kvq_context *ctx) { return ctx ? ctx->error : ""; }

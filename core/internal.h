@@ -1,0 +1,105 @@
+/* The core's objects. Nothing here is visible outside libkvq. */
+#ifndef KVQ_CORE_INTERNAL_H
+#define KVQ_CORE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "config.h"
+#include "kvq/kvq.h"
+
+struct kvq_context {
+  kvq_backend *backend;
+  uint32_t live_caches;
+  int destroy_requested;
+  char error[1024];
+};
+
+/* Frees a context once it was destroyed and its last cache is gone. */
+void kvq_context_release(kvq_context *ctx);
+
+/* Records a failure on a context (may be NULL) and returns `status`. */
+kvq_status kvq_fail(kvq_context *ctx, kvq_status status, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Records a backend failure: its own message, prefixed. */
+kvq_status kvq_fail_backend(kvq_context *ctx, kvq_status status, const char *what);
+void kvq_clear_error(kvq_context *ctx);
+
+enum { KVQ_SIDE_KEYS = 0, KVQ_SIDE_VALUES = 1 };
+
+/* Per layer: its config, how each side is stored, its matrices and its buffers. */
+typedef struct kvq_layer_storage {
+  kvq_layer_config config;
+  kvq_side_desc side[2];                            /* [KVQ_SIDE_*] */
+  float *matrix_host[2][KVQ_SIDE_MATRICES];         /* host copies of side[].matrix (for saving) */
+  kvq_buffer *pages[2];                             /* pool: max_pages * page_bytes */
+  kvq_buffer *ring[2];                              /* windows: max_sequences * ring_capacity tokens */
+} kvq_layer_storage;
+
+/* A sequence's progress in one layer. Invariants: ring_start <= quantized <= tokens,
+ * ring_start % P == 0, tokens - ring_start < ring_capacity; the ring holds [ring_start, tokens);
+ * pages hold [0, quantized); attention reads [quantized, tokens) from the ring. */
+typedef struct kvq_seq_layer {
+  uint32_t tokens;
+  uint32_t ring_start;
+  uint32_t quantized;
+} kvq_seq_layer;
+
+typedef struct kvq_sequence {
+  uint16_t generation; /* 1..65535, bumped whenever the slot is reused; part of the id */
+  uint8_t live;
+  uint32_t page_count, page_capacity;
+  uint32_t *pages;     /* page table: slot of page j, shared by all layers */
+  kvq_seq_layer *layers;
+} kvq_sequence;
+
+enum kvq_scratch_kind {
+  KVQ_SCRATCH_STAGING,
+  KVQ_SCRATCH_QUERIES,
+  KVQ_SCRATCH_PREPARED,
+  KVQ_SCRATCH_SCORES,
+  KVQ_SCRATCH_OUTPUT,
+  KVQ_SCRATCH_COUNT
+};
+
+struct kvq_cache {
+  kvq_context *ctx;
+  kvq_cache_config config;   /* config.layers points at `layers` */
+  kvq_layer_config *layers;
+  kvq_layer_storage *storage;
+  uint32_t ring_capacity;    /* R + P */
+  uint32_t *free_pages;      /* stack of free page slots */
+  uint32_t free_count;
+  kvq_sequence *seqs;        /* max_sequences slots */
+  uint32_t live_sequences;
+  kvq_buffer *scratch[KVQ_SCRATCH_COUNT];
+  uint64_t scratch_size[KVQ_SCRATCH_COUNT];
+};
+
+/* A scratch buffer of at least `bytes` (grown, contents not kept). */
+kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **out);
+
+/* The live sequence of an id, or NULL with the error recorded. */
+kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, kvq_status *status);
+/* The slot index of a sequence. */
+uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq);
+
+/* Byte offset of a sequence's window ring inside ring buffers of a layer. */
+uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot);
+
+/* Builds a cache's storage from a validated config (used by create and load). With make_matrices
+ * the random matrices are built from the seed and uploaded; otherwise the caller (load) fills
+ * matrix_host and uploads them with kvq_upload_matrices. */
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_matrices, kvq_cache **out);
+kvq_status kvq_upload_matrices(kvq_cache *cache);
+
+/* Takes n pages from the free stack and appends them to a sequence's page table
+ * (capacity must have been checked and reserved). */
+void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
+/* Grows a page table's capacity to hold `pages` entries without changing anything else. */
+kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages);
+
+#endif

@@ -1,0 +1,89 @@
+#include "matrix.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "rng.h"
+
+/*
+ * Order of operations (it decides the bits, so it is part of the format):
+ *   for j = 0 .. b-1:
+ *     norm   = sqrt(sum_{i=j}^{n-1} a[i][j]^2)                        (sum in increasing i)
+ *     alpha  = a[j][j] >= 0 ? -norm : norm                            (R[j][j] = alpha)
+ *     v      = a[j..n-1][j] with v[0] = a[j][j] - alpha
+ *     tau    = 2 / sum_i v[i]^2   (0 if that sum is 0)               (H_j = I - tau v v^T)
+ *     for c = j+1 .. b-1: w = sum_i v[i] a[j+i][c]; s = tau * w; a[j+i][c] = a[j+i][c] - s * v[i]
+ *   Q = first b columns of I_n; for j = b-1 down to 0 apply H_j the same way to every column of Q;
+ *   then negate column j of Q wherever alpha_j < 0, so that diag(R) > 0.
+ */
+void kvq_householder_q(double *a, uint32_t n, uint32_t b, double *q, double *work) {
+  double *vs = work;        /* v_j stored in column j of an n x b array, rows j..n-1 */
+  double *taus = work + (size_t)n * b;
+  double *alpha = taus + b;
+  for (uint32_t j = 0; j < b; j++) {
+    double *col = a + (size_t)j * n;
+    double sum = 0.0;
+    for (uint32_t i = j; i < n; i++) sum = sum + col[i] * col[i];
+    double norm = sqrt(sum);
+    double al = col[j] >= 0.0 ? -norm : norm;
+    alpha[j] = al;
+    double *v = vs + (size_t)j * n;
+    double vv = 0.0;
+    for (uint32_t i = j; i < n; i++) {
+      v[i] = i == j ? col[j] - al : col[i];
+      vv = vv + v[i] * v[i];
+    }
+    double tau = vv > 0.0 ? 2.0 / vv : 0.0;
+    taus[j] = tau;
+    for (uint32_t c = j + 1; c < b; c++) {
+      double *ac = a + (size_t)c * n;
+      double w = 0.0;
+      for (uint32_t i = j; i < n; i++) w = w + v[i] * ac[i];
+      double s = tau * w;
+      for (uint32_t i = j; i < n; i++) ac[i] = ac[i] - s * v[i];
+    }
+  }
+  for (uint32_t c = 0; c < b; c++)
+    for (uint32_t i = 0; i < n; i++) q[(size_t)c * n + i] = i == c ? 1.0 : 0.0;
+  for (uint32_t jj = b; jj-- > 0;) {
+    const double *v = vs + (size_t)jj * n;
+    double tau = taus[jj];
+    for (uint32_t c = 0; c < b; c++) {
+      double *qc = q + (size_t)c * n;
+      double w = 0.0;
+      for (uint32_t i = jj; i < n; i++) w = w + v[i] * qc[i];
+      double s = tau * w;
+      for (uint32_t i = jj; i < n; i++) qc[i] = qc[i] - s * v[i];
+    }
+  }
+  for (uint32_t c = 0; c < b; c++)
+    if (alpha[c] < 0.0)
+      for (uint32_t i = 0; i < n; i++) q[(size_t)c * n + i] = -q[(size_t)c * n + i];
+}
+
+int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t rows, uint32_t d, float *out) {
+  size_t nd = (size_t)d * d;
+  double *g = malloc(nd * sizeof *g);
+  double *q = malloc(nd * sizeof *q);
+  double *work = malloc((nd + 2 * (size_t)d) * sizeof *work);
+  if (!g || !q || !work) {
+    free(g);
+    free(q);
+    free(work);
+    return -1;
+  }
+  kvq_rng rng;
+  kvq_rng_init(&rng, seed, layer, purpose);
+  const double scale = sqrt((double)d);
+  for (uint32_t first = 0; first < rows; first += d) {
+    uint32_t b = rows - first < d ? rows - first : d;
+    for (size_t i = 0; i < (size_t)d * b; i++) g[i] = kvq_rng_gaussian(&rng);
+    kvq_householder_q(g, d, b, q, work);
+    for (uint32_t r = 0; r < b; r++)
+      for (uint32_t c = 0; c < d; c++) out[(size_t)(first + r) * d + c] = (float)(scale * q[(size_t)r * d + c]);
+  }
+  free(g);
+  free(q);
+  free(work);
+  return 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * The scalar decisions that produce stored codes, written once for C, CUDA and GLSL (shared_lang.h)
+ * so that every backend computes bit-identical codes and side data. Only +, -, * (each rounded on its
+ * own), comparisons and integer operations decide a code; no division, sqrt or exp.
+ */
+#ifndef KVQ_CORE_QUANTIZE_MATH_H
+#define KVQ_CORE_QUANTIZE_MATH_H
+
+#include "halfconv.h"
+#include "shared_lang.h"
+
+/* ---- Uniform (token-wise asymmetric) quantization of one group ---------------------------------
+ * Given the group's minimum mn and maximum mx (fp32):
+ *   scale_f32 = (mx - mn) * inv_levels(b)       inv_levels = fp32(1 / (2^b - 1)), exact bits below
+ *   min_h = fp16(mn), scale_h = fp16(scale_f32)  (round half to even; both stored)
+ * The code of x is the number of thresholds t_j = min_h + (j - 0.5) * scale_h, j = 1 .. 2^b - 1,
+ * with t_j <= x (0 when scale_h == 0, which includes constant groups). Decoding: min_h + code * scale_h.
+ * ------------------------------------------------------------------------------------------- */
+
+KVQ_SHARED_FN kvq_u32 kvq_uniform_levels(kvq_u32 bits) { return (1u << bits) - 1u; }
+
+KVQ_SHARED_FN kvq_f32 kvq_uniform_inv_levels(kvq_u32 bits) {
+  kvq_u32 u = 0x3f800000u;           /* 1/1 */
+  if (bits == 2u) u = 0x3eaaaaabu;   /* fp32(1/3) */
+  if (bits == 3u) u = 0x3e124925u;   /* fp32(1/7) */
+  if (bits == 4u) u = 0x3d888889u;   /* fp32(1/15) */
+  if (bits == 8u) u = 0x3b808081u;   /* fp32(1/255) */
+  return kvq_bits_to_f32(u);
+}
+
+/* The stored parameter word of a group: fp16 scale in bits 0..15, fp16 minimum in bits 16..31. */
+KVQ_SHARED_FN kvq_u32 kvq_uniform_params(kvq_f32 mn, kvq_f32 mx, kvq_u32 bits) {
+  KVQ_PRECISE kvq_f32 range = KVQ_FSUB(mx, mn);
+  KVQ_PRECISE kvq_f32 scale = KVQ_FMUL(range, kvq_uniform_inv_levels(bits));
+  return kvq_f32_to_f16_bits(scale) | (kvq_f32_to_f16_bits(mn) << 16);
+}
+
+KVQ_SHARED_FN kvq_f32 kvq_uniform_param_scale(kvq_u32 params) { return kvq_f16_bits_to_f32(params & 0xffffu); }
+KVQ_SHARED_FN kvq_f32 kvq_uniform_param_min(kvq_u32 params) { return kvq_f16_bits_to_f32(params >> 16); }
+
+KVQ_SHARED_FN kvq_f32 kvq_uniform_threshold(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 j) {
+  KVQ_PRECISE kvq_f32 step = KVQ_FMUL(KVQ_F32(j) - 0.5f, scale_h); /* j - 0.5 is exact */
+  KVQ_PRECISE kvq_f32 t = KVQ_FADD(min_h, step);
+  return t;
+}
+
+/* The thresholds are non-decreasing in j, so a binary search returns exactly the count. */
+KVQ_SHARED_FN kvq_u32 kvq_uniform_code(kvq_f32 x, kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 bits) {
+  if (scale_h == 0.0f) return 0u;
+  kvq_u32 lo = 0u;
+  kvq_u32 hi = kvq_uniform_levels(bits);
+  while (lo < hi) {
+    kvq_u32 mid = (lo + hi + 1u) / 2u;
+    if (kvq_uniform_threshold(min_h, scale_h, mid) <= x) lo = mid;
+    else hi = mid - 1u;
+  }
+  return lo;
+}
+
+KVQ_SHARED_FN kvq_f32 kvq_uniform_value(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 code) {
+  KVQ_PRECISE kvq_f32 step = KVQ_FMUL(KVQ_F32(code), scale_h);
+  KVQ_PRECISE kvq_f32 v = KVQ_FADD(min_h, step);
+  return v;
+}
+
+#endif /* KVQ_CORE_QUANTIZE_MATH_H */

@@ -1,0 +1,14 @@
+// Build-time check that the headers shared by C, CUDA and GLSL compile as CUDA (core/meson.build).
+#include "halfconv.h"
+#include "layout.h"
+#include "quantize_math.h"
+
+__global__ void kvq_shared_check(unsigned *data) {
+  unsigned acc = kvq_exact_head_bytes(data[0], data[1], data[2]) + kvq_qjl_head_bytes(data[0], data[1], data[2], data[3]) +
+                 kvq_uniform_head_bytes(data[0], data[1], data[2], data[3]);
+  float x = kvq_bits_to_f32(data[5]);
+  unsigned params = kvq_uniform_params(x, x + 1.0f, data[8]);
+  acc += kvq_uniform_code(x, kvq_uniform_param_min(params), kvq_uniform_param_scale(params), data[8]);
+  acc += kvq_f32_to_f16_bits(x) + kvq_f32_to_bf16_bits(x) + kvq_f32_to_bits(kvq_round_f16(x));
+  data[10] = acc;
+}

@@ -1,0 +1,77 @@
+/*
+ * The common subset of C11, CUDA C++ and GLSL 4.50 that kvq's shared headers (layout.h, halfconv.h)
+ * are written in, so that one definition of every layout and conversion serves the CPU reference,
+ * the CUDA kernels and the Vulkan shaders.
+ *
+ * Arithmetic that decides a stored code goes through KVQ_FMUL/KVQ_FADD/KVQ_FSUB into variables
+ * declared KVQ_PRECISE: each operation is then rounded on its own in every language (no FMA).
+ *
+ * Rules for code under this header: only 32-bit unsigned integers (kvq_u32) and floats, no pointers,
+ * no structs, casts through KVQ_U32()/KVQ_F32(), functions declared with KVQ_SHARED_FN, literals with
+ * a `u` (integers) or `f` (floats: C would otherwise compute in double) suffix. Compiled as GLSL by the build (glslangValidator), so a violation fails the build.
+ */
+#ifndef KVQ_CORE_SHARED_LANG_H
+#define KVQ_CORE_SHARED_LANG_H
+
+#if defined(GL_SPIRV) || defined(VULKAN) || defined(GL_core_profile)
+/* GLSL */
+#define KVQ_LANG_GLSL 1
+#define kvq_u32 uint
+#define kvq_f32 float
+#define KVQ_U32(x) uint(x)
+#define KVQ_F32(x) float(x)
+#define KVQ_SHARED_FN
+
+#define kvq_f32_to_bits(f) floatBitsToUint(f)
+#define kvq_bits_to_f32(u) uintBitsToFloat(u)
+/* `precise` forbids contraction and reordering of the expressions computing the variable. */
+#define KVQ_PRECISE precise
+#define KVQ_FMUL(a, b) ((a) * (b))
+#define KVQ_FADD(a, b) ((a) + (b))
+#define KVQ_FSUB(a, b) ((a) - (b))
+
+#else
+/* C11 or CUDA C++ */
+#include <stdint.h>
+#include <string.h>
+typedef uint32_t kvq_u32;
+typedef float kvq_f32;
+#define KVQ_U32(x) ((kvq_u32)(x))
+#define KVQ_F32(x) ((kvq_f32)(x))
+#define KVQ_PRECISE
+#if defined(__CUDACC__)
+#define KVQ_LANG_CUDA 1
+#if defined(__CUDA_ARCH__)
+/* nvcc contracts a*b+c into FMA by default; the _rn intrinsics are never contracted. */
+#define KVQ_FMUL(a, b) __fmul_rn((a), (b))
+#define KVQ_FADD(a, b) __fadd_rn((a), (b))
+#define KVQ_FSUB(a, b) __fsub_rn((a), (b))
+#else /* host side of a .cu file: built with -ffp-contract=off like all kvq C code */
+#define KVQ_FMUL(a, b) ((a) * (b))
+#define KVQ_FADD(a, b) ((a) + (b))
+#define KVQ_FSUB(a, b) ((a) - (b))
+#endif
+#define KVQ_SHARED_FN static inline __host__ __device__
+#define KVQ_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define KVQ_LANG_C 1
+/* C code is built with -ffp-contract=off, so plain operators are rounded one at a time. */
+#define KVQ_FMUL(a, b) ((a) * (b))
+#define KVQ_FADD(a, b) ((a) + (b))
+#define KVQ_FSUB(a, b) ((a) - (b))
+#define KVQ_SHARED_FN static inline
+#define KVQ_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+KVQ_SHARED_FN kvq_u32 kvq_f32_to_bits(kvq_f32 f) {
+  kvq_u32 u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+KVQ_SHARED_FN kvq_f32 kvq_bits_to_f32(kvq_u32 u) {
+  kvq_f32 f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+#endif
+
+#endif /* KVQ_CORE_SHARED_LANG_H */

@@ -1,0 +1,24 @@
+/* Checking caller tensors and moving their elements to and from packed row-major arrays. */
+#ifndef KVQ_CORE_TENSOR_H
+#define KVQ_CORE_TENSOR_H
+
+#include "internal.h"
+
+/* Checks `t` (named `name` in messages) against rank 3 and an expected shape, where -1 accepts any
+ * size >= 1. Host memory only in this build. */
+kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *name, const int64_t expect[3]);
+
+/* Number of elements. */
+uint64_t kvq_tensor_count(const kvq_tensor *t);
+
+/* Copies the elements in row-major order into dst as dst_dtype: raw bits when the dtypes match,
+ * else converted (to fp32 exactly; fp32 to fp16/bf16 rounding half to even). */
+void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
+
+/* Converts n packed little-endian values of `dtype` to fp32 (exact). */
+void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n);
+
+/* Writes row-major fp32 values into the tensor, converting to its dtype. */
+void kvq_tensor_scatter(const kvq_tensor *t, const float *src);
+
+#endif

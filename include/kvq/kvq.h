@@ -1,0 +1,421 @@
+/*
+ * kvq: compressed key/value caches for transformer inference, and attention computed directly over
+ * the compressed cache, on the CPU (the reference), Vulkan and CUDA.
+ *
+ * This is the only installed header. Everything in it is C11 and stable within a minor version.
+ *
+ * Ownership: every object kvq creates (context, cache) is owned by the caller until passed to its
+ * destroy function; destroy functions accept NULL. kvq never keeps a pointer to caller memory past
+ * the call that received it (configs and tensors are copied or consumed before returning).
+ *
+ * Errors: every fallible function returns a kvq_status. On failure nothing observable changed
+ * (no partial appends, no half-written outputs, no sequence created) unless the function says
+ * otherwise, and kvq_context_last_error() describes the failure in words. kvq never aborts or exits.
+ *
+ * Thread safety: functions marked "thread-safe" may be called from any thread at any time. All other
+ * functions taking a context, or a cache created from it, must not run concurrently for the same
+ * context: use one context per thread, or serialize calls. Different contexts are independent.
+ */
+#ifndef KVQ_KVQ_H
+#define KVQ_KVQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(KVQ_BUILDING_LIBRARY)
+#define KVQ_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVQ_API __attribute__((visibility("default")))
+#else
+#define KVQ_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+
+#define KVQ_VERSION_MAJOR 0
+#define KVQ_VERSION_MINOR 1
+#define KVQ_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with kvq_version_number(). */
+#define KVQ_VERSION_NUMBER (KVQ_VERSION_MAJOR * 10000 + KVQ_VERSION_MINOR * 100 + KVQ_VERSION_PATCH)
+#define KVQ_VERSION_STRING "0.1.0"
+
+/* The version of the library actually linked (may differ from the header's). Thread-safe. */
+KVQ_API unsigned kvq_version_number(void);
+/* "MAJOR.MINOR.PATCH" of the linked library; a static string. Thread-safe. */
+KVQ_API const char *kvq_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. Values are stable: new codes are only ever appended.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_status {
+  KVQ_OK = 0,
+  KVQ_ERROR_INVALID_ARGUMENT = 1,    /* NULL where an object is required, unknown enum, bad shape */
+  KVQ_ERROR_OUT_OF_RANGE = 2,        /* a parameter outside its documented range */
+  KVQ_ERROR_DTYPE_MISMATCH = 3,      /* a tensor's dtype differs from what the cache expects */
+  KVQ_ERROR_NON_FINITE = 4,          /* NaN/Inf input, or a value the storage format cannot hold */
+  KVQ_ERROR_CAPACITY = 5,            /* no free page or sequence slot left */
+  KVQ_ERROR_NOT_FOUND = 6,           /* unknown or already freed sequence id */
+  KVQ_ERROR_OUT_OF_MEMORY = 7,       /* host memory allocation failed */
+  KVQ_ERROR_UNSUPPORTED = 8,         /* valid request that this build or backend cannot serve */
+  KVQ_ERROR_BACKEND_UNAVAILABLE = 9, /* backend not built, no loader, or no device */
+  KVQ_ERROR_BUFFER_TOO_SMALL = 10,   /* a caller buffer cannot hold the result */
+  KVQ_ERROR_IO = 11,                 /* a file could not be opened, read or written */
+  KVQ_ERROR_BAD_FORMAT = 12,         /* not a kvq file, or inconsistent content */
+  KVQ_ERROR_TRUNCATED = 13,          /* a file or buffer ends early */
+  KVQ_ERROR_CHECKSUM = 14,           /* content does not match its checksum */
+  KVQ_ERROR_VERSION = 15,            /* a file format version this library cannot read */
+  KVQ_ERROR_DEVICE_LOST = 16,        /* the GPU device was lost; the cache must be recreated */
+  KVQ_ERROR_DEVICE_MEMORY = 17,      /* GPU memory exhausted */
+  KVQ_ERROR_INTERNAL = 18            /* a bug in kvq; please report it with the message */
+} kvq_status;
+
+/* A short English description of a status ("invalid argument"); never NULL. Thread-safe. */
+KVQ_API const char *kvq_status_string(kvq_status status);
+
+/* ---------------------------------------------------------------------------------------------
+ * Data types and tensors
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_dtype {
+  KVQ_DTYPE_F32 = 0,
+  KVQ_DTYPE_F16 = 1,  /* IEEE binary16 */
+  KVQ_DTYPE_BF16 = 2  /* bfloat16 */
+} kvq_dtype;
+
+/* Where a tensor's elements live. */
+typedef enum kvq_memory {
+  KVQ_MEMORY_HOST = 0,          /* data is a host pointer */
+  KVQ_MEMORY_VULKAN_BUFFER = 1, /* vk_buffer is a caller-owned VkBuffer (Vulkan backend only) */
+  KVQ_MEMORY_CUDA_DEVICE = 2    /* data is a CUDA device pointer (CUDA backend only) */
+} kvq_memory;
+
+#define KVQ_MAX_RANK 4
+
+/*
+ * A strided view of caller memory. Element (i0, i1, ...) lives at byte
+ *   offset + sizeof(dtype) * (i0 * strides[0] + i1 * strides[1] + ...)
+ * from data (host / CUDA) or from the start of vk_buffer. Strides are in elements and must be >= 1.
+ * Input tensors are only read; output tensors are written only when the call succeeds.
+ * This build accepts KVQ_MEMORY_HOST; other kinds return KVQ_ERROR_UNSUPPORTED until the GPU
+ * backends that own them are selected.
+ */
+typedef struct kvq_tensor {
+  kvq_memory memory;
+  void *data;
+  uint64_t vk_buffer;
+  uint64_t offset;
+  kvq_dtype dtype;
+  uint32_t rank;
+  int64_t shape[KVQ_MAX_RANK];
+  int64_t strides[KVQ_MAX_RANK];
+} kvq_tensor;
+
+/* A contiguous row-major host tensor over data (not copied). rank <= KVQ_MAX_RANK. Thread-safe. */
+KVQ_API kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape);
+
+/* ---------------------------------------------------------------------------------------------
+ * Backends and contexts
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_backend_kind {
+  KVQ_BACKEND_AUTO = 0,   /* the most capable available: CUDA, then Vulkan on a GPU, then CPU */
+  KVQ_BACKEND_CPU = 1,    /* the scalar reference; always available */
+  KVQ_BACKEND_VULKAN = 2,
+  KVQ_BACKEND_CUDA = 3
+} kvq_backend_kind;
+
+typedef enum kvq_availability {
+  KVQ_AVAILABLE = 0,
+  KVQ_UNAVAILABLE_NOT_BUILT = 1,  /* this kvq was built without the backend */
+  KVQ_UNAVAILABLE_NO_LOADER = 2,  /* the runtime library (Vulkan loader, CUDA driver) is missing */
+  KVQ_UNAVAILABLE_NO_DEVICE = 3,  /* the runtime is present but reports no usable device */
+  KVQ_UNAVAILABLE_ERROR = 4       /* starting it failed; see reason */
+} kvq_availability;
+
+typedef struct kvq_backend_info {
+  kvq_backend_kind kind;
+  const char *name;              /* "cpu", "vulkan", "cuda": static strings */
+  kvq_availability availability;
+  char reason[256];              /* why it is unavailable; empty when available */
+  char device[256];              /* the device it would use; empty when unavailable */
+} kvq_backend_info;
+
+/*
+ * Lists every backend kvq knows (built or not) with its availability. Writes at most `capacity`
+ * entries to `infos` (may be NULL when capacity is 0) and the total count to `*count`.
+ * Probing may start a GPU runtime briefly. Thread-safe.
+ */
+KVQ_API kvq_status kvq_backends_list(kvq_backend_info *infos, size_t capacity, size_t *count);
+
+typedef struct kvq_context kvq_context;
+
+typedef struct kvq_context_options {
+  kvq_backend_kind backend; /* KVQ_BACKEND_AUTO by default */
+  int32_t device_index;     /* GPU backends: device to use; -1 picks the most capable */
+} kvq_context_options;
+
+/* The defaults: automatic backend, most capable device. Thread-safe. */
+KVQ_API kvq_context_options kvq_context_options_default(void);
+
+/*
+ * Creates a context on a backend (options may be NULL for the defaults). When the requested backend
+ * is unavailable, returns KVQ_ERROR_BACKEND_UNAVAILABLE and sets *out to NULL; kvq_backends_list()
+ * says why. Thread-safe.
+ */
+KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out);
+
+/* Destroys a context. Caches created from it stay usable and the context is freed when the last of
+ * them is destroyed. NULL is ignored. */
+KVQ_API void kvq_context_destroy(kvq_context *context);
+
+/* The backend a context runs on (never AUTO). */
+KVQ_API kvq_backend_kind kvq_context_backend(const kvq_context *context);
+
+/*
+ * The message of the last failed call made with this context or one of its caches ("" if none).
+ * The string belongs to the context and is valid until its next call.
+ */
+KVQ_API const char *kvq_context_last_error(const kvq_context *context);
+
+/* ---------------------------------------------------------------------------------------------
+ * Methods and cache configuration
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_method {
+  KVQ_METHOD_EXACT = 0,   /* full precision in exact.dtype: the baseline */
+  KVQ_METHOD_QJL = 1,     /* 1-bit quantized JL sketch with outlier channels (keys only) */
+  KVQ_METHOD_UNIFORM = 2  /* token-wise asymmetric b-bit quantization in groups of channels */
+} kvq_method;
+
+typedef struct kvq_exact_config {
+  kvq_dtype dtype;                /* storage dtype; values beyond its range are rejected at append */
+} kvq_exact_config;
+
+typedef struct kvq_qjl_config {
+  uint32_t sketch_dim;            /* m: rows of the inlier sketch; multiple of 32, 32..1024 */
+  uint32_t outlier_count;         /* k: outlier channels per (page, kv head); 0..32, < head_dim */
+  uint32_t outlier_sketch_dim;    /* m_o: rows of the outlier sketch; multiple of 32, 32..1024 */
+} kvq_qjl_config;
+
+typedef struct kvq_uniform_config {
+  uint32_t bits;                  /* 1, 2, 3, 4 or 8 */
+  uint32_t group_size;            /* G channels per scale/minimum; power of two, 4..256, divides head_dim */
+} kvq_uniform_config;
+
+/* One method and its parameters; only the member for `method` is read. */
+typedef struct kvq_method_config {
+  kvq_method method;
+  kvq_exact_config exact;
+  kvq_qjl_config qjl;
+  kvq_uniform_config uniform;
+} kvq_method_config;
+
+/*
+ * The documented defaults of a method at a head_dim: exact fp16; QJL m = 2 * head_dim,
+ * k = head_dim / 16, m_o = 2 * head_dim (256, 8, 256 at head_dim 128); uniform 2 bits, G = 32
+ * (G = head_dim when head_dim is not a multiple of 32). Thread-safe.
+ */
+KVQ_API kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim);
+
+typedef struct kvq_layer_config {
+  uint32_t query_heads;           /* Hq; a multiple of kv_heads (query head h uses kv head h / (Hq/Hkv)) */
+  uint32_t kv_heads;              /* Hkv >= 1 */
+  uint32_t head_dim;              /* d: multiple of 16, 16..256 */
+  kvq_method_config keys;         /* QJL, UNIFORM or EXACT */
+  kvq_method_config values;       /* UNIFORM or EXACT */
+} kvq_layer_config;
+
+typedef struct kvq_cache_config {
+  uint32_t layer_count;           /* >= 1 */
+  const kvq_layer_config *layers; /* layer_count entries; copied by kvq_cache_create */
+  kvq_dtype input_dtype;          /* dtype of appended keys/values and of the full-precision window */
+  uint32_t page_size;             /* P tokens per page: power of two, 16..256 */
+  uint32_t residual_window;       /* R newest tokens kept in full precision: multiple of P, may be 0 */
+  uint32_t max_pages;             /* pages in the pool shared by all sequences, >= 1 */
+  uint32_t max_sequences;         /* live sequences at once, 1..65535 */
+  uint64_t seed;                  /* all random matrices derive from it (docs/FORMAT.md) */
+} kvq_cache_config;
+
+/*
+ * Checks a configuration without creating anything. On KVQ_ERROR_OUT_OF_RANGE or
+ * KVQ_ERROR_INVALID_ARGUMENT, writes a message naming the offending parameter to `message`
+ * (if not NULL, `message_size` bytes, NUL-terminated). Thread-safe.
+ */
+KVQ_API kvq_status kvq_cache_config_check(const kvq_cache_config *config, char *message, size_t message_size);
+
+/*
+ * Bytes a cache with this configuration allocates: pages, full-precision windows, matrices and
+ * bookkeeping (a bound: actual use is never larger). Thread-safe.
+ */
+KVQ_API kvq_status kvq_cache_config_bytes(const kvq_cache_config *config, uint64_t *bytes);
+
+/*
+ * Exact bits per cached number of one layer at a page size, as the page layouts store them:
+ * codes, side data and padding counted; the full-precision window, matrices and codebooks not.
+ * Thread-safe.
+ */
+KVQ_API kvq_status kvq_layer_bits_per_number(const kvq_layer_config *layer, uint32_t page_size,
+                                             double *key_bits, double *value_bits);
+
+/* ---------------------------------------------------------------------------------------------
+ * Caches and sequences
+ *
+ * A cache holds, for every layer, a pool of pages shared by all sequences. Each sequence has one
+ * page table shared by all layers: page j holds its tokens [jP, (j+1)P) in every layer and kv head.
+ * Layers are appended independently but see the same positions. The newest R tokens of each layer
+ * stay in full precision; whenever that window reaches R + P tokens its oldest P are quantized as
+ * one page. kvq_flush() quantizes the whole window (a last partial page is padded with zeros; if the
+ * sequence grows later, that page is re-quantized once it is full).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvq_cache kvq_cache;
+
+/*
+ * Creates an empty cache on a context: builds the random matrices on the host, uploads them and
+ * allocates all storage up front (so appends never allocate). Messages name the bad parameter.
+ */
+KVQ_API kvq_status kvq_cache_create(kvq_context *context, const kvq_cache_config *config, kvq_cache **out);
+
+/* Destroys a cache and its storage. NULL is ignored. */
+KVQ_API void kvq_cache_destroy(kvq_cache *cache);
+
+/*
+ * Copies the cache's configuration to *config. Its `layers` pointer refers to memory owned by the
+ * cache, valid until the cache is destroyed.
+ */
+KVQ_API kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config *config);
+
+/* Adds an empty sequence; *sequence receives its id. KVQ_ERROR_CAPACITY when max_sequences live. */
+KVQ_API kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *sequence);
+
+/* Frees a sequence: its pages return to the pool and its id becomes invalid. */
+KVQ_API kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t sequence);
+
+typedef struct kvq_sequence_info {
+  uint64_t tokens;            /* tokens appended to this layer */
+  uint64_t quantized_tokens;  /* of which stored in pages (the rest are in the window) */
+  uint32_t pages;             /* pages in the sequence's page table (shared by all layers) */
+} kvq_sequence_info;
+
+KVQ_API kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t sequence, uint32_t layer,
+                                         kvq_sequence_info *info);
+
+/*
+ * Appends tokens to one layer of a sequence. keys and values are [tokens, kv_heads, head_dim] in the
+ * cache's input dtype (tokens >= 1; any strides). All tokens are validated first: non-finite numbers,
+ * or numbers the layer's storage cannot represent (for example a key norm beyond fp16 range for
+ * QJL), reject the whole call with KVQ_ERROR_NON_FINITE; a call that would need more pages than
+ * are free returns KVQ_ERROR_CAPACITY. Either way the cache is unchanged.
+ */
+KVQ_API kvq_status kvq_append(kvq_cache *cache, uint32_t sequence, uint32_t layer,
+                              const kvq_tensor *keys, const kvq_tensor *values);
+
+/* Quantizes the full-precision window of every layer of a sequence (see above). */
+KVQ_API kvq_status kvq_flush(kvq_cache *cache, uint32_t sequence);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_mask {
+  /*
+   * A block of nq queries is the last nq positions of the sequence (their keys already appended):
+   * query i, at position n - nq + i, attends to tokens 0 .. n - nq + i. Requires nq <= n.
+   */
+  KVQ_MASK_CAUSAL = 0,
+  KVQ_MASK_NONE = 1           /* every query attends to all n tokens */
+} kvq_mask;
+
+typedef struct kvq_attention_request {
+  uint32_t sequence;
+  kvq_mask mask;
+  kvq_tensor queries;         /* [nq, query_heads, head_dim], any float dtype */
+  kvq_tensor output;          /* [nq, query_heads, head_dim], any float dtype */
+} kvq_attention_request;
+
+/*
+ * Attention of one layer for a batch of sequences, each with its block of queries: scaled logits
+ * q.k / sqrt(head_dim) over the quantized pages and the full-precision window, a numerically
+ * stable softmax, and the probability-weighted sum of values. GQA: query head h uses kv head
+ * h / (query_heads / kv_heads). All requests are validated before any output is written.
+ */
+KVQ_API kvq_status kvq_attention(kvq_cache *cache, uint32_t layer,
+                                 const kvq_attention_request *requests, size_t count);
+
+typedef enum kvq_score_kind {
+  KVQ_SCORES_LOGITS = 0,        /* q.k / sqrt(head_dim); masked entries are -infinity */
+  KVQ_SCORES_PROBABILITIES = 1  /* softmax over each query's row; masked entries are 0 */
+} kvq_score_kind;
+
+/*
+ * The scores of a block of queries against all n tokens of one layer of a sequence:
+ * queries [nq, query_heads, head_dim] -> scores [nq, query_heads, n].
+ */
+KVQ_API kvq_status kvq_scores(kvq_cache *cache, uint32_t sequence, uint32_t layer,
+                              const kvq_tensor *queries, kvq_mask mask, kvq_score_kind kind,
+                              const kvq_tensor *scores);
+
+/*
+ * Reconstructs tokens [first, first + count) of one layer of a sequence as the cache holds them:
+ * window tokens exactly, quantized tokens decoded. For QJL keys the reconstruction is the unbiased
+ * estimate c_d/m |k_in| S^T sign(S k_in) + c_d/m_o |k_out| S_o^T sign(S_o k_out) (masked), whose
+ * inner product with any query equals the score estimator. keys/values are [count, kv_heads,
+ * head_dim] outputs of any float dtype; either may be NULL.
+ */
+KVQ_API kvq_status kvq_dequantize(kvq_cache *cache, uint32_t sequence, uint32_t layer,
+                                  uint64_t first, uint64_t count,
+                                  const kvq_tensor *keys, const kvq_tensor *values);
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory accounting
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvq_memory_report {
+  uint32_t pages_total, pages_used;
+  uint32_t sequences_total, sequences_used;
+  uint64_t page_bytes;            /* bytes of one page in all layers, keys and values */
+  uint64_t pages_bytes_total;     /* the whole pool */
+  uint64_t pages_bytes_used;      /* pages in use */
+  uint64_t window_bytes_total;    /* full-precision windows of all sequence slots */
+  uint64_t window_bytes_used;     /* window tokens currently held */
+  uint64_t fixed_bytes;           /* matrices and codebooks (stored once per cache) */
+  double key_bits_per_number;     /* page layouts, side data and padding included, all layers */
+  double value_bits_per_number;
+  double bits_per_number;         /* keys and values together */
+} kvq_memory_report;
+
+KVQ_API kvq_status kvq_cache_memory(const kvq_cache *cache, kvq_memory_report *report);
+
+/* ---------------------------------------------------------------------------------------------
+ * Saving and loading (format: docs/FORMAT.md; little-endian, versioned, SHA-256 checked)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Exact size in bytes of the file kvq_cache_save() would write now. */
+KVQ_API kvq_status kvq_cache_save_size(kvq_cache *cache, uint64_t *bytes);
+
+/* Writes the cache (config, matrices, sequences, pages, windows) to `path` (replaced atomically). */
+KVQ_API kvq_status kvq_cache_save(kvq_cache *cache, const char *path);
+
+/* The same bytes into caller memory; KVQ_ERROR_BUFFER_TOO_SMALL if capacity < kvq_cache_save_size. */
+KVQ_API kvq_status kvq_cache_save_to_memory(kvq_cache *cache, void *buffer, size_t capacity, size_t *written);
+
+/*
+ * Loads a saved cache onto a context (any backend). Truncated files return KVQ_ERROR_TRUNCATED,
+ * corrupted ones KVQ_ERROR_CHECKSUM or KVQ_ERROR_BAD_FORMAT, other format versions KVQ_ERROR_VERSION.
+ */
+KVQ_API kvq_status kvq_cache_load(kvq_context *context, const char *path, kvq_cache **out);
+KVQ_API kvq_status kvq_cache_load_from_memory(kvq_context *context, const void *buffer, size_t size,
+                                              kvq_cache **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVQ_KVQ_H */

@@ -1,0 +1,85 @@
+#include "helpers.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/halfconv.h"
+
+kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values) {
+  return (kvq_layer_config){.query_heads = hq, .kv_heads = hkv, .head_dim = d, .keys = keys, .values = values};
+}
+
+kvq_cache_config th_config(const kvq_layer_config *layers, uint32_t count, kvq_dtype input, uint32_t page_size,
+                           uint32_t window, uint32_t max_pages, uint32_t max_sequences, uint64_t seed) {
+  return (kvq_cache_config){.layer_count = count, .layers = layers, .input_dtype = input, .page_size = page_size,
+                            .residual_window = window, .max_pages = max_pages, .max_sequences = max_sequences,
+                            .seed = seed};
+}
+
+kvq_context *th_cpu_context(void) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_CPU;
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  return ctx;
+}
+
+kvq_tensor th_tensor_from_f32(const float *data, kvq_dtype dtype, int64_t d0, int64_t d1, int64_t d2, void **storage) {
+  size_t n = (size_t)(d0 * d1 * d2);
+  size_t size = dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  uint8_t *p = malloc(n * size);
+  cr_assert_not_null(p);
+  for (size_t i = 0; i < n; i++) {
+    if (dtype == KVQ_DTYPE_F32) {
+      memcpy(p + 4 * i, &data[i], 4);
+    } else {
+      uint16_t h = (uint16_t)(dtype == KVQ_DTYPE_F16 ? kvq_f32_to_f16_bits(data[i]) : kvq_f32_to_bf16_bits(data[i]));
+      memcpy(p + 2 * i, &h, 2);
+    }
+  }
+  *storage = p;
+  int64_t shape[3] = {d0, d1, d2};
+  return kvq_tensor_host(p, dtype, 3, shape);
+}
+
+void th_exact_attention(const float *q, const float *k, const float *v, uint32_t nq, uint32_t n, uint32_t hq,
+                        uint32_t hkv, uint32_t d, int causal, double *out, double *probs) {
+  double *logit = malloc(sizeof(double) * n);
+  const uint32_t group = hq / hkv;
+  for (uint32_t i = 0; i < nq; i++)
+    for (uint32_t h = 0; h < hq; h++) {
+      const float *qi = q + ((size_t)i * hq + h) * d;
+      uint32_t visible = causal ? n - nq + i + 1 : n;
+      double max = -INFINITY;
+      for (uint32_t t = 0; t < visible; t++) {
+        const float *kt = k + ((size_t)t * hkv + h / group) * d;
+        double dot = 0;
+        for (uint32_t c = 0; c < d; c++) dot += (double)qi[c] * kt[c];
+        logit[t] = dot / sqrt((double)d);
+        if (logit[t] > max) max = logit[t];
+      }
+      double sum = 0;
+      for (uint32_t t = 0; t < visible; t++) sum += exp(logit[t] - max);
+      double *o = out + ((size_t)i * hq + h) * d;
+      for (uint32_t c = 0; c < d; c++) o[c] = 0;
+      for (uint32_t t = 0; t < n; t++) {
+        double p = t < visible ? exp(logit[t] - max) / sum : 0.0;
+        if (probs) probs[((size_t)i * hq + h) * n + t] = p;
+        if (t >= visible) continue;
+        const float *vt = v + ((size_t)t * hkv + h / group) * d;
+        for (uint32_t c = 0; c < d; c++) o[c] += p * vt[c];
+      }
+    }
+  free(logit);
+}
+
+void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer, const float *k, const float *v,
+               uint32_t first, uint32_t count, uint32_t hkv, uint32_t d, kvq_dtype dtype) {
+  void *ks, *vs;
+  kvq_tensor kt = th_tensor_from_f32(k + (size_t)first * hkv * d, dtype, count, hkv, d, &ks);
+  kvq_tensor vt = th_tensor_from_f32(v + (size_t)first * hkv * d, dtype, count, hkv, d, &vs);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, layer, &kt, &vt));
+  free(ks);
+  free(vs);
+}

@@ -1,0 +1,36 @@
+/* Shared helpers of the kvq tests. */
+#ifndef KVQ_TESTS_HELPERS_H
+#define KVQ_TESTS_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+
+#include "kvq/kvq.h"
+
+/* Asserts a kvq call returned KVQ_OK, printing the context's message otherwise. */
+#define KVQ_CHECK(ctx, call)                                                                             \
+  do {                                                                                                   \
+    kvq_status st_ = (call);                                                                             \
+    cr_assert_eq(st_, KVQ_OK, "%s -> %s: %s", #call, kvq_status_string(st_), kvq_context_last_error(ctx)); \
+  } while (0)
+
+/* A one-layer config with the given methods. */
+kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values);
+kvq_cache_config th_config(const kvq_layer_config *layers, uint32_t count, kvq_dtype input, uint32_t page_size,
+                           uint32_t window, uint32_t max_pages, uint32_t max_sequences, uint64_t seed);
+
+kvq_context *th_cpu_context(void);
+
+/* fp32 arrays to a host tensor of dtype `dtype` (the caller frees *storage). */
+kvq_tensor th_tensor_from_f32(const float *data, kvq_dtype dtype, int64_t d0, int64_t d1, int64_t d2, void **storage);
+
+/* Exact attention in double: queries [nq][hq][d] against keys/values [n][hkv][d], causal if asked
+ * (query i at position n - nq + i). out [nq][hq][d]; probs (optional) [nq][hq][n]. */
+void th_exact_attention(const float *q, const float *k, const float *v, uint32_t nq, uint32_t n, uint32_t hq,
+                        uint32_t hkv, uint32_t d, int causal, double *out, double *probs);
+
+/* Appends tokens [first, first + count) of packed fp32 keys/values [n][hkv][d] in the input dtype. */
+void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer, const float *k, const float *v,
+               uint32_t first, uint32_t count, uint32_t hkv, uint32_t d, kvq_dtype dtype);
+
+#endif
