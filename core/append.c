@@ -140,9 +140,11 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     kvq_buffer *ring = cache->storage[layer].ring[s];
     if (F_new > F) {
-      /* Stage tokens [F, F_new): old window tokens from the ring, then the new ones. */
-      st = copy_from_ring(cache, ring, ring_offset, token_bytes, F, n - F, staging, 0);
-      if (st == KVQ_OK) {
+      /* Stage tokens [F, F_new): old window tokens from the ring, then new ones if the pages
+       * reach past the old end. */
+      const uint32_t old_end = n < F_new ? n : F_new;
+      st = copy_from_ring(cache, ring, ring_offset, token_bytes, F, old_end - F, staging, 0);
+      if (st == KVQ_OK && F_new > n) {
         kvq_backend *be = ctx->backend;
         st = be->ops->buffer_write(be, staging, (uint64_t)(n - F) * token_bytes, packed[s],
                                    (uint64_t)(F_new - n) * token_bytes);

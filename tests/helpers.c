@@ -83,3 +83,10 @@ void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer,
   free(ks);
   free(vs);
 }
+
+void th_round_to_dtype(float *x, size_t n, kvq_dtype dtype) {
+  for (size_t i = 0; i < n; i++) {
+    if (dtype == KVQ_DTYPE_F16) x[i] = kvq_round_f16(x[i]);
+    else if (dtype == KVQ_DTYPE_BF16) x[i] = kvq_bf16_bits_to_f32(kvq_f32_to_bf16_bits(x[i]));
+  }
+}

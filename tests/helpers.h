@@ -24,6 +24,9 @@ kvq_context *th_cpu_context(void);
 /* fp32 arrays to a host tensor of dtype `dtype` (the caller frees *storage). */
 kvq_tensor th_tensor_from_f32(const float *data, kvq_dtype dtype, int64_t d0, int64_t d1, int64_t d2, void **storage);
 
+/* Rounds values in place to what a dtype can hold (round half to even). */
+void th_round_to_dtype(float *x, size_t n, kvq_dtype dtype);
+
 /* Exact attention in double: queries [nq][hq][d] against keys/values [n][hkv][d], causal if asked
  * (query i at position n - nq + i). out [nq][hq][d]; probs (optional) [nq][hq][n]. */
 void th_exact_attention(const float *q, const float *k, const float *v, uint32_t nq, uint32_t n, uint32_t hq,

@@ -1,0 +1,259 @@
+/*
+ * Attention over compressed caches against exact attention, on synthetic LLM-like data
+ * (core/synth.h: 4 key channels per head 10-20x larger than the rest). Three derived checks:
+ *
+ * A. Logits. kvq_scores against exact q.k / sqrt(d), per (query, token):
+ *    - QJL keys: Lemma 3.5 of the paper with delta = 0.01 gives eps = eps(m) such that each of the
+ *      two sketches errs by more than eps |q_x| |k_x| with probability <= delta; so the logit errs
+ *      by more than eps (|q_in||k_in| + |q_out||k_out|) / sqrt(d) <= eps |q||k| / sqrt(d) with
+ *      probability <= 2 delta, plus 2^-11 |s^| for the fp16 rounding of the stored norms. The
+ *      expected number of violations is <= 2 delta N; the test allows 3 times that (pairs share a
+ *      sketch, so the count is not binomial; Markov's inequality bounds a false failure by 1/3 in
+ *      the worst case, and the observed count is 0 on this data).
+ *    - uniform keys: deterministic, |s^ - s| <= sum_c |q_c| B_c / sqrt(d) with B_c the per-element
+ *      bound of test_uniform.c.
+ * B. Propagation. With D = max_t |s^_t - s_t| measured for a query, every probability satisfies
+ *    p^_t / p_t in [e^-2D, e^2D], so per output channel
+ *      |o^ - o| <= (e^2D - 1) sum_t p_t |v_t| + sum_t p^_t |v^_t - v_t| + 2^-22 sum_t p^_t |v^_t|,
+ *    with |v^ - v| bounded per element by the value method (B for uniform) and the last term for
+ *    fp32 rounding of probabilities and outputs.
+ * C. Consistency. kvq_dequantize returns keys whose inner product with any query is the estimator,
+ *    so attention must equal exact attention over the dequantized K^, V^ up to float rounding:
+ *    |logit difference| <= tau = 8 * 2^-24 * c_d |q| |k| / sqrt(d) + 2^-24 |s^| (the fp32 query
+ *    sketch and the fp32 reconstruction each round relative 2^-24 on sums bounded by c_d |q||k|:
+ *    |S q|_1 <= m |q| and |S^T sign|_2 <= m for rows of norm sqrt(d) in orthogonal blocks), and
+ *    outputs then within (e^2tau - 1 + 2^-22) sum p |v^| + 2^-24 |o|.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/detmath.h"
+#include "core/quantize_math.h"
+#include "core/synth.h"
+#include "helpers.h"
+
+typedef struct scenario {
+  const char *name;
+  uint32_t d, hq, hkv, n, nq, P, R;
+  kvq_dtype input;
+  kvq_mask mask;
+  int flush;
+  kvq_method_config keys, values;
+} scenario;
+
+static double norm(const float *x, uint32_t d) {
+  double s = 0;
+  for (uint32_t c = 0; c < d; c++) s += (double)x[c] * x[c];
+  return sqrt(s);
+}
+
+/* Lemma 3.5: smallest eps with m >= 4/3 (1 + eps) / eps^2 log(2 / delta). */
+static double lemma_eps(uint32_t m, double delta) {
+  double L = 4.0 / 3.0 * log(2 / delta) / m;
+  return (L + sqrt(L * L + 4 * L)) / 2;
+}
+
+/* Per-element error bound of a uniform-quantized group (derivation in test_uniform.c). */
+static double uniform_bound(const float *group, uint32_t G, uint32_t b) {
+  float mn = group[0], mx = group[0];
+  for (uint32_t c = 1; c < G; c++) {
+    mn = group[c] < mn ? group[c] : mn;
+    mx = group[c] > mx ? group[c] : mx;
+  }
+  const double u = 0x1p-24;
+  const uint32_t L = kvq_uniform_levels(b);
+  float scale32 = (mx - mn) * kvq_uniform_inv_levels(b);
+  uint32_t params = kvq_uniform_params(mn, mx, b);
+  double scale_h = kvq_uniform_param_scale(params), min_h = kvq_uniform_param_min(params);
+  return scale_h / 2 + fabs(mn - min_h) + L * (fabs(scale32 - scale_h) + 2 * u * scale32) + 4 * u * fmax(fabs(mn), fabs(mx));
+}
+
+/* Bound on |x^ - x| for element c of a token vector x[d] under a method. */
+static double element_bound(const kvq_method_config *m, const float *x, uint32_t d, uint32_t c) {
+  (void)d;
+  if (m->method == KVQ_METHOD_UNIFORM) {
+    uint32_t G = m->uniform.group_size;
+    return uniform_bound(x + c / G * G, G, m->uniform.bits);
+  }
+  if (m->method == KVQ_METHOD_EXACT)
+    return m->exact.dtype == KVQ_DTYPE_F32 ? 0.0 : fabs(x[c]) * (m->exact.dtype == KVQ_DTYPE_F16 ? 0x1p-11 : 0x1p-8);
+  return INFINITY;
+}
+
+static void run(const scenario *sc) {
+  const uint32_t d = sc->d, hq = sc->hq, hkv = sc->hkv, n = sc->n, nq = sc->nq, group = hq / hkv;
+  kvq_layer_config layer = th_layer(hq, hkv, d, sc->keys, sc->values);
+  kvq_cache_config config = th_config(&layer, 1, sc->input, sc->P, sc->R, (n + sc->P - 1) / sc->P + 1, 1, 1234);
+  kvq_context *ctx = th_cpu_context();
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  float *k = malloc(sizeof(float) * n * hkv * d), *v = malloc(sizeof(float) * n * hkv * d);
+  float *q = malloc(sizeof(float) * n * hq * d);
+  kvq_synth_config syn = kvq_synth_defaults(n, hkv, hq, d, 99);
+  kvq_synth_generate(&syn, k, v, q);
+  th_round_to_dtype(k, (size_t)n * hkv * d, sc->input);
+  th_round_to_dtype(v, (size_t)n * hkv * d, sc->input);
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  for (uint32_t t = 0; t < n;) { /* uneven chunks */
+    uint32_t count = t % 3 == 0 ? 37 : 1;
+    if (count > n - t) count = n - t;
+    th_append(ctx, cache, seq, 0, k, v, t, count, hkv, d, sc->input);
+    t += count;
+  }
+  if (sc->flush) KVQ_CHECK(ctx, kvq_flush(cache, seq));
+  const float *ql = q + (size_t)(n - nq) * hq * d;
+  const int causal = sc->mask == KVQ_MASK_CAUSAL;
+
+  float *logits = malloc(sizeof(float) * nq * hq * n), *probs = malloc(sizeof(float) * nq * hq * n);
+  float *out = malloc(sizeof(float) * nq * hq * d);
+  float *kd = malloc(sizeof(float) * n * hkv * d), *vd = malloc(sizeof(float) * n * hkv * d);
+  double *o_exact = malloc(sizeof(double) * nq * hq * d), *p_exact = malloc(sizeof(double) * nq * hq * n);
+  double *o_deq = malloc(sizeof(double) * nq * hq * d), *p_deq = malloc(sizeof(double) * nq * hq * n);
+  int64_t qshape[3] = {nq, hq, d}, sshape[3] = {nq, hq, n}, kshape[3] = {n, hkv, d};
+  kvq_tensor qt = kvq_tensor_host((void *)ql, KVQ_DTYPE_F32, 3, qshape);
+  kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qt, sc->mask, KVQ_SCORES_LOGITS, &lt));
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qt, sc->mask, KVQ_SCORES_PROBABILITIES, &pt));
+  kvq_attention_request req = {.sequence = seq, .mask = sc->mask, .queries = qt,
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  kvq_tensor kdt = kvq_tensor_host(kd, KVQ_DTYPE_F32, 3, kshape), vdt = kvq_tensor_host(vd, KVQ_DTYPE_F32, 3, kshape);
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kdt, &vdt));
+  th_exact_attention(ql, k, v, nq, n, hq, hkv, d, causal, o_exact, p_exact);
+  th_exact_attention(ql, kd, vd, nq, n, hq, hkv, d, causal, o_deq, p_deq);
+
+  const int qjl = sc->keys.method == KVQ_METHOD_QJL;
+  /* eps of the weaker of the two sketches bounds both parts of the estimator */
+  const double delta = 0.01;
+  const double eps = !qjl ? 0
+                     : sc->keys.qjl.outlier_count == 0
+                         ? lemma_eps(sc->keys.qjl.sketch_dim, delta)
+                         : fmax(lemma_eps(sc->keys.qjl.sketch_dim, delta), lemma_eps(sc->keys.qjl.outlier_sketch_dim, delta));
+  const double c_d = kvq_qjl_unbiased_constant(d), sqrt_d = sqrt((double)d);
+  uint64_t pairs = 0, violations = 0;
+  double worst_a = 0;
+  for (uint32_t i = 0; i < nq; i++)
+    for (uint32_t h = 0; h < hq; h++) {
+      const float *qi = ql + ((size_t)i * hq + h) * d;
+      const uint32_t visible = causal ? n - nq + i + 1 : n;
+      double D = 0, tau_max = 0;
+      for (uint32_t t = 0; t < n; t++) {
+        const size_t si = ((size_t)i * hq + h) * n + t;
+        if (t >= visible) {
+          cr_assert(logits[si] == -INFINITY && probs[si] == 0.0f, "%s: masked token (%u,%u,%u)", sc->name, i, h, t);
+          continue;
+        }
+        const float *kt = k + ((size_t)t * hkv + h / group) * d;
+        double s = 0, sd = 0;
+        for (uint32_t c = 0; c < d; c++) {
+          s += (double)qi[c] * kt[c];
+          sd += (double)qi[c] * kd[((size_t)t * hkv + h / group) * d + c];
+        }
+        s /= sqrt_d;
+        sd /= sqrt_d;
+        const double err = fabs(logits[si] - s);
+        if (err > D) D = err;
+        /* A */
+        if (qjl) {
+          double allowed = eps * norm(qi, d) * norm(kt, d) / sqrt_d + 0x1p-11 * fabs(logits[si]);
+          violations += err > allowed;
+          if (err / allowed > worst_a) worst_a = err / allowed;
+        } else {
+          double allowed = 0x1p-20 * fabs(s);
+          for (uint32_t c = 0; c < d; c++) allowed += fabs(qi[c]) * element_bound(&sc->keys, kt, d, c) / sqrt_d;
+          cr_assert(err <= allowed, "%s A: logit (%u,%u,%u) error %g > %g", sc->name, i, h, t, err, allowed);
+        }
+        pairs++;
+        /* C: logits against the dequantized keys */
+        double tau = (qjl ? 8 * 0x1p-24 * c_d * norm(qi, d) * norm(kt, d) / sqrt_d : 4 * 0x1p-24 * norm(qi, d) * norm(kt, d) / sqrt_d) +
+                     0x1p-24 * fabs(logits[si]);
+        cr_assert(fabs(logits[si] - sd) <= tau, "%s C: logit (%u,%u,%u) %g vs dequantized %g (tau %g)", sc->name, i, h, t,
+                  (double)logits[si], sd, tau);
+        if (tau > tau_max) tau_max = tau;
+      }
+      /* B and C on the outputs */
+      for (uint32_t c = 0; c < d; c++) {
+        double weight = 0, weight_hat = 0, value_err = 0, weight_deq = 0;
+        for (uint32_t t = 0; t < visible; t++) {
+          const size_t si = ((size_t)i * hq + h) * n + t;
+          const float *vt = v + ((size_t)t * hkv + h / group) * d;
+          const double vh = vd[((size_t)t * hkv + h / group) * d + c];
+          weight += p_exact[si] * fabs(vt[c]);
+          weight_hat += probs[si] * fabs(vh);
+          value_err += probs[si] * element_bound(&sc->values, vt, d, c);
+          weight_deq += p_deq[si] * fabs(vh);
+        }
+        const size_t oi = ((size_t)i * hq + h) * d + c;
+        double bound_b = expm1(2 * D) * weight + value_err + 0x1p-22 * weight_hat + 1e-30;
+        cr_assert(fabs(out[oi] - o_exact[oi]) <= bound_b, "%s B: output (%u,%u,%u) %g vs exact %g, bound %g (D=%g)",
+                  sc->name, i, h, c, (double)out[oi], o_exact[oi], bound_b, D);
+        double bound_c = (expm1(2 * tau_max) + 0x1p-22) * weight_deq + 0x1p-24 * fabs(o_deq[oi]) + 1e-30;
+        cr_assert(fabs(out[oi] - o_deq[oi]) <= bound_c, "%s C: output (%u,%u,%u) %g vs dequantized %g, bound %g",
+                  sc->name, i, h, c, (double)out[oi], o_deq[oi], bound_c);
+      }
+    }
+  if (qjl) {
+    cr_log_info("%s: eps(delta=%.2f) = %.4f, %llu of %llu logits beyond, worst error/allowed %.3f", sc->name, delta, eps,
+                (unsigned long long)violations, (unsigned long long)pairs, worst_a);
+    cr_assert(violations <= 3 * 2 * delta * pairs, "%s A: %llu of %llu logits beyond the Lemma 3.5 bound", sc->name,
+              (unsigned long long)violations, (unsigned long long)pairs);
+  }
+  free(logits);
+  free(probs);
+  free(out);
+  free(kd);
+  free(vd);
+  free(o_exact);
+  free(p_exact);
+  free(o_deq);
+  free(p_deq);
+  free(k);
+  free(v);
+  free(q);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
+  c.qjl = (kvq_qjl_config){m, k, mo};
+  return c;
+}
+
+static kvq_method_config uniform(uint32_t bits, uint32_t group) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_UNIFORM, 128);
+  c.uniform = (kvq_uniform_config){bits, group};
+  return c;
+}
+
+static kvq_method_config exact(kvq_dtype dtype) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_EXACT, 128);
+  c.exact.dtype = dtype;
+  return c;
+}
+
+Test(attention, qjl_outliers_uniform2_gqa4_fp16_flushed, .timeout = 120) {
+  scenario sc = {"qjl256/k8 + u2, gqa 4, fp16, flushed", 128, 8, 2, 300, 16, 32, 0, KVQ_DTYPE_F16, KVQ_MASK_CAUSAL, 1,
+                 qjl(256, 8, 256), uniform(2, 32)};
+  run(&sc);
+}
+
+Test(attention, qjl512_uniform4_gqa8_bf16_window, .timeout = 120) {
+  scenario sc = {"qjl512/k0 + u4, gqa 8, bf16, window 64", 64, 8, 1, 200, 8, 16, 64, KVQ_DTYPE_BF16, KVQ_MASK_NONE, 0,
+                 qjl(512, 0, 32), uniform(4, 16)};
+  run(&sc);
+}
+
+Test(attention, uniform_keys_exact_values_gqa1_fp32, .timeout = 120) {
+  scenario sc = {"u4 keys + fp16 values, gqa 1, fp32", 64, 4, 4, 150, 12, 16, 32, KVQ_DTYPE_F32, KVQ_MASK_CAUSAL, 1,
+                 uniform(4, 32), exact(KVQ_DTYPE_F16)};
+  run(&sc);
+}
+
+Test(attention, qjl_uniform8_gqa7_window_partial, .timeout = 120) {
+  scenario sc = {"qjl256/k4 + u8, gqa 7, fp32, window 32, partial page", 64, 7, 1, 97, 5, 16, 32, KVQ_DTYPE_F32,
+                 KVQ_MASK_CAUSAL, 1, qjl(256, 4, 128), uniform(8, 64)};
+  run(&sc);
+}
