@@ -1,0 +1,19 @@
+/* The saved-cache file format (docs/FORMAT.md, "Saved caches") and the config record that the
+ * golden files share with it. */
+#ifndef KVQ_CORE_SAVEFILE_H
+#define KVQ_CORE_SAVEFILE_H
+
+#include "bytes.h"
+#include "internal.h"
+
+#define KVQ_FILE_MAGIC "KVQCACHE"
+#define KVQ_FILE_VERSION 1u
+#define KVQ_FILE_HEADER_BYTES 64u
+
+/* The config record: 8 u32/u64 fields, then 17 u32 per layer (docs/FORMAT.md). */
+void kvq_put_config(kvq_writer *w, const kvq_cache_config *config);
+/* Reads a config record; *layers is allocated (free() it). Returns 0, or -1 on a short read or
+ * when layer_count is beyond the file's size or 4096. The config is not validated here. */
+int kvq_get_config(kvq_reader *r, kvq_cache_config *config, kvq_layer_config **layers);
+
+#endif

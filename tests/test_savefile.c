@@ -1,0 +1,236 @@
+/* Saving and loading caches: round trips, and every way a file can be bad. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/sha256.h"
+#include "core/synth.h"
+#include "helpers.h"
+
+typedef struct fixture {
+  kvq_context *ctx;
+  kvq_cache *cache;
+  kvq_layer_config layers[2];
+  uint32_t seqs[3];
+  float *k, *v, *q;
+} fixture;
+
+enum { N = 90, HKV = 2, HQ = 4, D = 64 };
+
+static void build(fixture *f) {
+  memset(f, 0, sizeof *f);
+  kvq_method_config qjl = kvq_method_defaults(KVQ_METHOD_QJL, D), uni = kvq_method_defaults(KVQ_METHOD_UNIFORM, D);
+  kvq_method_config ex = kvq_method_defaults(KVQ_METHOD_EXACT, D);
+  f->layers[0] = th_layer(HQ, HKV, D, qjl, uni);
+  f->layers[1] = th_layer(HQ, HKV, D, ex, ex);
+  kvq_cache_config config = th_config(f->layers, 2, KVQ_DTYPE_F16, 16, 32, 40, 4, 77);
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
+  f->k = malloc(sizeof(float) * N * HKV * D);
+  f->v = malloc(sizeof(float) * N * HKV * D);
+  f->q = malloc(sizeof(float) * N * HQ * D);
+  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 8);
+  kvq_synth_generate(&sc, f->k, f->v, f->q);
+  uint32_t dropped;
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[0]));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &dropped));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[1]));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[2]));
+  const uint32_t lengths[3] = {N, 61, 5};
+  for (int s = 0; s < 3; s++)
+    for (uint32_t l = 0; l < 2; l++) th_append(f->ctx, f->cache, f->seqs[s], l, f->k, f->v, 0, lengths[s] - l, HKV, D, KVQ_DTYPE_F16);
+  th_append(f->ctx, f->cache, dropped, 0, f->k, f->v, 0, 40, HKV, D, KVQ_DTYPE_F16);
+  KVQ_CHECK(f->ctx, kvq_flush(f->cache, f->seqs[1]));
+  KVQ_CHECK(f->ctx, kvq_sequence_free(f->cache, dropped)); /* leaves holes in the pool and the slots */
+}
+
+static void destroy(fixture *f) {
+  kvq_cache_destroy(f->cache);
+  kvq_context_destroy(f->ctx);
+  free(f->k);
+  free(f->v);
+  free(f->q);
+}
+
+static uint8_t *save(fixture *f, kvq_cache *cache, size_t *size) {
+  uint64_t bytes;
+  KVQ_CHECK(f->ctx, kvq_cache_save_size(cache, &bytes));
+  uint8_t *data = malloc(bytes);
+  KVQ_CHECK(f->ctx, kvq_cache_save_to_memory(cache, data, bytes, size));
+  cr_assert_eq(*size, bytes);
+  return data;
+}
+
+/* Everything observable of a sequence: info, every token decoded, attention of the last 4. */
+static void expect_same(fixture *f, kvq_cache *a, kvq_cache *b, uint32_t seq) {
+  for (uint32_t l = 0; l < 2; l++) {
+    kvq_sequence_info ia, ib;
+    KVQ_CHECK(f->ctx, kvq_sequence_info_get(a, seq, l, &ia));
+    KVQ_CHECK(f->ctx, kvq_sequence_info_get(b, seq, l, &ib));
+    cr_assert(ia.tokens == ib.tokens && ia.quantized_tokens == ib.quantized_tokens && ia.pages == ib.pages);
+    const uint32_t n = (uint32_t)ia.tokens;
+    float *x[2][2], *o[2];
+    for (int c = 0; c < 2; c++) {
+      kvq_cache *cache = c ? b : a;
+      x[c][0] = malloc(sizeof(float) * n * HKV * D);
+      x[c][1] = malloc(sizeof(float) * n * HKV * D);
+      int64_t shape[3] = {n, HKV, D}, qshape[3] = {4, HQ, D};
+      kvq_tensor kt = kvq_tensor_host(x[c][0], KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(x[c][1], KVQ_DTYPE_F32, 3, shape);
+      KVQ_CHECK(f->ctx, kvq_dequantize(cache, seq, l, 0, n, &kt, &vt));
+      o[c] = malloc(sizeof(float) * 4 * HQ * D);
+      kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL,
+                                   .queries = kvq_tensor_host(f->q + (size_t)(n - 4) * HQ * D, KVQ_DTYPE_F32, 3, qshape),
+                                   .output = kvq_tensor_host(o[c], KVQ_DTYPE_F32, 3, qshape)};
+      KVQ_CHECK(f->ctx, kvq_attention(cache, l, &req, 1));
+    }
+    cr_assert_eq(memcmp(x[0][0], x[1][0], sizeof(float) * n * HKV * D), 0, "layer %u keys", l);
+    cr_assert_eq(memcmp(x[0][1], x[1][1], sizeof(float) * n * HKV * D), 0, "layer %u values", l);
+    cr_assert_eq(memcmp(o[0], o[1], sizeof(float) * 4 * HQ * D), 0, "layer %u attention", l);
+    for (int c = 0; c < 2; c++) {
+      free(x[c][0]);
+      free(x[c][1]);
+      free(o[c]);
+    }
+  }
+}
+
+Test(savefile, round_trip_in_memory) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  kvq_cache *loaded;
+  KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+  for (int s = 0; s < 3; s++) expect_same(&f, f.cache, loaded, f.seqs[s]);
+  kvq_memory_report ra, rb;
+  KVQ_CHECK(f.ctx, kvq_cache_memory(f.cache, &ra));
+  KVQ_CHECK(f.ctx, kvq_cache_memory(loaded, &rb));
+  cr_assert_eq(memcmp(&ra, &rb, sizeof ra), 0, "memory reports differ");
+  size_t size2;
+  uint8_t *again = save(&f, loaded, &size2);
+  cr_assert(size == size2 && memcmp(data, again, size) == 0, "saving a loaded cache gives the same bytes");
+  /* the loaded cache keeps working exactly like the original */
+  for (int c = 0; c < 2; c++) {
+    kvq_cache *cache = c ? loaded : f.cache;
+    th_append(f.ctx, cache, f.seqs[1], 0, f.k, f.v, 61, 29, HKV, D, KVQ_DTYPE_F16);
+    th_append(f.ctx, cache, f.seqs[1], 1, f.k, f.v, 60, 30, HKV, D, KVQ_DTYPE_F16);
+    uint32_t fresh;
+    KVQ_CHECK(f.ctx, kvq_sequence_add(cache, &fresh));
+    th_append(f.ctx, cache, fresh, 0, f.k, f.v, 0, 50, HKV, D, KVQ_DTYPE_F16);
+    th_append(f.ctx, cache, fresh, 1, f.k, f.v, 0, 50, HKV, D, KVQ_DTYPE_F16);
+  }
+  expect_same(&f, f.cache, loaded, f.seqs[1]);
+  free(data);
+  free(again);
+  kvq_cache_destroy(loaded);
+  destroy(&f);
+}
+
+Test(savefile, round_trip_through_a_file) {
+  fixture f;
+  build(&f);
+  char path[] = "/tmp/kvq-test-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  KVQ_CHECK(f.ctx, kvq_cache_save(f.cache, path));
+  char tmp[64];
+  snprintf(tmp, sizeof tmp, "%s.tmp-kvq", path);
+  cr_assert_neq(access(tmp, F_OK), 0, "the temporary file is renamed away");
+  kvq_cache *loaded;
+  KVQ_CHECK(f.ctx, kvq_cache_load(f.ctx, path, &loaded));
+  for (int s = 0; s < 3; s++) expect_same(&f, f.cache, loaded, f.seqs[s]);
+  kvq_cache_destroy(loaded);
+  remove(path);
+  cr_assert_eq(kvq_cache_load(f.ctx, path, &loaded), KVQ_ERROR_IO);
+  cr_assert_null(loaded);
+  cr_assert_eq(kvq_cache_save(f.cache, "/nonexistent-dir/x.kvq"), KVQ_ERROR_IO);
+  destroy(&f);
+}
+
+static void reseal(uint8_t *data, size_t size) { kvq_sha256_digest(data, size - 32, data + size - 32); }
+
+static void expect_load_fails(fixture *f, const uint8_t *data, size_t size, kvq_status want, const char *what) {
+  kvq_cache *loaded = (kvq_cache *)(uintptr_t)1;
+  kvq_status st = kvq_cache_load_from_memory(f->ctx, data, size, &loaded);
+  cr_assert_eq(st, want, "%s: %s (%s), expected %s", what, kvq_status_string(st), kvq_context_last_error(f->ctx),
+               kvq_status_string(want));
+  cr_assert_null(loaded, "%s: out must be NULL on failure", what);
+  cr_assert_neq(kvq_context_last_error(f->ctx)[0], 0, "%s: a message", what);
+}
+
+Test(savefile, truncated_files) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  const size_t cuts[] = {0, 1, 7, 8, 63, 64, 65, 200, size / 2, size - 33, size - 32, size - 1};
+  for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "cut at %zu of %zu", cuts[i], size);
+    expect_load_fails(&f, data, cuts[i], KVQ_ERROR_TRUNCATED, what);
+  }
+  free(data);
+  destroy(&f);
+}
+
+Test(savefile, corrupted_files) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  /* any flipped bit past the header fields is caught by the checksum */
+  for (size_t at = 64; at < size; at += size / 97 + 1) {
+    data[at] ^= 0x10;
+    char what[64];
+    snprintf(what, sizeof what, "bit flipped at %zu", at);
+    expect_load_fails(&f, data, size, KVQ_ERROR_CHECKSUM, what);
+    data[at] ^= 0x10;
+  }
+  data[0] = 'X';
+  expect_load_fails(&f, data, size, KVQ_ERROR_BAD_FORMAT, "magic");
+  data[0] = 'K';
+  data[8] = 2; /* version 2, resealed: a newer format */
+  reseal(data, size);
+  expect_load_fails(&f, data, size, KVQ_ERROR_VERSION, "version 2");
+  data[8] = 1;
+  uint8_t *longer = malloc(size + 1);
+  memcpy(longer, data, size);
+  longer[size] = 0;
+  expect_load_fails(&f, longer, size + 1, KVQ_ERROR_BAD_FORMAT, "trailing byte");
+  free(longer);
+  free(data);
+  destroy(&f);
+}
+
+/* A correct checksum does not make content trustworthy: consistent files with impossible values
+ * must be rejected field by field. Offsets follow docs/FORMAT.md: the CONF payload starts at 80. */
+Test(savefile, consistent_checksum_bad_content) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  uint8_t *copy = malloc(size);
+  struct {
+    size_t offset;
+    uint32_t value;
+    const char *what;
+  } edits[] = {
+      {80 + 8, 17, "page_size 17"},
+      {80 + 0, 0, "zero layers"},
+      {80 + 0, 1000000, "a million layers"},
+      {80 + 4, 9, "unknown input dtype"},
+      {80 + 32 + 12, 5, "unknown key method"},
+      {80 + 32 + 12 + 8, 33, "m = 33"},
+  };
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    memcpy(copy, data, size);
+    memcpy(copy + edits[i].offset, &edits[i].value, 4);
+    reseal(copy, size);
+    expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, edits[i].what);
+  }
+  free(copy);
+  free(data);
+  destroy(&f);
+}
