@@ -263,3 +263,22 @@ kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t 
 void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) seq->pages[seq->page_count++] = cache->free_pages[--cache->free_count];
 }
+
+kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages) {
+  kvq_status st;
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  if (!seq) return st;
+  if (layer >= cache->config.layer_count || side < 0 || side > 1)
+    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_read_pages: layer %u side %d", layer, side);
+  const uint32_t P = cache->config.page_size;
+  const uint32_t count = (seq->layers[layer].quantized + P - 1) / P;
+  *pages = count;
+  if (!dst) return KVQ_OK;
+  kvq_backend *be = cache->ctx->backend;
+  const uint64_t pb = cache->storage[layer].side[side].layout.page_bytes;
+  for (uint32_t j = 0; j < count; j++) {
+    st = be->ops->buffer_read(be, cache->storage[layer].pages[side], (uint64_t)seq->pages[j] * pb, (uint8_t *)dst + j * pb, pb);
+    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "reading pages");
+  }
+  return KVQ_OK;
+}

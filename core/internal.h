@@ -102,4 +102,9 @@ void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
 /* Grows a page table's capacity to hold `pages` entries without changing anything else. */
 kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages);
 
+/* Copies the page images of one (sequence, layer, side) in page-table order into dst
+ * (ceil(quantized / P) pages of side.layout.page_bytes each); *pages receives the count.
+ * With dst == NULL only counts. For golden files and tests. */
+kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages);
+
 #endif

@@ -2,6 +2,10 @@
  * CPU attention jobs: scaled logits over pages and the full-precision window, a masked softmax, and
  * the probability-weighted sum of values. Accumulation is in double: the reference should carry no
  * error beyond what the stored codes imply.
+ *
+ * Both SCORE and WEIGHTED_SUM walk a sequence block by block (a page's valid tokens, then the window
+ * tokens) per kv head, decode the block once, and use it for every query row and every query head of
+ * that kv head's GQA group.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,34 +16,40 @@
 #include "core/tensor.h"
 #include "cpu.h"
 
-/* Where token t of a sequence lives, for one kv head of one side. */
-typedef struct token_source {
-  const uint8_t *block; /* page head block, or NULL for a window token */
-  uint32_t index;       /* token index inside the page */
-  const uint8_t *raw;   /* window token's head vector in the window dtype */
-} token_source;
+/* A run of consecutive tokens of one kv head: up to a page of quantized tokens, or one window token
+ * (the ring may wrap, so window tokens go one at a time). */
+typedef struct token_block {
+  uint32_t first, count;
+  const uint8_t *page; /* page head block, or NULL for a window token */
+  const uint8_t *raw;  /* window token's head vector in the window dtype */
+} token_block;
 
-static token_source locate(const kvq_job_attention *job, const kvq_attention_seq *seq, const kvq_side_desc *side,
-                           const kvq_buffer *pages, const kvq_buffer *ring, uint32_t kv_head, uint32_t t) {
-  const kvq_side_layout *s = &side->layout;
-  token_source src = {0};
+static uint64_t seq_tokens(const kvq_attention_seq *seq) { return (uint64_t)seq->quantized + seq->window; }
+
+static token_block block_at(const kvq_job_attention *job, const kvq_attention_seq *seq, const kvq_side_layout *s,
+                            const kvq_buffer *pages, const kvq_buffer *ring, uint32_t kv_head, uint32_t t) {
+  token_block b = {.first = t, .count = 1};
   if (t < seq->quantized) {
     uint32_t slot = job->page_slots[seq->page_first + t / s->page_size];
-    src.block = pages->data + (uint64_t)slot * s->page_bytes + (uint64_t)kv_head * s->head_bytes;
-    src.index = t % s->page_size;
+    b.page = pages->data + (uint64_t)slot * s->page_bytes + (uint64_t)kv_head * s->head_bytes;
+    b.count = seq->quantized - t < s->page_size ? seq->quantized - t : s->page_size;
   } else {
     uint64_t esize = job->window_dtype == KVQ_DTYPE_F32 ? 4 : 2;
     uint64_t slot = t % seq->ring_capacity;
-    src.raw = ring->data + seq->ring_offset + (slot * s->kv_heads + kv_head) * s->head_dim * esize;
+    b.raw = ring->data + seq->ring_offset + (slot * s->kv_heads + kv_head) * s->head_dim * esize;
   }
-  return src;
+  return b;
 }
 
-static void load_token(const kvq_job_attention *job, const cpu_head *head, const token_source *src, float *out) {
-  if (src->block)
-    kvq_cpu_method(head->side->layout.method)->decode(head, src->block, src->index, out);
-  else
-    kvq_convert_to_f32(job->window_dtype, src->raw, out, head->side->layout.head_dim);
+/* Decodes a block's tokens into out[count][head_dim]. */
+static void decode_block(const kvq_job_attention *job, const cpu_head *head, const token_block *b, float *out) {
+  const uint32_t d = head->side->layout.head_dim;
+  if (b->page) {
+    const cpu_method *method = kvq_cpu_method(head->side->layout.method);
+    for (uint32_t i = 0; i < b->count; i++) method->decode(head, b->page, i, out + (size_t)i * d);
+  } else {
+    kvq_convert_to_f32(job->window_dtype, b->raw, out, d);
+  }
 }
 
 static double dot_f64(const float *a, const float *b, uint32_t d) {
@@ -48,12 +58,15 @@ static double dot_f64(const float *a, const float *b, uint32_t d) {
   return dot;
 }
 
-static uint64_t seq_tokens(const kvq_attention_seq *seq) { return (uint64_t)seq->quantized + seq->window; }
-
 /* Whether query row r of a sequence may attend to token t. */
 static int visible(const kvq_attention_seq *seq, uint32_t r, uint64_t t) {
   if (seq->mask == KVQ_MASK_NONE) return 1;
   return t <= (uint64_t)seq->query_position + r;
+}
+
+static kvq_status no_memory(kvq_backend *b, const char *what) {
+  snprintf(b->message, sizeof b->message, "cpu: out of host memory for %s", what);
+  return KVQ_ERROR_OUT_OF_MEMORY;
 }
 
 kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
@@ -63,12 +76,11 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
   const uint32_t d = ks->head_dim, P = ks->page_size, group = job->query_heads / ks->kv_heads;
   const uint32_t pf = kvq_prepared_floats(ks);
   double *dots = malloc(sizeof(double) * P);
-  float *key = malloc(sizeof(float) * d);
-  if (!dots || !key) {
+  float *keys = malloc(sizeof(float) * P * d);
+  if (!dots || !keys) {
     free(dots);
-    free(key);
-    snprintf(b->message, sizeof b->message, "cpu: out of host memory for scores");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+    free(keys);
+    return no_memory(b, "scores");
   }
   const float *queries = (const float *)job->queries->data;
   const float *prepared = job->prepared ? (const float *)job->prepared->data : NULL;
@@ -76,40 +88,30 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
   for (uint32_t si = 0; si < job->seq_count; si++) {
     const kvq_attention_seq *seq = &job->seqs[si];
     const uint64_t n = seq_tokens(seq);
-    for (uint32_t r = 0; r < seq->query_count; r++) {
-      for (uint32_t h = 0; h < job->query_heads; h++) {
-        const uint64_t row_index = (uint64_t)(seq->query_first + r) * job->query_heads + h;
-        const float *q = queries + row_index * d;
-        const float *prep = pf ? prepared + row_index * pf : NULL;
-        float *row = scores + seq->score_offset + ((uint64_t)r * job->query_heads + h) * n;
-        const uint32_t kvh = h / group;
-        uint64_t t = 0;
-        while (t < n) { /* a page's valid tokens at a time, then window tokens one by one */
-          token_source src = locate(job, seq, job->keys, job->key_pages, job->key_ring, kvh, (uint32_t)t);
-          uint32_t count = 1;
-          if (src.block) {
-            count = seq->quantized - (uint32_t)t < P ? seq->quantized - (uint32_t)t : P;
-            if (method->dot_page) {
-              method->dot_page(&head, src.block, count, q, prep, dots);
-            } else {
-              for (uint32_t i = 0; i < count; i++) {
-                method->decode(&head, src.block, i, key);
-                dots[i] = dot_f64(q, key, d);
-              }
-            }
-          } else {
-            load_token(job, &head, &src, key);
-            dots[0] = dot_f64(q, key, d);
+    for (uint32_t kvh = 0; kvh < ks->kv_heads; kvh++) {
+      for (uint64_t t = 0; t < n;) {
+        const token_block blk = block_at(job, seq, ks, job->key_pages, job->key_ring, kvh, (uint32_t)t);
+        /* QJL scores a page from its codes directly (the paper's estimator); everything else is
+         * decoded once and dotted with each query. */
+        const int estimator = blk.page && method->dot_page;
+        if (!estimator) decode_block(job, &head, &blk, keys);
+        for (uint32_t r = 0; r < seq->query_count; r++)
+          for (uint32_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            const uint64_t row_index = (uint64_t)(seq->query_first + r) * job->query_heads + h;
+            const float *q = queries + row_index * d;
+            if (estimator) method->dot_page(&head, blk.page, blk.count, q, prepared + row_index * pf, dots);
+            else
+              for (uint32_t i = 0; i < blk.count; i++) dots[i] = dot_f64(q, keys + (size_t)i * d, d);
+            float *row = scores + seq->score_offset + ((uint64_t)r * job->query_heads + h) * n;
+            for (uint32_t i = 0; i < blk.count; i++)
+              row[t + i] = visible(seq, r, t + i) ? (float)(dots[i] * job->scale) : -INFINITY;
           }
-          for (uint32_t i = 0; i < count; i++)
-            row[t + i] = visible(seq, r, t + i) ? (float)(dots[i] * job->scale) : -INFINITY;
-          t += count;
-        }
+        t += blk.count;
       }
     }
   }
   free(dots);
-  free(key);
+  free(keys);
   return KVQ_OK;
 }
 
@@ -135,36 +137,46 @@ kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
 kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
   const kvq_side_layout *vs = &job->values->layout;
   const cpu_head head = kvq_cpu_head(job->values);
-  const uint32_t d = vs->head_dim, group = job->query_heads / vs->kv_heads;
+  const uint32_t d = vs->head_dim, P = vs->page_size, group = job->query_heads / vs->kv_heads;
   const float *scores = (const float *)job->scores->data;
   float *output = (float *)job->output->data;
-  double *acc = malloc(sizeof(double) * d);
-  float *value = malloc(sizeof(float) * d);
-  if (!acc || !value) {
+  uint32_t max_rows = 0;
+  for (uint32_t si = 0; si < job->seq_count; si++)
+    max_rows = job->seqs[si].query_count > max_rows ? job->seqs[si].query_count : max_rows;
+  double *acc = malloc(sizeof(double) * (size_t)max_rows * group * d); /* [row][head in group][channel] */
+  float *values = malloc(sizeof(float) * P * d);
+  if (!acc || !values) {
     free(acc);
-    free(value);
-    snprintf(b->message, sizeof b->message, "cpu: out of host memory for the weighted sum");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+    free(values);
+    return no_memory(b, "the weighted sum");
   }
   for (uint32_t si = 0; si < job->seq_count; si++) {
     const kvq_attention_seq *seq = &job->seqs[si];
     const uint64_t n = seq_tokens(seq);
-    for (uint32_t r = 0; r < seq->query_count; r++) {
-      for (uint32_t h = 0; h < job->query_heads; h++) {
-        const float *p = scores + seq->score_offset + ((uint64_t)r * job->query_heads + h) * n;
-        memset(acc, 0, sizeof(double) * d);
-        for (uint64_t t = 0; t < n; t++) {
-          if (p[t] == 0.0f) continue; /* masked (or underflowed) tokens add nothing */
-          token_source src = locate(job, seq, job->values, job->value_pages, job->value_ring, h / group, (uint32_t)t);
-          load_token(job, &head, &src, value);
-          for (uint32_t c = 0; c < d; c++) acc[c] += (double)p[t] * value[c];
-        }
-        float *o = output + ((uint64_t)(seq->query_first + r) * job->query_heads + h) * d;
-        for (uint32_t c = 0; c < d; c++) o[c] = (float)acc[c];
+    for (uint32_t kvh = 0; kvh < vs->kv_heads; kvh++) {
+      memset(acc, 0, sizeof(double) * (size_t)seq->query_count * group * d);
+      for (uint64_t t = 0; t < n;) {
+        const token_block blk = block_at(job, seq, vs, job->value_pages, job->value_ring, kvh, (uint32_t)t);
+        decode_block(job, &head, &blk, values);
+        for (uint32_t r = 0; r < seq->query_count; r++)
+          for (uint32_t g = 0; g < group; g++) {
+            const float *p = scores + seq->score_offset + ((uint64_t)r * job->query_heads + kvh * group + g) * n + t;
+            double *a = acc + ((size_t)r * group + g) * d;
+            for (uint32_t i = 0; i < blk.count; i++) {
+              if (p[i] == 0.0f) continue; /* masked (or underflowed) tokens add nothing */
+              for (uint32_t c = 0; c < d; c++) a[c] += (double)p[i] * values[(size_t)i * d + c];
+            }
+          }
+        t += blk.count;
       }
+      for (uint32_t r = 0; r < seq->query_count; r++)
+        for (uint32_t g = 0; g < group; g++) {
+          float *o = output + ((uint64_t)(seq->query_first + r) * job->query_heads + kvh * group + g) * d;
+          for (uint32_t c = 0; c < d; c++) o[c] = (float)acc[((size_t)r * group + g) * d + c];
+        }
     }
   }
   free(acc);
-  free(value);
+  free(values);
   return KVQ_OK;
 }

@@ -27,6 +27,17 @@ static qjl_view view_of(const cpu_head *h) {
 static uint32_t read_u16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static int sign_bit(const uint8_t *signs, uint32_t i) { return (signs[i / 8] >> (i % 8)) & 1; }
 
+/* <x, sign bits>: sum over i of (bit i ? x[i] : -x[i]), bits LSB first. */
+static double signed_sum(const uint8_t *bits, const double *x, uint32_t n) {
+  double sum = 0.0;
+  for (uint32_t byte = 0; byte < n / 8; byte++) {
+    const unsigned b = bits[byte];
+    const double *xb = x + 8 * byte;
+    for (unsigned i = 0; i < 8; i++) sum += (b >> i & 1u) ? xb[i] : -xb[i];
+  }
+  return sum;
+}
+
 /* The outlier channels of a page: a mask over channels (1 = outlier). */
 static void outlier_mask(const qjl_view *v, const uint8_t *block, uint8_t *is_outlier) {
   const uint8_t *list = block + kvq_qjl_outliers_offset(v->P, v->m, v->mo, v->k);
@@ -129,14 +140,10 @@ static void qjl_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, co
   const uint8_t *norm_in = block + kvq_qjl_norm_in_offset(v.P, v.m, v.mo, v.k);
   const uint8_t *norm_out = block + kvq_qjl_norm_out_offset(v.P, v.m, v.mo, v.k);
   for (uint32_t t = 0; t < n; t++) {
-    const uint8_t *bits = signs + (size_t)t * v.m / 8;
-    double dot_in = 0.0;
-    for (uint32_t i = 0; i < v.m; i++) dot_in += sign_bit(bits, i) ? sq_in[i] : -sq_in[i];
+    double dot_in = signed_sum(signs + (size_t)t * v.m / 8, sq_in, v.m);
     double estimate = c_d / v.m * kvq_f16_bits_to_f32(read_u16(norm_in + 2 * t)) * dot_in;
     if (v.k > 0) {
-      const uint8_t *bits_out = signs_out + (size_t)t * v.mo / 8;
-      double dot_out = 0.0;
-      for (uint32_t i = 0; i < v.mo; i++) dot_out += sign_bit(bits_out, i) ? sq_out[i] : -sq_out[i];
+      double dot_out = signed_sum(signs_out + (size_t)t * v.mo / 8, sq_out, v.mo);
       estimate += c_d / v.mo * kvq_f16_bits_to_f32(read_u16(norm_out + 2 * t)) * dot_out;
     }
     dots[t] = estimate;

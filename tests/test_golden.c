@@ -1,0 +1,236 @@
+/*
+ * Golden files: the CPU reference agrees with the committed files in all three classes; the
+ * writer reproduces their codes; the checker proves near-ties and refuses everything else; and the
+ * tool's exit status and summary lines are what users' CI relies on.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/halfconv.h"
+#include "core/layout.h"
+#include "core/matrix.h"
+#include "core/rng.h"
+#include "golden/container.h"
+#include "golden/golden.h"
+
+static char *make_temp_dir(void) {
+  char *dir = strdup("/tmp/kvq-golden-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  return dir;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[1024];
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      remove(path);
+    }
+  closedir(d);
+  rmdir(dir);
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+  cr_assert(in && out, "copy %s -> %s", from, to);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  fclose(out);
+}
+
+Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
+  golden_totals t;
+  FILE *out = tmpfile();
+  int rc = kvq_golden_check(KVQ_SOURCE_GOLDEN_DIR, KVQ_BACKEND_CPU, out, &t);
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+  cr_assert_eq(rc, 0, "kvq golden --check --backend cpu failed");
+  cr_assert_eq(t.configurations, kvq_golden_case_count(), "every configuration has a committed file");
+  cr_assert_gt(t.code_bytes, 100000u);
+  cr_assert_eq(t.code_bytes_differing + t.unexplained + t.near_ties, 0u, "the reference reproduces its own codes");
+  cr_assert_eq(t.side_one_ulp + t.side_beyond, 0u);
+  cr_assert_gt(t.class3_values, 10000u);
+  cr_assert_eq(t.class3_beyond, 0u);
+  cr_assert_eq(t.matrix_mismatches, 0u);
+  cr_assert(t.matrices >= 10);
+  cr_assert_eq(t.files_checked, 5u);
+  cr_assert_eq(t.files_failed, 0u);
+}
+
+/* Regenerating the files reproduces every record byte for byte, except probabilities and outputs,
+ * which pass through the C library's exp() and are compared within bounds instead (class 3). */
+Test(golden, writer_reproduces_committed_records, .timeout = 120) {
+  char *dir = make_temp_dir();
+  FILE *log = tmpfile();
+  cr_assert_eq(kvq_golden_write(dir, log), 0);
+  fclose(log);
+  for (uint32_t i = 0; i < kvq_golden_case_count(); i++) {
+    char a[1024], b[1024], error[512];
+    snprintf(a, sizeof a, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, kvq_golden_case_name(i));
+    snprintf(b, sizeof b, "%s/%s.kvqg", dir, kvq_golden_case_name(i));
+    golden_file ga, gb;
+    cr_assert_eq(golden_load(&ga, a, error, sizeof error), 0, "%s", error);
+    cr_assert_eq(golden_load(&gb, b, error, sizeof error), 0, "%s", error);
+    cr_assert_eq(ga.count, gb.count, "%s: record count", a);
+    for (size_t r = 0; r < ga.count; r++) {
+      const golden_record *x = &ga.records[r], *y = golden_find(&gb, x->name);
+      cr_assert_not_null(y, "%s: record %s not written any more", a, x->name);
+      if (!strncmp(x->name, "probs/", 6) || !strncmp(x->name, "outputs/", 8)) continue;
+      cr_assert(x->bytes == y->bytes && memcmp(x->data, y->data, x->bytes) == 0,
+                "%s: record %s differs: a layout, encoder or generator changed (regenerate the files on purpose, "
+                "with the reason in the commit)", a, x->name);
+    }
+    golden_free(&ga);
+    golden_free(&gb);
+  }
+  remove_dir(dir);
+  free(dir);
+}
+
+static golden_record *find_mut(golden_file *g, const char *name) { return (golden_record *)golden_find(g, name); }
+
+static void drop_results(golden_file *g) {
+  static const char *prefixes[] = {"matrix_sha256/", "pages/", "logits/", "probs/", "outputs/"};
+  size_t kept = 0;
+  for (size_t i = 0; i < g->count; i++) {
+    int drop = 0;
+    for (int p = 0; p < 5; p++) drop |= !strncmp(g->records[i].name, prefixes[p], strlen(prefixes[p]));
+    if (drop) {
+      free(g->records[i].name);
+      free(g->records[i].data);
+    } else {
+      g->records[kept++] = g->records[i];
+    }
+  }
+  g->count = kept;
+}
+
+/*
+ * A golden file whose codes differ from what the CPU produces, in known ways:
+ *   - key token 0 is made orthogonal to sketch row 0 (in double, then rounded to fp32), so the sign
+ *     of its projection is a rounding accident: flipping that bit must count as a proven near-tie;
+ *   - a bit of token 1 whose projection is far from 0 is flipped: unexplained;
+ *   - |k_in| of token 2 moves by 1 fp16 ulp (accepted, counted) and of token 3 by 3 ulps (refused).
+ */
+Test(golden, near_ties_are_proven_and_nothing_else_is, .timeout = 120) {
+  const char *case_name = "qjl-d128-m256-k0-u3-f32-gqa1";
+  char path[1024], error[512] = "";
+  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  golden_file g;
+  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
+  drop_results(&g);
+  const uint32_t d = 128, m = 256, P = 16;
+  float *S = malloc(sizeof(float) * m * d);
+  cr_assert_eq(kvq_build_sketch(5, 0, KVQ_PURPOSE_QJL_SKETCH, m, d, S), 0); /* the case's seed is 5 */
+  golden_record *keys = find_mut(&g, "keys/0");
+  float *k0 = (float *)keys->data; /* sequence 0 starts at stream token 0; one kv head */
+  double dot = 0, norm2 = 0;
+  for (uint32_t c = 0; c < d; c++) {
+    dot += (double)S[c] * k0[c];
+    norm2 += (double)S[c] * S[c];
+  }
+  for (uint32_t c = 0; c < d; c++) k0[c] = (float)(k0[c] - dot / norm2 * S[c]);
+  kvq_context *ctx = NULL;
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_CPU;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  cr_assert_eq(kvq_golden_record_results(&g, ctx, NULL, error, sizeof error), 0, "%s", error);
+  kvq_context_destroy(ctx);
+  /* choose a bit of token 1 with a large projection */
+  const float *k1 = k0 + d;
+  uint32_t far = 0;
+  for (uint32_t i = 0; i < m; i++) {
+    double p = 0;
+    for (uint32_t c = 0; c < d; c++) p += (double)S[(size_t)i * d + c] * k1[c];
+    if (fabs(p) > 5.0) {
+      far = i;
+      break;
+    }
+  }
+  golden_record *pages = find_mut(&g, "pages/0/0/0");
+  uint8_t *block = pages->data;
+  block[kvq_qjl_signs_offset() + 0] ^= 1;                              /* token 0, bit 0 */
+  block[kvq_qjl_signs_offset() + m / 8 + far / 8] ^= (uint8_t)(1u << (far % 8)); /* token 1, bit `far` */
+  const uint32_t norms = kvq_qjl_norm_in_offset(P, m, 0, 0);
+  block[norms + 2 * 2] += 1; /* |k_in| of token 2: +1 ulp */
+  block[norms + 2 * 3] += 3; /* |k_in| of token 3: +3 ulps */
+  char *dir = make_temp_dir(), out_path[1024];
+  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
+  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
+  golden_free(&g);
+  const char *saved[] = {"cache-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq", "reject-version.kvq",
+                         "reject-bad-format.kvq"};
+  for (int i = 0; i < 5; i++) {
+    char from[1024], to[1024];
+    snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, saved[i]);
+    copy_file(from, to);
+  }
+  golden_totals t;
+  FILE *out = tmpfile();
+  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, &t);
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+  cr_assert_eq(rc, 1, "the check must fail");
+  cr_assert_eq(t.near_ties, 1u, "the orthogonal token's bit is a proven near-tie (got %llu)", (unsigned long long)t.near_ties);
+  cr_assert_eq(t.unexplained, 1u, "the far bit is unexplained (got %llu)", (unsigned long long)t.unexplained);
+  cr_assert_eq(t.code_bytes_differing, 2u);
+  cr_assert_eq(t.side_one_ulp, 1u);
+  cr_assert_eq(t.side_beyond, 1u);
+  free(S);
+  remove_dir(dir);
+  free(dir);
+}
+
+/* The tool, as users' CI runs it: exit status and summary lines. */
+static int run_tool(const char *args, char *output, size_t size) {
+  char command[2048];
+  snprintf(command, sizeof command, "%s %s 2>&1", KVQ_TOOL_PATH, args);
+  FILE *p = popen(command, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(output, 1, size - 1, p);
+  output[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(golden, tool_exit_status_and_summary, .timeout = 120) {
+  static char output[65536];
+  char args[1024];
+  snprintf(args, sizeof args, "golden --check --backend cpu --dir %s", KVQ_SOURCE_GOLDEN_DIR);
+  cr_assert_eq(run_tool(args, output, sizeof output), 0, "%s", output);
+  const char *lines[] = {"matrices: ", "class 1 (codes): ", "class 2 (side data): ",
+                         "class 3 (scores, probabilities, outputs): ", "saved files: ", "--backend cpu: PASS"};
+  for (int i = 0; i < 6; i++) cr_assert_not_null(strstr(output, lines[i]), "missing '%s' in:\n%s", lines[i], output);
+  char *empty = make_temp_dir();
+  snprintf(args, sizeof args, "golden --check --dir %s", empty);
+  cr_assert_eq(run_tool(args, output, sizeof output), 2, "no files is an error, not a pass:\n%s", output);
+  remove_dir(empty);
+  free(empty);
+  snprintf(args, sizeof args, "golden --check --backend cuda --dir %s", KVQ_SOURCE_GOLDEN_DIR);
+  kvq_backend_info infos[4];
+  size_t count;
+  kvq_backends_list(infos, 4, &count);
+  if (infos[2].availability != KVQ_AVAILABLE) {
+    cr_assert_eq(run_tool(args, output, sizeof output), 2, "%s", output);
+    cr_assert_not_null(strstr(output, "unavailable"), "%s", output);
+  }
+  cr_assert_eq(run_tool("golden --check --write", output, sizeof output), 2, "%s", output);
+  cr_assert_eq(run_tool("golden --frobnicate", output, sizeof output), 2, "%s", output);
+  cr_assert_eq(run_tool("golden --check --backend tpu", output, sizeof output), 2, "%s", output);
+}

@@ -1,0 +1,94 @@
+/*
+ * The golden matrix: dtypes, head_dim 64 and 128, m, outliers on and off, value bits, GQA ratios
+ * 1, 4 and 8, partial pages, window on and off, and a two-layer cache with more bits early.
+ */
+#include "cases.h"
+
+#include <stdlib.h>
+
+#include "golden.h"
+
+static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
+  c.qjl = (kvq_qjl_config){m, k, mo};
+  return c;
+}
+static kvq_method_config uni(uint32_t bits, uint32_t group) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_UNIFORM, 128);
+  c.uniform = (kvq_uniform_config){bits, group};
+  return c;
+}
+static kvq_method_config exact(kvq_dtype dtype) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_EXACT, 128);
+  c.exact.dtype = dtype;
+  return c;
+}
+#define LAYER(hq, hkv, d, k, v) {.query_heads = hq, .kv_heads = hkv, .head_dim = d, .keys = k, .values = v}
+
+static golden_case cases[12];
+static uint32_t case_count;
+
+static void build_cases(void) {
+  if (case_count) return;
+  const golden_case all[] = {
+      {"qjl-d128-m256-k8-u2-f16-gqa4", KVQ_DTYPE_F16, 32, 0, 1, {LAYER(8, 2, 128, qjl(256, 8, 256), uni(2, 32))}, {70, 45}, 1},
+      {"qjl-d128-m512-k8-u4-f32-gqa1-window", KVQ_DTYPE_F32, 16, 32, 1, {LAYER(2, 2, 128, qjl(512, 8, 256), uni(4, 32))}, {75, 50}, 2},
+      {"qjl-d64-m256-k0-u2-bf16-gqa8", KVQ_DTYPE_BF16, 16, 0, 1, {LAYER(8, 1, 64, qjl(256, 0, 32), uni(2, 16))}, {53, 40}, 3},
+      {"qjl-d64-m128-k4-u1-f16-gqa4-window", KVQ_DTYPE_F16, 16, 16, 1, {LAYER(4, 1, 64, qjl(128, 4, 64), uni(1, 32))}, {61, 33}, 4},
+      {"qjl-d128-m256-k0-u3-f32-gqa1", KVQ_DTYPE_F32, 16, 0, 1, {LAYER(1, 1, 128, qjl(256, 0, 32), uni(3, 32))}, {40, 27}, 5},
+      {"qjl-d64-m64-k8-u8-f16-gqa8", KVQ_DTYPE_F16, 32, 0, 1, {LAYER(8, 1, 64, qjl(64, 8, 64), uni(8, 64))}, {66, 35}, 6},
+      {"exact-f16-f16-d128-gqa4", KVQ_DTYPE_F16, 16, 0, 1, {LAYER(4, 1, 128, exact(KVQ_DTYPE_F16), exact(KVQ_DTYPE_F16))}, {37, 20}, 7},
+      {"exact-bf16-f32-d64-gqa1-window", KVQ_DTYPE_BF16, 16, 32, 1, {LAYER(2, 2, 64, exact(KVQ_DTYPE_BF16), exact(KVQ_DTYPE_F32))}, {60, 17}, 8},
+      {"uniform4-keys-u4-d128-f32-gqa8", KVQ_DTYPE_F32, 16, 0, 1, {LAYER(8, 1, 128, uni(4, 32), uni(4, 32))}, {35, 22}, 9},
+      {"two-layers-qjl-m512-then-m256-f16-gqa4", KVQ_DTYPE_F16, 16, 16, 2,
+       {LAYER(4, 1, 128, qjl(512, 8, 256), uni(4, 32)), LAYER(4, 1, 128, qjl(256, 8, 256), uni(2, 32))}, {50, 29}, 10},
+  };
+  case_count = sizeof all / sizeof all[0];
+  for (uint32_t i = 0; i < case_count; i++) cases[i] = all[i];
+}
+
+const golden_case *golden_case_get(uint32_t index) {
+  build_cases();
+  return index < case_count ? &cases[index] : NULL;
+}
+
+uint32_t golden_case_total(void) {
+  build_cases();
+  return case_count;
+}
+
+uint32_t kvq_golden_case_count(void) { return golden_case_total(); }
+const char *kvq_golden_case_name(uint32_t index) {
+  const golden_case *c = golden_case_get(index);
+  return c ? c->name : NULL;
+}
+
+/* Round robin over the sequences, each step appending the next chunk (sizes cycling through
+ * 1, 5, 16, 3, 40, 2, 7: single tokens, partial and whole pages) to every layer; sequence 1 is
+ * flushed once it has 20 tokens and again at its end, so it ends with a flushed partial page. */
+uint32_t *golden_schedule(const golden_case *c, uint32_t *steps) {
+  static const uint32_t chunks[] = {1, 5, 16, 3, 40, 2, 7};
+  uint32_t capacity = 4 * (c->lengths[0] + c->lengths[1] + 8) * c->layer_count;
+  uint32_t *s = malloc(sizeof(uint32_t) * 4 * capacity), n = 0, done[GOLDEN_SEQUENCES] = {0}, k = 0;
+  if (!s) return NULL;
+  int flushed_early = 0;
+  while (done[0] < c->lengths[0] || done[1] < c->lengths[1]) {
+    for (uint32_t q = 0; q < GOLDEN_SEQUENCES; q++) {
+      if (done[q] >= c->lengths[q]) continue;
+      uint32_t count = chunks[k++ % 7];
+      if (count > c->lengths[q] - done[q]) count = c->lengths[q] - done[q];
+      for (uint32_t l = 0; l < c->layer_count; l++) {
+        uint32_t *step = s + 4 * n++;
+        step[0] = q, step[1] = l, step[2] = done[q], step[3] = count;
+      }
+      done[q] += count;
+      if (q == 1 && ((!flushed_early && done[q] >= 20) || done[q] == c->lengths[q])) {
+        flushed_early = 1;
+        uint32_t *step = s + 4 * n++;
+        step[0] = q, step[1] = 0, step[2] = 0, step[3] = 0;
+      }
+    }
+  }
+  *steps = n;
+  return s;
+}

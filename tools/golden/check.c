@@ -1,0 +1,587 @@
+/* `kvq golden --check`: replays every golden file on a backend and compares in three classes. */
+#include <dirent.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/halfconv.h"
+#include "core/internal.h"
+#include "core/layout.h"
+#include "core/quantize_math.h"
+#include "core/sha256.h"
+#include "golden.h"
+#include "reference.h"
+#include "replay.h"
+
+#define MAX_REPORTS 12 /* failure lines printed per configuration */
+
+typedef struct checker {
+  FILE *out;
+  golden_totals *t;
+  const char *name;
+  uint32_t reports;
+  int failed;
+} checker;
+
+static void report(checker *ck, const char *format, ...) {
+  ck->failed = 1;
+  if (ck->reports++ >= MAX_REPORTS) {
+    if (ck->reports == MAX_REPORTS + 1) fprintf(ck->out, "FAIL %s: ... (further failures not shown)\n", ck->name);
+    return;
+  }
+  va_list args;
+  va_start(args, format);
+  fprintf(ck->out, "FAIL %s: ", ck->name);
+  vfprintf(ck->out, format, args);
+  fputc('\n', ck->out);
+  va_end(args);
+}
+
+static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
+static double gamma_n(double n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
+
+/* Distance in units in the last place between two fp16 values (monotone integer mapping). */
+static uint32_t f16_ulps(uint32_t a, uint32_t b) {
+  int32_t ia = (a & 0x8000) ? -(int32_t)(a & 0x7fff) : (int32_t)a;
+  int32_t ib = (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)b;
+  return (uint32_t)(ia > ib ? ia - ib : ib - ia);
+}
+
+static void side_value(checker *ck, uint32_t golden, uint32_t got, const char *what, uint32_t page, uint32_t head) {
+  ck->t->side_values++;
+  uint32_t ulps = f16_ulps(golden, got);
+  if (ulps == 1) ck->t->side_one_ulp++;
+  if (ulps > 1) {
+    ck->t->side_beyond++;
+    report(ck, "class 2: %s of page %u head %u is fp16 0x%04x, golden 0x%04x (%u ulps)", what, page, head, got, golden, ulps);
+  }
+}
+
+/* The page's view: token inputs and matrices, for proving near-ties. */
+typedef struct page_ctx {
+  const kvq_side_layout *s;
+  const float *tokens; /* token 0 of the page, head 0; token stride kv_heads * head_dim */
+  uint32_t valid;
+  const float *S, *So;
+} page_ctx;
+
+static const float *token(const page_ctx *pc, uint32_t t, uint32_t h) {
+  return pc->tokens + ((size_t)t * pc->s->kv_heads + h) * pc->s->head_dim;
+}
+
+/* A sign bit may differ only if the projection it encodes is within rounding of zero: any fp32
+ * evaluation order is within gamma(d) sum |S x| of the exact value, plus d FLT_MIN for flushed
+ * subnormals. */
+static int sign_near_tie(const float *row, const float *x, const uint8_t *is_out, int outlier_side, uint32_t d) {
+  double p = 0, a = 0;
+  for (uint32_t c = 0; c < d; c++) {
+    if ((is_out[c] != 0) != outlier_side) continue;
+    p += (double)row[c] * x[c];
+    a += fabs((double)row[c] * x[c]);
+  }
+  return fabs(p) <= gamma_n(d) * a + d * FLT_MIN;
+}
+
+static void outlier_mask(const page_ctx *pc, const uint8_t *block, uint8_t *mask) {
+  const kvq_side_layout *s = pc->s;
+  memset(mask, 0, KVQ_MAX_HEAD_DIM);
+  const uint8_t *list = block + kvq_qjl_outliers_offset(s->page_size, s->sketch_dim, s->outlier_sketch_dim, s->outliers);
+  for (uint32_t j = 0; j < s->outliers; j++) mask[list[j] % KVQ_MAX_HEAD_DIM] = 1;
+}
+
+/* Checks one QJL head block: outliers, sign bits (class 1) and norms (class 2). */
+static void check_qjl_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page, uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const uint32_t P = s->page_size, d = s->head_dim, m = s->sketch_dim, mo = s->outlier_sketch_dim, k = s->outliers;
+  const uint32_t out_at = kvq_qjl_outliers_offset(P, m, mo, k);
+  uint8_t mask[KVQ_MAX_HEAD_DIM];
+  outlier_mask(pc, b, mask); /* the backend's own outliers: its signs and norms must follow them */
+  int lists_differ = k && memcmp(g + out_at, b + out_at, k) != 0;
+  if (lists_differ) {
+    /* Proven only if every channel where the lists differ has a squared norm within rounding of
+     * the selection threshold (the k-th largest), so that another order could select it. */
+    double norm2[KVQ_MAX_HEAD_DIM], abs2[KVQ_MAX_HEAD_DIM], sorted[KVQ_MAX_HEAD_DIM];
+    for (uint32_t c = 0; c < d; c++) {
+      norm2[c] = 0;
+      for (uint32_t t = 0; t < pc->valid; t++) norm2[c] += (double)token(pc, t, h)[c] * token(pc, t, h)[c];
+      abs2[c] = gamma_n(pc->valid) * norm2[c] + pc->valid * FLT_MIN;
+      sorted[c] = norm2[c];
+    }
+    for (uint32_t i = 0; i < d; i++) /* partial selection: the k-th largest */
+      for (uint32_t j = i + 1; j < d; j++)
+        if (sorted[j] > sorted[i]) {
+          double x = sorted[i];
+          sorted[i] = sorted[j];
+          sorted[j] = x;
+        }
+    const double threshold = sorted[k - 1];
+    uint8_t gmask[KVQ_MAX_HEAD_DIM];
+    outlier_mask(pc, g, gmask);
+    int proven = 1;
+    for (uint32_t c = 0; c < d; c++)
+      if (gmask[c] != mask[c] && fabs(norm2[c] - threshold) > 2 * abs2[c] + 2 * gamma_n(pc->valid) * threshold) proven = 0;
+    ck->t->code_bytes_differing++;
+    if (proven) ck->t->near_ties++;
+    else {
+      ck->t->unexplained++;
+      report(ck, "class 1: outlier channels of page %u head %u differ and are not a near-tie", page, h);
+    }
+  }
+  /* sign bits */
+  const uint32_t parts = k ? 2 : 1;
+  for (uint32_t part = 0; part < parts; part++) {
+    const uint32_t rows = part ? mo : m;
+    const uint32_t at = part ? kvq_qjl_signs_out_offset(P, m) : kvq_qjl_signs_offset();
+    const float *M = part ? pc->So : pc->S;
+    for (uint32_t t = 0; t < P; t++)
+      for (uint32_t byte = 0; byte < rows / 8; byte++) {
+        const uint32_t off = at + t * rows / 8 + byte;
+        ck->t->code_bytes++;
+        if (g[off] == b[off] && !lists_differ) continue;
+        if (t >= pc->valid) {
+          if (g[off] != b[off]) {
+            ck->t->code_bytes_differing++, ck->t->unexplained++;
+            report(ck, "class 1: padding token %u of page %u head %u has sign bits", t, page, h);
+          }
+          continue;
+        }
+        if (g[off] != b[off]) ck->t->code_bytes_differing++;
+        for (uint32_t bit = 0; bit < 8; bit++) {
+          const uint32_t i = byte * 8 + bit;
+          const int got = b[off] >> bit & 1;
+          int expect = g[off] >> bit & 1;
+          if (lists_differ) { /* the golden bit used other outliers: recompute the sign exactly */
+            double p = 0;
+            for (uint32_t c = 0; c < d; c++)
+              if ((mask[c] != 0) == (part == 1)) p += (double)M[(size_t)i * d + c] * token(pc, t, h)[c];
+            expect = p > 0;
+          }
+          if (got == expect) continue;
+          if (sign_near_tie(M + (size_t)i * d, token(pc, t, h), mask, (int)part, d)) {
+            ck->t->near_ties++;
+          } else {
+            ck->t->unexplained++;
+            report(ck, "class 1: sign bit %u of token %u (page %u head %u, %s sketch) differs, projection not near 0", i, t,
+                   page, h, part ? "outlier" : "inlier");
+          }
+        }
+      }
+  }
+  /* norms: class 2 against golden, or against the exact norms when the outliers differ */
+  for (uint32_t part = 0; part < parts; part++) {
+    const uint32_t at = part ? kvq_qjl_norm_out_offset(P, m, mo, k) : kvq_qjl_norm_in_offset(P, m, mo, k);
+    for (uint32_t t = 0; t < P; t++) {
+      uint32_t expect = rd16(g + at + 2 * t);
+      if (lists_differ && t < pc->valid) {
+        double n2 = 0;
+        for (uint32_t c = 0; c < d; c++)
+          if ((mask[c] != 0) == (part == 1)) n2 += (double)token(pc, t, h)[c] * token(pc, t, h)[c];
+        expect = kvq_f32_to_f16_bits((float)sqrt(n2));
+      }
+      side_value(ck, expect, rd16(b + at + 2 * t), part ? "|k_out|" : "|k_in|", page, h);
+    }
+  }
+  /* the outlier list bytes and the block padding */
+  for (uint32_t off = out_at; off < s->head_bytes; off++) {
+    ck->t->code_bytes++;
+    if (off >= out_at + k && g[off] != b[off]) {
+      ck->t->code_bytes_differing++, ck->t->unexplained++;
+      report(ck, "class 1: padding byte %u of page %u head %u differs", off, page, h);
+    }
+  }
+}
+
+static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page,
+                               uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const uint32_t P = s->page_size, d = s->head_dim, bits = s->bits, G = s->group, cpw = kvq_uniform_codes_per_word(bits);
+  const uint32_t words = kvq_uniform_code_words(P, d, bits), params_at = kvq_uniform_params_offset(P, d, bits);
+  for (uint32_t t = 0; t < P; t++)
+    for (uint32_t grp = 0; grp < d / G; grp++) {
+      const uint32_t off = params_at + 4 * (t * (d / G) + grp);
+      side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
+      side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
+    }
+  for (uint32_t w = 0; w < words; w++) {
+    const uint32_t gw = rd32(g + 4 * w), bw = rd32(b + 4 * w);
+    ck->t->code_bytes += 4;
+    if (gw == bw) continue;
+    for (uint32_t byte = 0; byte < 4; byte++) ck->t->code_bytes_differing += (gw >> (8 * byte) & 0xff) != (bw >> (8 * byte) & 0xff);
+    for (uint32_t slot = 0; slot <= cpw; slot++) {
+      const uint32_t i = w * cpw + slot;
+      const uint32_t shift = slot * bits, width = slot < cpw ? bits : 32 - cpw * bits;
+      if (width == 0 || shift >= 32) continue;
+      const uint32_t fmask = width >= 32 ? 0xffffffffu : (1u << width) - 1;
+      const uint32_t gc = gw >> shift & fmask, bc = bw >> shift & fmask;
+      if (gc == bc) continue;
+      const uint32_t t = i / d, c = i % d;
+      if (slot == cpw || t >= pc->valid) {
+        ck->t->unexplained++;
+        report(ck, "class 1: padding bits of code word %u (page %u head %u) differ", w, page, h);
+        continue;
+      }
+      /* explained if the backend's code follows from its own (class-2-accepted) parameters, or the
+       * value or the threshold between the two codes is subnormal (flushed to zero on some GPUs) */
+      const uint32_t pw = rd32(b + params_at + 4 * (t * (d / G) + c / G));
+      const float x = token(pc, t, h)[c], mn = kvq_uniform_param_min(pw), sc = kvq_uniform_param_scale(pw);
+      const uint32_t lo = gc < bc ? gc : bc;
+      const float between = kvq_uniform_threshold(mn, sc, lo + 1);
+      int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(g + params_at + 4 * (t * (d / G) + c / G));
+      if (own || fabsf(x) < FLT_MIN || fabsf(between) < FLT_MIN) {
+        ck->t->near_ties++;
+      } else {
+        ck->t->unexplained++;
+        report(ck, "class 1: code of token %u channel %u (page %u head %u) is %u, golden %u", t, c, page, h, bc, gc);
+      }
+    }
+  }
+  for (uint32_t off = params_at + P * (d / G) * 4; off < s->head_bytes; off++) {
+    ck->t->code_bytes++;
+    if (g[off] != b[off]) {
+      ck->t->code_bytes_differing++, ck->t->unexplained++;
+      report(ck, "class 1: padding byte %u of page %u head %u differs", off, page, h);
+    }
+  }
+}
+
+static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page, uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const uint32_t esize = kvq_dtype_bytes(s->dtype);
+  for (uint32_t off = 0; off < s->head_bytes; off++) {
+    ck->t->code_bytes++;
+    if (g[off] == b[off]) continue;
+    ck->t->code_bytes_differing++;
+    const uint32_t e = off / esize, t = e / s->head_dim, c = e % s->head_dim;
+    if (off < s->page_size * s->head_dim * esize && t < pc->valid && fabsf(token(pc, t, h)[c]) < FLT_MIN) {
+      ck->t->near_ties++;
+    } else {
+      ck->t->unexplained++;
+      report(ck, "class 1: stored value byte %u of page %u head %u differs", off, page, h);
+    }
+  }
+}
+
+static void check_pages(checker *ck, const kvq_side_layout *s, const uint8_t *g, const uint8_t *b, uint32_t pages,
+                        uint32_t quantized, const float *tokens, const float *S, const float *So) {
+  for (uint32_t j = 0; j < pages; j++)
+    for (uint32_t h = 0; h < s->kv_heads; h++) {
+      const uint64_t at = (uint64_t)j * s->page_bytes + (uint64_t)h * s->head_bytes;
+      page_ctx pc = {s, tokens + (uint64_t)j * s->page_size * s->kv_heads * s->head_dim,
+                     quantized - j * s->page_size < s->page_size ? quantized - j * s->page_size : s->page_size, S, So};
+      if (s->method == KVQ_LAYOUT_QJL) check_qjl_head(ck, &pc, g + at, b + at, j, h);
+      else if (s->method == KVQ_LAYOUT_UNIFORM) check_uniform_head(ck, &pc, g + at, b + at, j, h);
+      else check_exact_head(ck, &pc, g + at, b + at, j, h);
+    }
+}
+
+/* Class 3: values against the reference, each within its bound. Returns the worst ratio. */
+static void compare_class3(checker *ck, const char *what, const float *got, const double *ref, const double *bound,
+                           uint64_t n, int count) {
+  for (uint64_t i = 0; i < n; i++) {
+    if (count) ck->t->class3_values++;
+    const double r = ref[i], g = got[i];
+    if (isinf(r) && r < 0) {
+      if (!(isinf(g) && g < 0)) {
+        if (count) ck->t->class3_beyond++;
+        report(ck, "class 3: %s[%llu] is %g, expected -inf (masked)", what, (unsigned long long)i, g);
+      }
+      continue;
+    }
+    const double diff = fabs(g - r), ratio = bound[i] > 0 ? diff / bound[i] : (diff > 0 ? INFINITY : 0);
+    if (count && ratio > ck->t->class3_worst) ck->t->class3_worst = ratio;
+    if (!(diff <= bound[i])) {
+      if (count) ck->t->class3_beyond++;
+      report(ck, "class 3: %s[%llu] = %.9g, reference %.9g, bound %.3g", what, (unsigned long long)i, g, r, bound[i]);
+    }
+  }
+}
+
+static void check_case(checker *ck, kvq_context *ctx, const char *path) {
+  golden_file g;
+  golden_inputs in;
+  char error[512] = "", name[128];
+  if (golden_load(&g, path, error, sizeof error) != 0) {
+    report(ck, "%s", error);
+    ck->t->errors++;
+    return;
+  }
+  if (golden_inputs_parse(&g, &in, error, sizeof error) != 0) {
+    report(ck, "%s: %s", path, error);
+    ck->t->errors++;
+    golden_free(&g);
+    return;
+  }
+  kvq_cache *cache = NULL;
+  uint32_t ids[GOLDEN_SEQUENCES];
+  if (golden_replay(ctx, &in, &cache, ids) != KVQ_OK) {
+    report(ck, "replaying: %s", kvq_context_last_error(ctx));
+    ck->t->errors++;
+    golden_inputs_free(&in);
+    golden_free(&g);
+    return;
+  }
+  for (uint32_t l = 0; l < in.config.layer_count; l++) {
+    kvq_layer_storage *ls = &cache->storage[l];
+    const kvq_layer_config *L = &in.layers[l];
+    for (int side = 0; side < 2; side++) {
+      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
+        uint32_t rows = kvq_side_matrix_rows(&ls->side[side].layout, i);
+        if (!rows) continue;
+        uint8_t digest[32];
+        kvq_sha256_digest(ls->matrix_host[side][i], (size_t)rows * L->head_dim * 4, digest);
+        golden_name(name, sizeof name, "matrix_sha256", (int)l, side, i);
+        const golden_record *rec = golden_find(&g, name);
+        ck->t->matrices++;
+        if (!rec || rec->bytes != 32 || memcmp(rec->data, digest, 32) != 0) {
+          ck->t->matrix_mismatches++;
+          report(ck, "matrix %s: SHA-256 differs: this platform builds other random matrices", name);
+        }
+      }
+      for (int s = 0; s < GOLDEN_SEQUENCES; s++) {
+        uint32_t pages;
+        kvq_cache_read_pages(cache, ids[s], l, side, NULL, &pages);
+        const uint64_t pb = ls->side[side].layout.page_bytes;
+        golden_name(name, sizeof name, "pages", (int)l, side, s);
+        const golden_record *rec = golden_find(&g, name);
+        if (!rec || rec->bytes != pages * pb) {
+          report(ck, "%s: the backend holds %u pages, the golden file %llu bytes of pages", name, pages,
+                 (unsigned long long)(rec ? rec->bytes : 0));
+          ck->t->unexplained++;
+          continue;
+        }
+        uint8_t *img = malloc(pages * pb + 1);
+        kvq_cache_read_pages(cache, ids[s], l, side, img, &pages);
+        kvq_sequence_info info;
+        kvq_sequence_info_get(cache, ids[s], l, &info);
+        const float *tokens = (side ? in.values_f32[l] : in.keys_f32[l]) + (uint64_t)in.sequences[2 * s] * L->kv_heads * L->head_dim;
+        check_pages(ck, &ls->side[side].layout, rec->data, img, pages, (uint32_t)info.quantized_tokens, tokens,
+                    side ? NULL : ls->matrix_host[0][0], side ? NULL : ls->matrix_host[0][1]);
+        free(img);
+      }
+    }
+  }
+  /* class 3 */
+  for (uint32_t l = 0; l < in.config.layer_count; l++) {
+    kvq_layer_storage *ls = &cache->storage[l];
+    const kvq_layer_config *L = &in.layers[l];
+    const uint32_t hq = L->query_heads, d = L->head_dim;
+    for (int s = 0; s < GOLDEN_SEQUENCES; s++) {
+      uint64_t count;
+      golden_name(name, sizeof name, "query_block", (int)l, s, -1);
+      const uint32_t *block = golden_u32(golden_find(&g, name), &count);
+      golden_name(name, sizeof name, "queries", (int)l, s, -1);
+      uint64_t qcount;
+      const float *q = golden_f32(golden_find(&g, name), &qcount);
+      kvq_sequence_info info;
+      kvq_sequence_info_get(cache, ids[s], l, &info);
+      const uint32_t n = (uint32_t)info.tokens;
+      if (!block || count != 2 || !q || qcount != (uint64_t)block[0] * hq * d) {
+        report(ck, "malformed query records for layer %u sequence %d", l, s);
+        ck->t->errors++;
+        continue;
+      }
+      const uint32_t nq = block[0];
+      const kvq_mask mask = (kvq_mask)block[1];
+      const uint64_t ns = (uint64_t)nq * hq * n, no = (uint64_t)nq * hq * d;
+      float *logits = malloc(sizeof(float) * ns), *probs = malloc(sizeof(float) * ns), *out = malloc(sizeof(float) * no);
+      int64_t qshape[3] = {nq, hq, d}, sshape[3] = {nq, hq, n};
+      kvq_tensor qt = kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, qshape);
+      kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
+      kvq_attention_request req = {ids[s], mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+      if (kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_LOGITS, &lt) != KVQ_OK ||
+          kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_PROBABILITIES, &pt) != KVQ_OK ||
+          kvq_attention(cache, l, &req, 1) != KVQ_OK) {
+        report(ck, "attention on layer %u sequence %d: %s", l, s, kvq_context_last_error(ctx));
+        ck->t->errors++;
+        free(logits), free(probs), free(out);
+        continue;
+      }
+      ref_result r = {malloc(sizeof(double) * ns), malloc(sizeof(double) * ns), malloc(sizeof(double) * ns),
+                      malloc(sizeof(double) * ns), malloc(sizeof(double) * no), malloc(sizeof(double) * no)};
+      ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout, {ls->matrix_host[0][0], ls->matrix_host[0][1]},
+                      ls->side[0].qjl_constant};
+      uint32_t kp, vp;
+      kvq_cache_read_pages(cache, ids[s], l, 0, NULL, &kp);
+      kvq_cache_read_pages(cache, ids[s], l, 1, NULL, &vp);
+      uint8_t *kimg = malloc(kp * ls->side[0].layout.page_bytes + 1), *vimg = malloc(vp * ls->side[1].layout.page_bytes + 1);
+      kvq_cache_read_pages(cache, ids[s], l, 0, kimg, &kp);
+      kvq_cache_read_pages(cache, ids[s], l, 1, vimg, &vp);
+      const uint64_t first = (uint64_t)in.sequences[2 * s] * L->kv_heads * d;
+      ref_sequence rs = {kimg, vimg, (uint32_t)info.quantized_tokens, n, in.keys_f32[l] + first, in.values_f32[l] + first};
+      /* the backend against the reference built from its own pages */
+      ref_attention(&rl, &rs, q, nq, mask, &r);
+      snprintf(name, sizeof name, "logits/%u/%d", l, s);
+      compare_class3(ck, name, logits, r.logit, r.logit_bound, ns, 1);
+      snprintf(name, sizeof name, "probs/%u/%d", l, s);
+      compare_class3(ck, name, probs, r.prob, r.prob_bound, ns, 1);
+      snprintf(name, sizeof name, "outputs/%u/%d", l, s);
+      compare_class3(ck, name, out, r.out, r.out_bound, no, 1);
+      /* the golden file's own results against the reference built from its pages: its integrity */
+      char gname[3][64];
+      snprintf(gname[0], 64, "pages/%u/0/%d", l, s);
+      snprintf(gname[1], 64, "pages/%u/1/%d", l, s);
+      const golden_record *gk = golden_find(&g, gname[0]), *gv = golden_find(&g, gname[1]);
+      if (gk && gv && gk->bytes == kp * ls->side[0].layout.page_bytes && gv->bytes == vp * ls->side[1].layout.page_bytes) {
+        rs.key_pages = gk->data;
+        rs.value_pages = gv->data;
+        ref_attention(&rl, &rs, q, nq, mask, &r);
+        const char *kinds[3] = {"logits", "probs", "outputs"};
+        const double *refs[3][2] = {{r.logit, r.logit_bound}, {r.prob, r.prob_bound}, {r.out, r.out_bound}};
+        for (int kind = 0; kind < 3; kind++) {
+          snprintf(name, sizeof name, "%s/%u/%d", kinds[kind], l, s);
+          uint64_t gc;
+          const float *gvals = golden_f32(golden_find(&g, name), &gc);
+          if (!gvals || gc != (kind == 2 ? no : ns)) {
+            report(ck, "golden record %s missing or of the wrong size", name);
+            continue;
+          }
+          char label[160];
+          snprintf(label, sizeof label, "golden %s", name);
+          compare_class3(ck, label, gvals, refs[kind][0], refs[kind][1], gc, 0);
+        }
+      }
+      free(kimg), free(vimg);
+      free(r.logit), free(r.logit_bound), free(r.prob), free(r.prob_bound), free(r.out), free(r.out_bound);
+      free(logits), free(probs), free(out);
+    }
+  }
+  kvq_cache_destroy(cache);
+  golden_inputs_free(&in);
+  golden_free(&g);
+}
+
+static int read_file(const char *path, uint8_t **data, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *data = malloc(n > 0 ? (size_t)n : 1);
+  *size = n > 0 ? (size_t)n : 0;
+  int ok = *data && fread(*data, 1, *size, f) == *size;
+  fclose(f);
+  return ok ? 0 : -1;
+}
+
+static void check_saved_files(checker *ck, kvq_context *ctx, const char *dir) {
+  static const struct {
+    const char *file;
+    kvq_status expect;
+  } files[] = {{"cache-v1.kvq", KVQ_OK},
+               {"reject-truncated.kvq", KVQ_ERROR_TRUNCATED},
+               {"reject-checksum.kvq", KVQ_ERROR_CHECKSUM},
+               {"reject-version.kvq", KVQ_ERROR_VERSION},
+               {"reject-bad-format.kvq", KVQ_ERROR_BAD_FORMAT}};
+  ck->name = "saved files";
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, files[i].file);
+    uint8_t *data = NULL;
+    size_t size;
+    ck->t->files_checked++;
+    if (read_file(path, &data, &size) != 0) {
+      free(data);
+      ck->t->files_failed++;
+      ck->t->errors++;
+      report(ck, "cannot read %s", path);
+      continue;
+    }
+    kvq_cache *cache = NULL;
+    kvq_status st = kvq_cache_load_from_memory(ctx, data, size, &cache);
+    if (st != files[i].expect) {
+      ck->t->files_failed++;
+      report(ck, "%s: loading gives %s (%s), expected %s", files[i].file, kvq_status_string(st), kvq_context_last_error(ctx),
+             kvq_status_string(files[i].expect));
+    } else if (cache) { /* a loaded cache re-saves to the very same bytes */
+      uint8_t *again = malloc(size);
+      size_t written = 0;
+      if (kvq_cache_save_to_memory(cache, again, size, &written) != KVQ_OK || written != size ||
+          memcmp(again, data, size) != 0) {
+        ck->t->files_failed++;
+        report(ck, "%s: re-saving the loaded cache gives other bytes", files[i].file);
+      }
+      free(again);
+    }
+    kvq_cache_destroy(cache);
+    free(data);
+  }
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int kvq_golden_check(const char *dir, kvq_backend_kind backend, FILE *out, golden_totals *totals) {
+  golden_totals local;
+  golden_totals *t = totals ? totals : &local;
+  memset(t, 0, sizeof *t);
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = backend;
+  kvq_context *ctx = NULL;
+  kvq_status st = kvq_context_create(&opt, &ctx);
+  if (st != KVQ_OK) {
+    kvq_backend_info infos[4];
+    size_t count = 0;
+    kvq_backends_list(infos, 4, &count);
+    for (size_t i = 0; i < count; i++)
+      if (infos[i].kind == backend)
+        fprintf(out, "kvq golden --check: the %s backend is unavailable: %s\n", infos[i].name, infos[i].reason);
+    return 2;
+  }
+  DIR *dh = opendir(dir);
+  if (!dh) {
+    fprintf(out, "kvq golden --check: cannot open %s\n", dir);
+    kvq_context_destroy(ctx);
+    return 2;
+  }
+  char **paths = NULL;
+  size_t count = 0;
+  struct dirent *e;
+  while ((e = readdir(dh))) {
+    size_t len = strlen(e->d_name);
+    if (len < 6 || strcmp(e->d_name + len - 5, ".kvqg") != 0) continue;
+    char **grown = realloc(paths, sizeof *paths * (count + 1));
+    if (!grown) break;
+    paths = grown;
+    paths[count] = malloc(strlen(dir) + len + 2);
+    sprintf(paths[count++], "%s/%s", dir, e->d_name);
+  }
+  closedir(dh);
+  qsort(paths, count, sizeof *paths, by_name);
+  for (size_t i = 0; i < count; i++) {
+    checker ck = {out, t, strrchr(paths[i], '/') + 1, 0, 0};
+    check_case(&ck, ctx, paths[i]);
+    t->configurations++;
+    t->configurations_failed += ck.failed;
+    free(paths[i]);
+  }
+  free(paths);
+  checker files = {out, t, "saved files", 0, 0};
+  check_saved_files(&files, ctx, dir);
+  const char *name = ctx->backend->ops->name;
+  kvq_context_destroy(ctx);
+  if (count == 0) {
+    fprintf(out, "kvq golden --check: no golden files (*.kvqg) in %s\n", dir);
+    t->errors++;
+  }
+  fprintf(out, "matrices: %llu SHA-256 compared, %llu differ\n", (unsigned long long)t->matrices,
+          (unsigned long long)t->matrix_mismatches);
+  fprintf(out, "class 1 (codes): %u configurations, %llu bytes compared, %llu differ, %llu near-ties proven, %llu unexplained\n",
+          t->configurations, (unsigned long long)t->code_bytes, (unsigned long long)t->code_bytes_differing,
+          (unsigned long long)t->near_ties, (unsigned long long)t->unexplained);
+  fprintf(out, "class 2 (side data): %u configurations, %llu values compared, %llu differ by 1 ulp, %llu by more\n",
+          t->configurations, (unsigned long long)t->side_values, (unsigned long long)t->side_one_ulp,
+          (unsigned long long)t->side_beyond);
+  fprintf(out,
+          "class 3 (scores, probabilities, outputs): %u configurations, %llu values compared, %llu beyond their bound "
+          "(largest difference %.3g of its bound)\n",
+          t->configurations, (unsigned long long)t->class3_values, (unsigned long long)t->class3_beyond, t->class3_worst);
+  fprintf(out, "saved files: %u checked, %u failed\n", t->files_checked, t->files_failed);
+  const int failed = t->configurations_failed > 0 || t->files_failed > 0 || t->matrix_mismatches > 0 || t->unexplained > 0 ||
+                     t->side_beyond > 0 || t->class3_beyond > 0;
+  const int rc = t->errors ? 2 : failed ? 1 : 0;
+  fprintf(out, "kvq golden --check --backend %s: %s\n", name, rc == 0 ? "PASS" : rc == 1 ? "FAIL" : "ERROR");
+  return rc;
+}

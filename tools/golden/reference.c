@@ -1,0 +1,185 @@
+#include "reference.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/halfconv.h"
+#include "core/layout.h"
+#include "core/quantize_math.h"
+
+static const double u = 0x1p-24;
+
+static double gamma_n(double n) { return n * u / (1 - n * u); }
+
+static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
+
+static const uint8_t *head_block(const kvq_side_layout *s, const uint8_t *pages, uint32_t t, uint32_t h) {
+  return pages + (uint64_t)(t / s->page_size) * s->page_bytes + (uint64_t)h * s->head_bytes;
+}
+
+/* Value of element c of token t (page index i within its block) for EXACT and UNIFORM, with the
+ * rounding error an fp32 decode may add. */
+static double decode(const kvq_side_layout *s, const uint8_t *block, uint32_t i, uint32_t c, double *err) {
+  if (s->method == KVQ_LAYOUT_EXACT) {
+    const uint8_t *p = block + kvq_exact_offset(s->head_dim, s->dtype, i, c);
+    *err = 0;
+    if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(rd32(p));
+    return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(rd16(p)) : kvq_bf16_bits_to_f32(rd16(p));
+  }
+  /* UNIFORM: min + code * scale, two fp32 roundings */
+  const uint32_t d = s->head_dim, b = s->bits, cpw = kvq_uniform_codes_per_word(b), idx = i * d + c;
+  uint32_t params = rd32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * (i * (d / s->group) + c / s->group));
+  uint32_t code = (rd32(block + 4 * (idx / cpw)) >> ((idx % cpw) * b)) & kvq_uniform_levels(b);
+  double mn = kvq_uniform_param_min(params), scale = kvq_uniform_param_scale(params);
+  *err = 2 * u * (fabs(mn) + code * fabs(scale)) + 2 * FLT_MIN;
+  return mn + code * scale;
+}
+
+/* Logit numerators (before 1/sqrt(d)) of one query head against the tokens of one page block:
+ * value, absolute-value computation and operation count. */
+static void qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, const float *q, double *s, double *a,
+                     double *ops) {
+  const kvq_side_layout *k = &L->keys;
+  const uint32_t P = k->page_size, d = k->head_dim, m = k->sketch_dim, mo = k->outlier_sketch_dim, no = k->outliers;
+  uint8_t outlier[KVQ_MAX_HEAD_DIM] = {0};
+  const uint8_t *list = block + kvq_qjl_outliers_offset(P, m, mo, no);
+  for (uint32_t j = 0; j < no; j++) outlier[list[j]] = 1;
+  double *in = malloc(sizeof(double) * (m + mo)), *out = in + m;
+  double in_abs = 0, out_abs = 0;
+  for (uint32_t i = 0; i < m; i++) {
+    in[i] = 0;
+    for (uint32_t c = 0; c < d; c++) {
+      double term = (double)L->matrix[0][(size_t)i * d + c] * q[c];
+      if (!outlier[c]) in[i] += term;
+      in_abs += fabs(term);
+    }
+  }
+  for (uint32_t i = 0; i < mo; i++) {
+    out[i] = 0;
+    for (uint32_t j = 0; j < no; j++) {
+      double term = (double)L->matrix[1][(size_t)i * d + list[j]] * q[list[j]];
+      out[i] += term;
+      out_abs += fabs(term);
+    }
+  }
+  const double c_d = L->qjl_constant;
+  for (uint32_t t = 0; t < count; t++) {
+    const uint8_t *bits = block + kvq_qjl_signs_offset() + (size_t)t * m / 8;
+    const uint8_t *bits_o = block + kvq_qjl_signs_out_offset(P, m) + (size_t)t * mo / 8;
+    double n_in = kvq_f16_bits_to_f32(rd16(block + kvq_qjl_norm_in_offset(P, m, mo, no) + 2 * t));
+    double n_out = no ? kvq_f16_bits_to_f32(rd16(block + kvq_qjl_norm_out_offset(P, m, mo, no) + 2 * t)) : 0;
+    double dot_in = 0, dot_out = 0;
+    for (uint32_t i = 0; i < m; i++) dot_in += (bits[i / 8] >> (i % 8) & 1) ? in[i] : -in[i];
+    for (uint32_t i = 0; i < mo; i++) dot_out += (bits_o[i / 8] >> (i % 8) & 1) ? out[i] : -out[i];
+    s[t] = c_d / m * n_in * dot_in + (no ? c_d / mo * n_out * dot_out : 0);
+    /* in_abs covers every channel, so it also bounds S q - (outlier part) evaluated in two steps */
+    a[t] = c_d / m * n_in * 2 * in_abs + (no ? c_d / mo * n_out * out_abs : 0);
+  }
+  *ops = d + (m > mo ? m : mo) + 8;
+  free(in);
+}
+
+void ref_attention(const ref_layer *L, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
+                   ref_result *r) {
+  const kvq_layer_config *cfg = L->config;
+  const uint32_t d = cfg->head_dim, hq = cfg->query_heads, hkv = cfg->kv_heads, group = hq / hkv;
+  const uint32_t n = seq->tokens, P = L->keys.page_size;
+  const double inv_sqrt_d = 1.0 / sqrt((double)d);
+  double *s = malloc(sizeof(double) * P), *a = malloc(sizeof(double) * P);
+  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n);
+  for (uint32_t qi = 0; qi < nq; qi++)
+    for (uint32_t h = 0; h < hq; h++) {
+      const float *q = queries + ((size_t)qi * hq + h) * d;
+      const uint32_t kvh = h / group;
+      const uint32_t visible = mask == KVQ_MASK_CAUSAL ? n - nq + qi + 1 : n;
+      double *logit = r->logit + ((size_t)qi * hq + h) * n, *lb = r->logit_bound + ((size_t)qi * hq + h) * n;
+      /* logits */
+      for (uint32_t t0 = 0; t0 < n;) {
+        uint32_t count;
+        double ops;
+        if (t0 < seq->quantized) {
+          count = seq->quantized - t0 < P ? seq->quantized - t0 : P;
+          const uint8_t *block = head_block(&L->keys, seq->key_pages, t0, kvh);
+          if (L->keys.method == KVQ_LAYOUT_QJL) {
+            qjl_page(L, block, count, q, s, a, &ops);
+          } else {
+            for (uint32_t i = 0; i < count; i++) {
+              s[i] = a[i] = 0;
+              for (uint32_t c = 0; c < d; c++) {
+                double err, k = decode(&L->keys, block, i, c, &err);
+                s[i] += q[c] * k;
+                a[i] += fabs(q[c]) * (fabs(k) + err);
+              }
+            }
+            ops = d + 4;
+          }
+        } else { /* window tokens: exact inputs */
+          count = 1;
+          const float *k = seq->keys + ((size_t)t0 * hkv + kvh) * d;
+          s[0] = a[0] = 0;
+          for (uint32_t c = 0; c < d; c++) {
+            s[0] += (double)q[c] * k[c];
+            a[0] += fabs((double)q[c] * k[c]);
+          }
+          ops = d + 2;
+        }
+        for (uint32_t i = 0; i < count; i++) {
+          logit[t0 + i] = s[i] * inv_sqrt_d;
+          lb[t0 + i] = gamma_n(ops) * a[i] * inv_sqrt_d + u * fabs(logit[t0 + i]) + ops * FLT_MIN;
+        }
+        t0 += count;
+      }
+      for (uint32_t t = visible; t < n; t++) {
+        logit[t] = -INFINITY;
+        lb[t] = 0;
+      }
+      /* probabilities */
+      double max = -INFINITY, z = 0;
+      for (uint32_t t = 0; t < visible; t++) max = logit[t] > max ? logit[t] : max;
+      double *p = r->prob + ((size_t)qi * hq + h) * n, *pb = r->prob_bound + ((size_t)qi * hq + h) * n;
+      for (uint32_t t = 0; t < visible; t++) z += exp(logit[t] - max);
+      double z_hi = 0, z_lo = 0;
+      for (uint32_t t = 0; t < visible; t++) {
+        p[t] = exp(logit[t] - max) / z;
+        double e_t = (3 + 2 * fabs(logit[t] - max)) * 0x1p-23;
+        hi[t] = exp(lb[t] + e_t);
+        lo[t] = exp(-(lb[t] + e_t));
+        z_hi += p[t] * hi[t];
+        z_lo += p[t] * lo[t];
+      }
+      z_hi *= 1 + gamma_n(visible);
+      z_lo *= 1 - gamma_n(visible);
+      for (uint32_t t = 0; t < visible; t++) {
+        double up = p[t] * hi[t] / z_lo * (1 + 2 * u) - p[t], down = p[t] - p[t] * lo[t] / z_hi * (1 - 2 * u);
+        pb[t] = (up > down ? up : down) + 1e-45;
+      }
+      for (uint32_t t = visible; t < n; t++) p[t] = pb[t] = 0;
+      /* outputs */
+      double *o = r->out + ((size_t)qi * hq + h) * d, *ob = r->out_bound + ((size_t)qi * hq + h) * d;
+      for (uint32_t c = 0; c < d; c++) o[c] = ob[c] = 0;
+      double *weight = malloc(sizeof(double) * d);
+      for (uint32_t c = 0; c < d; c++) weight[c] = 0;
+      for (uint32_t t = 0; t < visible; t++)
+        for (uint32_t c = 0; c < d; c++) {
+          double err = 0, v;
+          if (t < seq->quantized) {
+            const uint8_t *block = head_block(&L->values, seq->value_pages, t, kvh);
+            v = decode(&L->values, block, t % P, c, &err);
+          } else {
+            v = seq->values[((size_t)t * hkv + kvh) * d + c];
+          }
+          o[c] += p[t] * v;
+          ob[c] += pb[t] * fabs(v) + p[t] * err;
+          weight[c] += (p[t] + pb[t]) * fabs(v);
+        }
+      for (uint32_t c = 0; c < d; c++) ob[c] += gamma_n(visible + 2) * weight[c] + u * fabs(o[c]) + 1e-45;
+      free(weight);
+    }
+  free(s);
+  free(a);
+  free(hi);
+  free(lo);
+}

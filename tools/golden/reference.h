@@ -1,0 +1,43 @@
+/*
+ * Class-3 reference: attention recomputed in double from page images (and the full-precision
+ * window), with a bound, per element, on how far any conforming fp32 implementation may land from
+ * it. docs/ACCURACY.md derives the bounds; in short, with u = 2^-24 and gamma(n) = n u / (1 - n u):
+ *   logit      |s^ - s| <= gamma(n_ops) A + u |s| + n_ops FLT_MIN, A = the computation with every
+ *              term replaced by its absolute value (FLT_MIN terms allow flushed subnormals);
+ *   probability p^_t lies in [p_t lo_t / Z_hi, p_t hi_t / Z_lo] (1 +- 2u), hi/lo_t = exp(+-(B_t + e_t)),
+ *              e_t = (3 + 2|x_t|) 2^-23 the loosest exp precision among the backends (Vulkan's),
+ *              Z_hi/lo = sum_j p_j hi/lo_j (1 +- gamma(n));
+ *   output     |o^_c - o_c| <= sum_t Bp_t |v_tc| + sum_t p_t e(v_tc) + gamma(n) sum_t (p_t + Bp_t)|v_tc| + u |o_c|,
+ *              e(v) the decode rounding of a value.
+ */
+#ifndef KVQ_TOOLS_GOLDEN_REFERENCE_H
+#define KVQ_TOOLS_GOLDEN_REFERENCE_H
+
+#include <stdint.h>
+
+#include "core/config.h"
+#include "kvq/kvq.h"
+
+typedef struct ref_layer {
+  const kvq_layer_config *config;
+  kvq_side_layout keys, values;
+  const float *matrix[2]; /* keys' QJL S and S_o (host), NULL otherwise */
+  double qjl_constant;
+} ref_layer;
+
+typedef struct ref_sequence {
+  const uint8_t *key_pages, *value_pages; /* images in page-table order */
+  uint32_t quantized, tokens;
+  const float *keys, *values; /* all tokens as appended, fp32 [tokens][kv_heads][head_dim] */
+} ref_sequence;
+
+typedef struct ref_result { /* caller-allocated: [nq][Hq][n] and [nq][Hq][d] */
+  double *logit, *logit_bound;
+  double *prob, *prob_bound;
+  double *out, *out_bound;
+} ref_result;
+
+void ref_attention(const ref_layer *layer, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
+                   ref_result *result);
+
+#endif

@@ -1,0 +1,35 @@
+/* Driving a cache from the records of a golden file (shared by writing and checking). */
+#ifndef KVQ_TOOLS_GOLDEN_REPLAY_H
+#define KVQ_TOOLS_GOLDEN_REPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cases.h"
+#include "container.h"
+#include "kvq/kvq.h"
+
+/* Everything a golden file describes, parsed. Arrays point into the golden_file records except
+ * those marked owned. */
+typedef struct golden_inputs {
+  kvq_cache_config config;
+  kvq_layer_config *layers;       /* owned */
+  const uint32_t *schedule;       /* 4 per step */
+  uint64_t steps;
+  const uint32_t *sequences;      /* (first, length) per sequence */
+  const uint8_t *keys[GOLDEN_MAX_LAYERS], *values[GOLDEN_MAX_LAYERS]; /* input dtype streams */
+  float *keys_f32[GOLDEN_MAX_LAYERS], *values_f32[GOLDEN_MAX_LAYERS]; /* owned: the same as fp32 */
+} golden_inputs;
+
+/* Parses the records; on failure writes why. */
+int golden_inputs_parse(const golden_file *g, golden_inputs *in, char *error, size_t error_size);
+void golden_inputs_free(golden_inputs *in);
+
+/* Creates a cache on ctx, adds the sequences and applies the schedule. ids[] receives the ids.
+ * Returns KVQ_OK or the failing status (with the context's message). */
+kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES]);
+
+/* Record names. */
+void golden_name(char *out, size_t size, const char *what, int a, int b, int c);
+
+#endif

@@ -1,0 +1,232 @@
+/* `kvq golden --write`: runs the golden matrix on the CPU reference and records everything. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/bytes.h"
+#include "core/config.h"
+#include "core/internal.h"
+#include "core/savefile.h"
+#include "core/sha256.h"
+#include "core/synth.h"
+#include "golden.h"
+#include "halfconv_util.h"
+#include "replay.h"
+
+#define QUERIES 4 /* per (layer, sequence) */
+
+static kvq_context *cpu_context(void) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_CPU;
+  kvq_context *ctx = NULL;
+  return kvq_context_create(&opt, &ctx) == KVQ_OK ? ctx : NULL;
+}
+
+/* Stores fp32 values in a dtype's little-endian bytes. */
+static void to_dtype(const float *x, uint64_t n, kvq_dtype dtype, uint8_t *out) {
+  for (uint64_t i = 0; i < n; i++) golden_store(dtype, out + i * kvq_dtype_size(dtype), x[i]);
+}
+
+static int fail(FILE *log, const char *what, kvq_context *ctx) {
+  /* setup failures of the whole run */
+  fprintf(log, "kvq golden --write: %s%s%s\n", what, ctx ? ": " : "", ctx ? kvq_context_last_error(ctx) : "");
+  return 1;
+}
+
+/* Adds the expected results of a golden file's inputs, computed on `ctx`: matrix fingerprints,
+ * page images, logits, probabilities and outputs. With `keep`, the replayed cache is returned. */
+int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep, char *error, size_t error_size) {
+  golden_inputs in;
+  kvq_cache *cache = NULL;
+  uint32_t ids[GOLDEN_SEQUENCES];
+  char name[128];
+  if (golden_inputs_parse(g, &in, error, error_size) != 0) return -1;
+  if (golden_replay(ctx, &in, &cache, ids) != KVQ_OK) {
+    snprintf(error, error_size, "replay: %s", kvq_context_last_error(ctx));
+    golden_inputs_free(&in);
+    return -1;
+  }
+  int rc = 0;
+  for (uint32_t l = 0; l < in.config.layer_count && rc == 0; l++) {
+    const kvq_layer_config *L = &in.layers[l];
+    for (int side = 0; side < 2; side++) {
+      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
+        uint32_t rows = kvq_side_matrix_rows(&cache->storage[l].side[side].layout, i);
+        if (!rows) continue;
+        uint8_t digest[32];
+        kvq_sha256_digest(cache->storage[l].matrix_host[side][i], (size_t)rows * L->head_dim * 4, digest);
+        golden_name(name, sizeof name, "matrix_sha256", (int)l, side, i);
+        rc |= golden_add(g, name, GOLDEN_BYTES, digest, 32);
+      }
+      for (int s = 0; s < GOLDEN_SEQUENCES; s++) {
+        uint32_t pages;
+        kvq_cache_read_pages(cache, ids[s], l, side, NULL, &pages);
+        uint64_t bytes = pages * cache->storage[l].side[side].layout.page_bytes;
+        uint8_t *img = malloc(bytes ? bytes : 1);
+        rc |= !img || kvq_cache_read_pages(cache, ids[s], l, side, img, &pages) != KVQ_OK;
+        golden_name(name, sizeof name, "pages", (int)l, side, s);
+        if (img) rc |= golden_add(g, name, GOLDEN_BYTES, img, bytes);
+        free(img);
+      }
+    }
+    for (int s = 0; s < GOLDEN_SEQUENCES && rc == 0; s++) {
+      uint64_t count, qcount;
+      golden_name(name, sizeof name, "query_block", (int)l, s, -1);
+      const uint32_t *block = golden_u32(golden_find(g, name), &count);
+      golden_name(name, sizeof name, "queries", (int)l, s, -1);
+      const float *q = golden_f32(golden_find(g, name), &qcount);
+      const uint32_t hq = L->query_heads, d = L->head_dim, len = in.sequences[2 * s + 1];
+      if (!block || count != 2 || !q || qcount != (uint64_t)block[0] * hq * d) {
+        snprintf(error, error_size, "malformed query records for layer %u sequence %d", l, s);
+        rc = -1;
+        break;
+      }
+      const uint32_t nq = block[0];
+      const kvq_mask mask = (kvq_mask)block[1];
+      float *logits = malloc(sizeof(float) * nq * hq * len), *probs = malloc(sizeof(float) * nq * hq * len);
+      float *out = malloc(sizeof(float) * nq * hq * d);
+      int64_t qshape[3] = {nq, hq, d}, sshape[3] = {nq, hq, len};
+      kvq_tensor qt = kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, qshape);
+      kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
+      kvq_attention_request req = {ids[s], mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+      if (kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_LOGITS, &lt) != KVQ_OK ||
+          kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_PROBABILITIES, &pt) != KVQ_OK ||
+          kvq_attention(cache, l, &req, 1) != KVQ_OK) {
+        snprintf(error, error_size, "attention: %s", kvq_context_last_error(ctx));
+        rc = -1;
+      } else {
+        golden_name(name, sizeof name, "logits", (int)l, s, -1);
+        rc |= golden_add_f32(g, name, logits, (uint64_t)nq * hq * len);
+        golden_name(name, sizeof name, "probs", (int)l, s, -1);
+        rc |= golden_add_f32(g, name, probs, (uint64_t)nq * hq * len);
+        golden_name(name, sizeof name, "outputs", (int)l, s, -1);
+        rc |= golden_add_f32(g, name, out, (uint64_t)nq * hq * d);
+      }
+      free(logits), free(probs), free(out);
+    }
+  }
+  if (rc != 0 && !error[0]) snprintf(error, error_size, "out of memory");
+  golden_inputs_free(&in);
+  if (rc == 0 && keep) *keep = cache;
+  else kvq_cache_destroy(cache);
+  return rc ? -1 : 0;
+}
+
+/* The input records of a case: config, schedule, sequences, the token streams in the input dtype,
+ * and the query blocks (the last QUERIES positions of each sequence: sequence 0 causal, 1 none). */
+static int case_inputs(const golden_case *c, golden_file *g) {
+  char name[128];
+  int rc = 0;
+  kvq_cache_config config = {.layer_count = c->layer_count, .layers = c->layers, .input_dtype = c->input,
+                             .page_size = c->page_size, .residual_window = c->window, .max_pages = 32,
+                             .max_sequences = GOLDEN_SEQUENCES, .seed = c->seed};
+  kvq_writer w = {NULL, 0};
+  kvq_put_config(&w, &config);
+  uint8_t *conf = malloc((size_t)w.pos);
+  if (!conf) return -1;
+  kvq_writer w2 = {conf, 0};
+  kvq_put_config(&w2, &config);
+  rc |= golden_add(g, "name", GOLDEN_BYTES, c->name, strlen(c->name));
+  rc |= golden_add(g, "config", GOLDEN_BYTES, conf, w.pos);
+  free(conf);
+  uint32_t steps;
+  uint32_t *schedule = golden_schedule(c, &steps);
+  rc |= !schedule || golden_add_u32(g, "schedule", schedule, 4 * (uint64_t)steps);
+  free(schedule);
+  const uint32_t sequences[2 * GOLDEN_SEQUENCES] = {0, c->lengths[0], c->lengths[0], c->lengths[1]};
+  rc |= golden_add_u32(g, "sequences", sequences, 2 * GOLDEN_SEQUENCES);
+  const uint32_t total = c->lengths[0] + c->lengths[1];
+  for (uint32_t l = 0; l < c->layer_count && rc == 0; l++) {
+    const kvq_layer_config *L = &c->layers[l];
+    const uint32_t hq = L->query_heads, d = L->head_dim;
+    const uint64_t n = (uint64_t)total * L->kv_heads * d;
+    float *k = malloc(sizeof(float) * n), *v = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * total * hq * d);
+    uint8_t *raw = malloc(n * kvq_dtype_size(c->input));
+    kvq_synth_config sc = kvq_synth_defaults(total, L->kv_heads, hq, d, c->seed * 16 + l);
+    rc |= !k || !v || !q || !raw || kvq_synth_generate(&sc, k, v, q) != 0;
+    if (rc == 0) {
+      to_dtype(k, n, c->input, raw);
+      golden_name(name, sizeof name, "keys", (int)l, -1, -1);
+      rc |= golden_add(g, name, GOLDEN_BYTES, raw, n * kvq_dtype_size(c->input));
+      to_dtype(v, n, c->input, raw);
+      golden_name(name, sizeof name, "values", (int)l, -1, -1);
+      rc |= golden_add(g, name, GOLDEN_BYTES, raw, n * kvq_dtype_size(c->input));
+      for (int s = 0; s < GOLDEN_SEQUENCES; s++) {
+        const uint32_t len = c->lengths[s], nq = len < QUERIES ? len : QUERIES;
+        const uint32_t block[2] = {nq, s == 0 ? (uint32_t)KVQ_MASK_CAUSAL : (uint32_t)KVQ_MASK_NONE};
+        golden_name(name, sizeof name, "query_block", (int)l, s, -1);
+        rc |= golden_add_u32(g, name, block, 2);
+        golden_name(name, sizeof name, "queries", (int)l, s, -1);
+        rc |= golden_add_f32(g, name, q + ((uint64_t)sequences[2 * s] + len - nq) * hq * d, (uint64_t)nq * hq * d);
+      }
+    }
+    free(k), free(v), free(q), free(raw);
+  }
+  return rc ? -1 : 0;
+}
+
+static int write_case(const golden_case *c, const char *dir, kvq_context *ctx, FILE *log, kvq_cache **keep) {
+  golden_file g = {0};
+  char error[512] = "", path[1024];
+  int rc = case_inputs(c, &g) != 0 ? (snprintf(error, sizeof error, "out of memory"), 1)
+                                   : kvq_golden_record_results(&g, ctx, keep, error, sizeof error) != 0;
+  snprintf(path, sizeof path, "%s/%s.kvqg", dir, c->name);
+  if (!rc) rc = golden_save(&g, path, error, sizeof error) != 0;
+  if (rc) fprintf(log, "kvq golden --write: %s: %s\n", c->name, error);
+  else fprintf(log, "wrote %s\n", path);
+  golden_free(&g);
+  return rc;
+}
+
+static int write_bytes(const char *dir, const char *file, const uint8_t *data, size_t size, FILE *log) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  FILE *f = fopen(path, "wb");
+  int ok = f && fwrite(data, 1, size, f) == size;
+  if (f) ok = fclose(f) == 0 && ok;
+  fprintf(log, ok ? "wrote %s\n" : "kvq golden --write: cannot write %s\n", path);
+  return ok ? 0 : 1;
+}
+
+/* A saved cache that every later kvq must load, and saved files it must reject (docs/GOLDEN.md). */
+static int write_saved_files(kvq_cache *cache, const char *dir, FILE *log) {
+  uint64_t size;
+  size_t written;
+  if (kvq_cache_save_size(cache, &size) != KVQ_OK) return 1;
+  uint8_t *data = malloc(size), *bad = malloc(size);
+  int rc = kvq_cache_save_to_memory(cache, data, size, &written) != KVQ_OK;
+  rc |= write_bytes(dir, "cache-v1.kvq", data, size, log);
+  rc |= write_bytes(dir, "reject-truncated.kvq", data, 4096, log);
+  memcpy(bad, data, size);
+  bad[size / 3] ^= 0x01;
+  rc |= write_bytes(dir, "reject-checksum.kvq", bad, size, log);
+  memcpy(bad, data, size);
+  bad[8] = 99; /* format version 99, checksum recomputed */
+  kvq_sha256_digest(bad, size - 32, bad + size - 32);
+  rc |= write_bytes(dir, "reject-version.kvq", bad, size, log);
+  memcpy(bad, data, size);
+  const uint32_t page_size = 24; /* CONF payload starts at 80; page_size is its third field */
+  memcpy(bad + 88, &page_size, 4);
+  kvq_sha256_digest(bad, size - 32, bad + size - 32);
+  rc |= write_bytes(dir, "reject-bad-format.kvq", bad, size, log);
+  free(data);
+  free(bad);
+  return rc;
+}
+
+int kvq_golden_write(const char *dir, FILE *log) {
+  kvq_context *ctx = cpu_context();
+  if (!ctx) return fail(log, "cannot start the CPU backend", NULL);
+  int rc = 0;
+  /* The saved-cache files come from the case with the smallest matrices (with a window, a flushed
+   * partial page and outliers), to keep them small. */
+  const uint32_t saved_case = 3;
+  kvq_cache *saved = NULL;
+  for (uint32_t i = 0; i < golden_case_total(); i++)
+    rc |= write_case(golden_case_get(i), dir, ctx, log, i == saved_case ? &saved : NULL);
+  if (saved) rc |= write_saved_files(saved, dir, log);
+  else rc = 1;
+  kvq_cache_destroy(saved);
+  kvq_context_destroy(ctx);
+  return rc;
+}
