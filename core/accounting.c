@@ -34,22 +34,30 @@ static uint64_t matrix_bytes(const kvq_side_layout *s) {
   return bytes;
 }
 
+/* a * b + c, or UINT64_MAX when it does not fit */
+static uint64_t mul_add(uint64_t a, uint64_t b, uint64_t c) {
+  if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
+  return a * b > UINT64_MAX - c ? UINT64_MAX : a * b + c;
+}
+
 kvq_status kvq_cache_config_bytes(const kvq_cache_config *c, uint64_t *bytes) {
   kvq_status st = kvq_config_validate(c, NULL, 0);
   if (st != KVQ_OK) return st;
   if (!bytes) return KVQ_ERROR_INVALID_ARGUMENT;
+  /* Every term is bounded by the validated ranges, but their sum and products can pass 2^64 for
+   * absurd configurations: accumulate with checks, and report such a cache as out of range. */
   const uint64_t ring_tokens = (uint64_t)c->max_sequences * (c->residual_window + c->page_size);
-  uint64_t total = (uint64_t)c->max_pages * sizeof(uint32_t) * 2; /* free list + page tables */
-  total += (uint64_t)c->max_sequences * (sizeof(kvq_sequence) + c->layer_count * sizeof(kvq_seq_layer));
+  uint64_t total = mul_add(c->max_pages, 2 * sizeof(uint32_t), 0); /* free list + page tables */
+  total = mul_add(c->max_sequences, sizeof(kvq_sequence) + c->layer_count * sizeof(kvq_seq_layer), total);
   for (uint32_t l = 0; l < c->layer_count; l++) {
     kvq_side_layout k, v;
     layer_sides(&c->layers[l], c->page_size, &k, &v);
-    total += (k.page_bytes + v.page_bytes) * c->max_pages;
-    total += 2 * ring_tokens * kvq_token_bytes(c->input_dtype, c->layers[l].kv_heads, c->layers[l].head_dim);
-    total += 2 * (matrix_bytes(&k) + matrix_bytes(&v)); /* device copy and host copy */
+    total = mul_add(k.page_bytes + v.page_bytes, c->max_pages, total);
+    total = mul_add(2 * ring_tokens, kvq_token_bytes(c->input_dtype, c->layers[l].kv_heads, c->layers[l].head_dim), total);
+    total = mul_add(2, matrix_bytes(&k) + matrix_bytes(&v), total); /* device copy and host copy */
   }
   *bytes = total;
-  return KVQ_OK;
+  return total == UINT64_MAX ? KVQ_ERROR_OUT_OF_RANGE : KVQ_OK;
 }
 
 kvq_status kvq_layer_bits_per_number(const kvq_layer_config *layer, uint32_t page_size, double *key_bits,

@@ -174,6 +174,25 @@ done:
   return st;
 }
 
+/* Queries must be finite: a NaN would silently poison every score it touches. */
+static kvq_status check_finite_queries(kvq_context *ctx, const float *q, uint64_t count, const char *what) {
+  for (uint64_t i = 0; i < count; i++)
+    if (!isfinite(q[i]))
+      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: element %llu is %g", what, (unsigned long long)i, (double)q[i]);
+  return KVQ_OK;
+}
+
+/* Finite inputs can still overflow fp32 (queries or keys near FLT_MAX): report it, do not return
+ * NaN as a success. Masked logits are -inf by definition and are skipped. */
+static kvq_status check_finite_results(kvq_context *ctx, const float *x, uint64_t count, int logits, const char *what) {
+  for (uint64_t i = 0; i < count; i++)
+    if (!isfinite(x[i]) && !(logits && x[i] == -INFINITY))
+      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                      "%s: the result overflowed fp32 (element %llu is %g): queries or keys are too large", what,
+                      (unsigned long long)i, (double)x[i]);
+  return KVQ_OK;
+}
+
 /* Validates one block of queries and fills an item (queries packed to fp32, owned by the caller). */
 static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kvq_mask mask, const kvq_tensor *queries,
                                const char *what, attend_item *it) {
@@ -228,10 +247,16 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
     float *q = malloc(items[i].rows * row_floats * 4);
     items[i].output = malloc(items[i].rows * row_floats * 4);
     items[i].queries = q;
-    if (!q || !items[i].output) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
-    else kvq_tensor_gather(&requests[i].queries, q, KVQ_DTYPE_F32);
+    if (!q || !items[i].output) {
+      st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+    } else {
+      kvq_tensor_gather(&requests[i].queries, q, KVQ_DTYPE_F32);
+      st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
+    }
   }
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    st = check_finite_results(ctx, items[i].output, items[i].rows * row_floats, 0, "kvq_attention");
   if (st == KVQ_OK)
     for (size_t i = 0; i < count; i++) kvq_tensor_scatter(&requests[i].output, items[i].output);
   for (size_t i = 0; i < count; i++) {
@@ -262,8 +287,12 @@ kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   if (!q || !item.scores) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
   if (st == KVQ_OK) {
     kvq_tensor_gather(queries, q, KVQ_DTYPE_F32);
-    st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
+    st = check_finite_queries(ctx, q, (uint64_t)item.rows * L->query_heads * L->head_dim, "kvq_scores queries");
   }
+  if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
+  if (st == KVQ_OK)
+    st = check_finite_results(ctx, item.scores, (uint64_t)item.rows * L->query_heads * n, kind == KVQ_SCORES_LOGITS,
+                              "kvq_scores");
   if (st == KVQ_OK) kvq_tensor_scatter(scores, item.scores);
   free(q);
   free(item.scores);

@@ -144,16 +144,17 @@ fail:
 }
 
 kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
+  if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   if (!out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_create: out is NULL");
-  *out = NULL;
   kvq_status st = kvq_config_validate(config, ctx->error, sizeof ctx->error);
   if (st != KVQ_OK) return st;
-  uint64_t bytes;
+  uint64_t bytes = UINT64_MAX;
   st = kvq_cache_config_bytes(config, &bytes);
   if (st != KVQ_OK || bytes > ((uint64_t)1 << 46))
-    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_create: the cache would need %llu bytes",
-                    (unsigned long long)bytes);
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE,
+                    "kvq_cache_create: the cache would need %s%llu bytes, beyond the 2^46 bytes kvq accepts",
+                    st != KVQ_OK ? "more than " : "", (unsigned long long)bytes);
   kvq_clear_error(ctx);
   return kvq_cache_build(ctx, config, 1, out);
 }

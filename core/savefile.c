@@ -333,9 +333,9 @@ static int find_section(const uint8_t *data, uint64_t body_end, uint32_t tag, kv
 }
 
 kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
+  if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   if (!buffer || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: buffer or out is NULL");
-  *out = NULL;
   const uint8_t *data = buffer;
   if (size < 8 || memcmp(data, KVQ_FILE_MAGIC, 8) != 0)
     return size < 8 && memcmp(data, KVQ_FILE_MAGIC, size) == 0
@@ -546,9 +546,10 @@ fail:
 }
 
 kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
+  if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   if (!path || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path or out is NULL");
-  *out = NULL;
+  if (!*path) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path is empty");
   FILE *f = fopen(path, "rb");
   if (!f) return kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_load: cannot open %s: %s", path, strerror(errno));
   uint8_t *data = NULL;

@@ -15,7 +15,8 @@ kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int
   for (uint32_t i = t.rank; i-- > 0;) {
     t.shape[i] = shape ? shape[i] : 0;
     t.strides[i] = stride;
-    stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+    const int64_t dim = t.shape[i] > 0 ? t.shape[i] : 1;
+    stride = stride > INT64_MAX / dim ? INT64_MAX : stride * dim; /* absurd shapes saturate; checks reject them */
   }
   return t;
 }

@@ -225,19 +225,19 @@ typedef struct kvq_method_config {
 KVQ_API kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim);
 
 typedef struct kvq_layer_config {
-  uint32_t query_heads;           /* Hq; a multiple of kv_heads (query head h uses kv head h / (Hq/Hkv)) */
-  uint32_t kv_heads;              /* Hkv >= 1 */
+  uint32_t query_heads;           /* Hq <= 65536; a multiple of kv_heads (query head h uses kv head h / (Hq/Hkv)) */
+  uint32_t kv_heads;              /* Hkv, 1..1024 */
   uint32_t head_dim;              /* d: multiple of 16, 16..256 */
   kvq_method_config keys;         /* QJL, UNIFORM or EXACT */
   kvq_method_config values;       /* UNIFORM or EXACT */
 } kvq_layer_config;
 
 typedef struct kvq_cache_config {
-  uint32_t layer_count;           /* >= 1 */
+  uint32_t layer_count;           /* 1..4096 */
   const kvq_layer_config *layers; /* layer_count entries; copied by kvq_cache_create */
   kvq_dtype input_dtype;          /* dtype of appended keys/values and of the full-precision window */
   uint32_t page_size;             /* P tokens per page: power of two, 16..256 */
-  uint32_t residual_window;       /* R newest tokens kept in full precision: multiple of P, may be 0 */
+  uint32_t residual_window;       /* R newest tokens kept in full precision: multiple of P, 0..65536 */
   uint32_t max_pages;             /* pages in the pool shared by all sequences, >= 1 */
   uint32_t max_sequences;         /* live sequences at once, 1..65535 */
   uint64_t seed;                  /* all random matrices derive from it (docs/FORMAT.md) */
@@ -252,7 +252,9 @@ KVQ_API kvq_status kvq_cache_config_check(const kvq_cache_config *config, char *
 
 /*
  * Bytes a cache with this configuration allocates: pages, full-precision windows, matrices and
- * bookkeeping (a bound: actual use is never larger). Thread-safe.
+ * bookkeeping (a bound: actual use is never larger). KVQ_ERROR_OUT_OF_RANGE when the total does not
+ * fit in 64 bits (*bytes is then UINT64_MAX). kvq_cache_create refuses caches above 2^46 bytes.
+ * Thread-safe.
  */
 KVQ_API kvq_status kvq_cache_config_bytes(const kvq_cache_config *config, uint64_t *bytes);
 
@@ -344,7 +346,8 @@ typedef struct kvq_attention_request {
  * Attention of one layer for a batch of sequences, each with its block of queries: scaled logits
  * q.k / sqrt(head_dim) over the quantized pages and the full-precision window, a numerically
  * stable softmax, and the probability-weighted sum of values. GQA: query head h uses kv head
- * h / (query_heads / kv_heads). All requests are validated before any output is written.
+ * h / (query_heads / kv_heads). All requests are validated before any output is written. Queries
+ * holding NaN or Inf, and results that overflow fp32, return KVQ_ERROR_NON_FINITE.
  */
 KVQ_API kvq_status kvq_attention(kvq_cache *cache, uint32_t layer,
                                  const kvq_attention_request *requests, size_t count);

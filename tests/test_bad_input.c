@@ -1,0 +1,2080 @@
+/* Bad input, function by function. The rule: bad input gets a clear status code and a message, and
+ * changes nothing -- no partial writes, no abort, no exit() inside the library. Every rejected call
+ * below is checked for
+ *   - the exact kvq_status;
+ *   - a fresh, non-empty kvq_context_last_error() naming the offending parameter where that is
+ *     reasonable (the context is first primed with a known message, so a stale one is caught);
+ *   - an unchanged cache: memory report, every live sequence's info in every layer, every token
+ *     decoded, and the bytes kvq_cache_save_to_memory() writes, compared before and after;
+ *   - untouched outputs: output tensors and out-parameters keep their sentinel bytes, and `**out`
+ *     parameters are NULL after a failure. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+enum { HQ = 4, HKV = 2, D = 32, P = 16, R = 16, MAX_PAGES = 8, MAX_SEQS = 4 };
+/* The longest sequence the fixture cache can hold: every page plus a full window. */
+enum { SEQ_LIMIT = MAX_PAGES * P + R + P };
+enum { A, B, C };
+
+#define SENTINEL 0xA5
+#define PRIMER_MARK "kvq-primer"
+#define PRIMER_PATH "/nonexistent-" PRIMER_MARK "/primer.kvq"
+
+/* ---- Shared fixtures ------------------------------------------------------------------------- */
+
+/* Everything observable of a cache (see snap()). */
+typedef struct snapshot {
+  kvq_memory_report report;
+  kvq_sequence_info info[3][2];
+  float *decoded[3][2][2]; /* [sequence][layer][keys, values] */
+  uint8_t *file;
+  size_t file_size;
+} snapshot;
+
+/*
+ * Layer 0: QJL keys + 2-bit uniform values; layer 1: exact fp16 keys and values. 4 query heads,
+ * 2 kv heads, head dim 32, page size 16, window 16, 8 pages, 4 sequence slots.
+ *   a: 72 tokens in layer 0 and 70 in layer 1 (3 pages, the rest in the window);
+ *   b: 20 tokens in layer 0, flushed (a partial page), none in layer 1;
+ *   c: empty.
+ * 5 of 8 pages and 3 of 4 slots are in use. `stale` is the id of a freed sequence whose slot b reuses.
+ */
+typedef struct fixture {
+  kvq_context *ctx;
+  kvq_cache *cache;
+  kvq_layer_config layers[2];
+  uint32_t layer_count;
+  kvq_dtype input;
+  uint32_t seq[3];
+  int live[3];
+  uint32_t stale;
+  snapshot ref; /* the state every rejected call must leave behind (taken lazily) */
+  int has_ref;
+} fixture;
+
+static void invalidate(fixture *f);
+
+static float *random_tokens(uint32_t n, uint32_t heads, uint32_t seed) {
+  const size_t count = (size_t)n * heads * D;
+  float *x = malloc(sizeof(float) * (count ? count : 1));
+  cr_assert_not_null(x);
+  uint32_t s = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < count; i++) {
+    s = s * 1664525u + 1013904223u;
+    x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 3.0f; /* [-1.5, 1.5) */
+  }
+  return x;
+}
+
+/* Keys and values [n][HKV][D] as host tensors in `dtype`, converted from fp32 arrays. */
+typedef struct kv {
+  kvq_tensor k, v;
+  void *ks, *vs;
+  float *kf, *vf;
+} kv;
+
+static kv kv_from(float *kf, float *vf, kvq_dtype dtype, uint32_t n) {
+  kv x = {.kf = kf, .vf = vf};
+  x.k = th_tensor_from_f32(kf, dtype, n, HKV, D, &x.ks);
+  x.v = th_tensor_from_f32(vf, dtype, n, HKV, D, &x.vs);
+  return x;
+}
+
+static kv kv_random(kvq_dtype dtype, uint32_t n, uint32_t seed) {
+  return kv_from(random_tokens(n, HKV, seed), random_tokens(n, HKV, seed + 1000), dtype, n);
+}
+
+static void kv_free(kv *x) {
+  free(x->ks);
+  free(x->vs);
+  free(x->kf);
+  free(x->vf);
+}
+
+static void append_ok(fixture *f, uint32_t seq, uint32_t layer, uint32_t n, uint32_t seed) {
+  invalidate(f);
+  kv x = kv_random(f->input, n, seed);
+  KVQ_CHECK(f->ctx, kvq_append(f->cache, seq, layer, &x.k, &x.v));
+  kv_free(&x);
+}
+
+static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, D); }
+
+static void build_with(fixture *f, kvq_dtype input) {
+  memset(f, 0, sizeof *f);
+  f->input = input;
+  f->layer_count = 2;
+  f->layers[0] = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
+  f->layers[1] = th_layer(HQ, HKV, D, method(KVQ_METHOD_EXACT), method(KVQ_METHOD_EXACT));
+  kvq_cache_config config = th_config(f->layers, 2, input, P, R, MAX_PAGES, MAX_SEQS, 2024);
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[A]));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->stale));
+  KVQ_CHECK(f->ctx, kvq_sequence_free(f->cache, f->stale));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[B]));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[C]));
+  cr_assert_neq(f->stale, f->seq[B]);
+  append_ok(f, f->seq[A], 0, 40, 1);
+  append_ok(f, f->seq[A], 0, 32, 2);
+  append_ok(f, f->seq[A], 1, 70, 3);
+  append_ok(f, f->seq[B], 0, 20, 4);
+  KVQ_CHECK(f->ctx, kvq_flush(f->cache, f->seq[B]));
+  for (int i = 0; i < 3; i++) f->live[i] = 1;
+  kvq_memory_report r;
+  KVQ_CHECK(f->ctx, kvq_cache_memory(f->cache, &r));
+  cr_assert_eq(r.pages_used, 5, "fixture: %u pages used", r.pages_used);
+  cr_assert_eq(r.sequences_used, 3);
+}
+
+static void build(fixture *f) { build_with(f, KVQ_DTYPE_F16); }
+
+/* A one-layer cache with the given methods and sequence a of 20 tokens (b and c do not exist). */
+static void build_single(fixture *f, kvq_dtype input, kvq_method_config keys, kvq_method_config values) {
+  memset(f, 0, sizeof *f);
+  f->input = input;
+  f->layer_count = 1;
+  f->layers[0] = th_layer(HQ, HKV, D, keys, values);
+  kvq_cache_config config = th_config(f->layers, 1, input, P, R, MAX_PAGES, MAX_SEQS, 7);
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[A]));
+  f->live[A] = 1;
+  append_ok(f, f->seq[A], 0, 20, 5);
+}
+
+/* Whether an id is one the fixture holds live (ids meant to be unknown are skipped if so). */
+static int issued(const fixture *f, uint32_t id) {
+  for (int i = 0; i < 3; i++)
+    if (f->live[i] && f->seq[i] == id) return 1;
+  return 0;
+}
+
+/* Frees sequence i on purpose. */
+static void free_seq(fixture *f, int i) {
+  invalidate(f);
+  KVQ_CHECK(f->ctx, kvq_sequence_free(f->cache, f->seq[i]));
+  f->live[i] = 0;
+}
+
+static void destroy(fixture *f) {
+  invalidate(f);
+  kvq_cache_destroy(f->cache);
+  kvq_context_destroy(f->ctx);
+}
+
+/* ---- Snapshots: everything observable of a cache -------------------------------------------- */
+
+static void snap(fixture *f, snapshot *s) {
+  memset(s, 0, sizeof *s);
+  KVQ_CHECK(f->ctx, kvq_cache_memory(f->cache, &s->report));
+  for (int i = 0; i < 3; i++) {
+    if (!f->live[i]) continue;
+    for (uint32_t l = 0; l < f->layer_count; l++) {
+      KVQ_CHECK(f->ctx, kvq_sequence_info_get(f->cache, f->seq[i], l, &s->info[i][l]));
+      const uint64_t n = s->info[i][l].tokens;
+      if (n == 0) continue;
+      int64_t shape[3] = {(int64_t)n, HKV, D};
+      for (int side = 0; side < 2; side++) {
+        s->decoded[i][l][side] = malloc(sizeof(float) * n * HKV * D);
+        cr_assert_not_null(s->decoded[i][l][side]);
+      }
+      kvq_tensor kt = kvq_tensor_host(s->decoded[i][l][0], KVQ_DTYPE_F32, 3, shape);
+      kvq_tensor vt = kvq_tensor_host(s->decoded[i][l][1], KVQ_DTYPE_F32, 3, shape);
+      KVQ_CHECK(f->ctx, kvq_dequantize(f->cache, f->seq[i], l, 0, n, &kt, &vt));
+    }
+  }
+  uint64_t size = 0;
+  KVQ_CHECK(f->ctx, kvq_cache_save_size(f->cache, &size));
+  s->file = malloc((size_t)size);
+  cr_assert_not_null(s->file);
+  KVQ_CHECK(f->ctx, kvq_cache_save_to_memory(f->cache, s->file, (size_t)size, &s->file_size));
+  cr_assert_eq(s->file_size, size);
+}
+
+static void snap_free(snapshot *s) {
+  for (int i = 0; i < 3; i++)
+    for (int l = 0; l < 2; l++)
+      for (int side = 0; side < 2; side++) free(s->decoded[i][l][side]);
+  free(s->file);
+}
+
+/* Compares the cache with `before` (which is kept). */
+static void expect_unchanged(fixture *f, const snapshot *before, const char *what) {
+  snapshot after;
+  snap(f, &after);
+  cr_assert_eq(memcmp(&before->report, &after.report, sizeof after.report), 0,
+               "%s changed the memory report (pages used %u -> %u, sequences %u -> %u)", what, before->report.pages_used,
+               after.report.pages_used, before->report.sequences_used, after.report.sequences_used);
+  for (int i = 0; i < 3; i++) {
+    if (!f->live[i]) continue;
+    for (uint32_t l = 0; l < f->layer_count; l++) {
+      const kvq_sequence_info *x = &before->info[i][l], *y = &after.info[i][l];
+      cr_assert(x->tokens == y->tokens && x->quantized_tokens == y->quantized_tokens && x->pages == y->pages,
+                "%s changed sequence %d layer %u: tokens %llu -> %llu, quantized %llu -> %llu, pages %u -> %u", what, i, l,
+                (unsigned long long)x->tokens, (unsigned long long)y->tokens, (unsigned long long)x->quantized_tokens,
+                (unsigned long long)y->quantized_tokens, x->pages, y->pages);
+      for (int side = 0; side < 2; side++)
+        if (x->tokens)
+          cr_assert_eq(memcmp(before->decoded[i][l][side], after.decoded[i][l][side], sizeof(float) * x->tokens * HKV * D), 0,
+                       "%s changed the %s of sequence %d layer %u", what, side ? "values" : "keys", i, l);
+    }
+  }
+  cr_assert(before->file_size == after.file_size && memcmp(before->file, after.file, after.file_size) == 0,
+            "%s changed the saved bytes of the cache (%zu -> %zu bytes)", what, before->file_size, after.file_size);
+  snap_free(&after);
+}
+
+/* Takes the reference snapshot unless there is one: rejected calls never change it. */
+static void remember(fixture *f) {
+  if (f->has_ref) return;
+  snap(f, &f->ref);
+  f->has_ref = 1;
+}
+
+/* Call before changing the cache on purpose. */
+static void invalidate(fixture *f) {
+  if (!f->has_ref) return;
+  snap_free(&f->ref);
+  f->has_ref = 0;
+}
+
+static void check_unchanged(fixture *f, const char *what) { expect_unchanged(f, &f->ref, what); }
+
+/* ---- Failure checks ---------------------------------------------------------------------------- */
+
+/* Sets a known message on the context, so that a failure that sets none is caught. */
+static void prime(kvq_context *ctx) {
+  kvq_cache *none = NULL;
+  (void)kvq_cache_load(ctx, PRIMER_PATH, &none);
+  cr_assert(strstr(kvq_context_last_error(ctx), PRIMER_MARK) != NULL, "priming the message failed: \"%s\"",
+            kvq_context_last_error(ctx));
+}
+
+static void expect_failure(kvq_context *ctx, kvq_status got, kvq_status want, const char *mention, const char *what) {
+  const char *msg = ctx ? kvq_context_last_error(ctx) : "";
+  cr_assert_not_null(msg);
+  cr_assert_eq(got, want, "%s: returned %s (\"%s\"), expected %s", what, kvq_status_string(got), msg,
+               kvq_status_string(want));
+  if (!ctx) return;
+  cr_assert(msg[0] != 0, "%s: no error message", what);
+  cr_assert(strstr(msg, PRIMER_MARK) == NULL, "%s: the error message was not set (still \"%s\")", what, msg);
+  if (mention) cr_assert(strstr(msg, mention) != NULL, "%s: message \"%s\" does not mention \"%s\"", what, msg, mention);
+}
+
+static void expect_mention(kvq_context *ctx, const char *mention, const char *what) {
+  const char *msg = kvq_context_last_error(ctx);
+  cr_assert(strstr(msg, mention) != NULL, "%s: message \"%s\" does not mention \"%s\"", what, msg, mention);
+}
+
+static void begin(fixture *f) {
+  remember(f);
+  prime(f->ctx);
+}
+
+static void end(fixture *f, kvq_status got, kvq_status want, const char *mention, const char *what) {
+  expect_failure(f->ctx, got, want, mention, what);
+  check_unchanged(f, what);
+}
+
+/* A call on the fixture's cache must fail with `want`, a message mentioning `mention`, and change nothing. */
+#define REJECTS(f, call, want, mention)                                                                            \
+  do {                                                                                                             \
+    begin((f));                                                                                                    \
+    kvq_status st_ = (call);                                                                                       \
+    end((f), st_, (want), (mention), #call);                                                                       \
+  } while (0)
+
+/* The same without a context to hold a message (a NULL cache). */
+#define REJECTS_SILENTLY(f, call, want)                                                                            \
+  do {                                                                                                             \
+    remember((f));                                                                                                 \
+    kvq_status st_ = (call);                                                                                       \
+    expect_failure(NULL, st_, (want), NULL, #call);                                                                \
+    check_unchanged((f), #call);                                                                                   \
+  } while (0)
+
+/* ---- Sentinel-filled outputs ------------------------------------------------------------------ */
+
+typedef struct out_buf {
+  void *data;
+  size_t bytes;
+} out_buf;
+
+static kvq_tensor tensor3(void *data, kvq_dtype dtype, int64_t n0, int64_t n1, int64_t n2) {
+  int64_t shape[3] = {n0, n1, n2};
+  return kvq_tensor_host(data, dtype, 3, shape);
+}
+
+static kvq_tensor sentinel_tensor(kvq_dtype dtype, int64_t n0, int64_t n1, int64_t n2, out_buf *b) {
+  b->bytes = (size_t)(n0 * n1 * n2) * (dtype == KVQ_DTYPE_F32 ? 4 : 2);
+  b->data = malloc(b->bytes);
+  cr_assert_not_null(b->data);
+  memset(b->data, SENTINEL, b->bytes);
+  return tensor3(b->data, dtype, n0, n1, n2);
+}
+
+static void expect_sentinel(const out_buf *b, const char *what) {
+  const uint8_t *p = b->data;
+  for (size_t i = 0; i < b->bytes; i++)
+    cr_assert_eq(p[i], SENTINEL, "%s: byte %zu of %zu of an output was written by a failing call", what, i, b->bytes);
+}
+
+static void expect_untouched(const void *p, size_t bytes, const char *what) {
+  const uint8_t *q = p;
+  for (size_t i = 0; i < bytes; i++)
+    cr_assert_eq(q[i], SENTINEL, "%s: byte %zu of an out-parameter was written by a failing call", what, i);
+}
+
+/* ---- Tensor edits: each makes a valid tensor invalid in one way ------------------------------- */
+
+enum { ANY_ROWS, FREE_ROWS, FIXED_ROWS }; /* whether the call fixes shape[0] (outputs) or not (inputs) */
+
+typedef struct tensor_edit {
+  const char *name;
+  void (*apply)(kvq_tensor *t);
+  kvq_status want;
+  const char *mention;
+  int rows;
+} tensor_edit;
+
+static void e_data_null(kvq_tensor *t) { t->data = NULL; }
+static void e_rank0(kvq_tensor *t) { t->rank = 0; }
+static void e_rank2(kvq_tensor *t) { t->rank = 2; }
+static void e_rank4(kvq_tensor *t) {
+  t->rank = 4;
+  t->shape[3] = 1;
+  t->strides[3] = 1;
+}
+static void e_rank_max(kvq_tensor *t) { t->rank = UINT32_MAX; }
+static void e_rows0(kvq_tensor *t) { t->shape[0] = 0; }
+static void e_rows_negative(kvq_tensor *t) { t->shape[0] = -5; }
+static void e_rows_past_2_31(kvq_tensor *t) { t->shape[0] = ((int64_t)1 << 31) + 1; }
+static void e_rows_int64_max(kvq_tensor *t) { t->shape[0] = INT64_MAX; }
+static void e_rows_fewer(kvq_tensor *t) { t->shape[0] -= 1; }
+static void e_heads0(kvq_tensor *t) { t->shape[1] = 0; }
+static void e_heads_wrong(kvq_tensor *t) { t->shape[1] = 1; }
+static void e_dim_wrong(kvq_tensor *t) { t->shape[2] /= 2; }
+static void e_dtype_unknown(kvq_tensor *t) { t->dtype = (kvq_dtype)3; }
+static void e_dtype_huge(kvq_tensor *t) { t->dtype = (kvq_dtype)0x7fffffff; }
+static void e_memory_unknown(kvq_tensor *t) { t->memory = (kvq_memory)3; }
+static void e_vulkan(kvq_tensor *t) {
+  t->memory = KVQ_MEMORY_VULKAN_BUFFER;
+  t->data = NULL;
+  t->vk_buffer = 0xdeadbeefu;
+}
+static void e_cuda(kvq_tensor *t) {
+  t->memory = KVQ_MEMORY_CUDA_DEVICE;
+  t->data = (void *)(uintptr_t)0x1000; /* a "device pointer" that must never be dereferenced */
+}
+static void e_stride0(kvq_tensor *t) { t->strides[2] = 0; }
+static void e_stride_negative(kvq_tensor *t) { t->strides[0] = -1; }
+static void e_stride_int64_min(kvq_tensor *t) { t->strides[1] = INT64_MIN; }
+static void e_stride_huge(kvq_tensor *t) { t->strides[1] = (int64_t)1 << 41; }
+static void e_offset_wraps(kvq_tensor *t) { t->offset = UINT64_MAX - 8; }
+static void e_offset_max(kvq_tensor *t) { t->offset = UINT64_MAX; }
+static void e_data_at_top(kvq_tensor *t) { t->data = (void *)(uintptr_t)(UINTPTR_MAX - 64); }
+static void e_strides_wrap(kvq_tensor *t) {
+  t->shape[0] = (int64_t)1 << 31;
+  t->strides[0] = (int64_t)1 << 40;
+}
+
+static const tensor_edit edits[] = {
+    {"data NULL", e_data_null, KVQ_ERROR_INVALID_ARGUMENT, "data", ANY_ROWS},
+    {"rank 0", e_rank0, KVQ_ERROR_INVALID_ARGUMENT, "rank", ANY_ROWS},
+    {"rank 2", e_rank2, KVQ_ERROR_INVALID_ARGUMENT, "rank", ANY_ROWS},
+    {"rank 4", e_rank4, KVQ_ERROR_INVALID_ARGUMENT, "rank", ANY_ROWS},
+    {"rank UINT32_MAX", e_rank_max, KVQ_ERROR_INVALID_ARGUMENT, "rank", ANY_ROWS},
+    {"0 rows", e_rows0, KVQ_ERROR_OUT_OF_RANGE, "shape[0]", ANY_ROWS},
+    {"-5 rows", e_rows_negative, KVQ_ERROR_OUT_OF_RANGE, "shape[0]", ANY_ROWS},
+    {"2^31 + 1 rows", e_rows_past_2_31, KVQ_ERROR_OUT_OF_RANGE, "shape[0]", ANY_ROWS},
+    {"INT64_MAX rows", e_rows_int64_max, KVQ_ERROR_OUT_OF_RANGE, "shape[0]", ANY_ROWS},
+    {"one row fewer", e_rows_fewer, KVQ_ERROR_INVALID_ARGUMENT, "shape[0]", FIXED_ROWS},
+    {"0 heads", e_heads0, KVQ_ERROR_OUT_OF_RANGE, "shape[1]", ANY_ROWS},
+    {"wrong head count", e_heads_wrong, KVQ_ERROR_INVALID_ARGUMENT, "shape[1]", ANY_ROWS},
+    {"wrong last dimension", e_dim_wrong, KVQ_ERROR_INVALID_ARGUMENT, "shape[2]", ANY_ROWS},
+    {"unknown dtype 3", e_dtype_unknown, KVQ_ERROR_INVALID_ARGUMENT, "dtype", ANY_ROWS},
+    {"unknown dtype 0x7fffffff", e_dtype_huge, KVQ_ERROR_INVALID_ARGUMENT, "dtype", ANY_ROWS},
+    {"unknown memory kind", e_memory_unknown, KVQ_ERROR_INVALID_ARGUMENT, "memory", ANY_ROWS},
+    {"Vulkan buffer on the CPU backend", e_vulkan, KVQ_ERROR_UNSUPPORTED, "device", ANY_ROWS},
+    {"CUDA device pointer on the CPU backend", e_cuda, KVQ_ERROR_UNSUPPORTED, "device", ANY_ROWS},
+    {"stride 0", e_stride0, KVQ_ERROR_INVALID_ARGUMENT, "strides[2]", ANY_ROWS},
+    {"stride -1", e_stride_negative, KVQ_ERROR_INVALID_ARGUMENT, "strides[0]", ANY_ROWS},
+    {"stride INT64_MIN", e_stride_int64_min, KVQ_ERROR_INVALID_ARGUMENT, "strides[1]", ANY_ROWS},
+    {"stride 2^41", e_stride_huge, KVQ_ERROR_INVALID_ARGUMENT, "strides[1]", ANY_ROWS},
+    {"offset wrapping the address space", e_offset_wraps, KVQ_ERROR_OUT_OF_RANGE, "address space", ANY_ROWS},
+    {"offset UINT64_MAX", e_offset_max, KVQ_ERROR_OUT_OF_RANGE, "address space", ANY_ROWS},
+    {"data at the top of the address space", e_data_at_top, KVQ_ERROR_OUT_OF_RANGE, "address space", ANY_ROWS},
+    {"2^31 rows 2^40 apart", e_strides_wrap, KVQ_ERROR_OUT_OF_RANGE, "address space", FREE_ROWS},
+};
+#define EDIT_COUNT (sizeof edits / sizeof edits[0])
+
+static int edit_applies(const tensor_edit *e, int rows) { return e->rows == ANY_ROWS || e->rows == rows; }
+
+/* ================================================================================================
+ * Status strings, versions, destroy(NULL), tensor_host
+ * ============================================================================================== */
+
+Test(status, string_for_every_value_and_beyond) {
+  const char *seen[KVQ_ERROR_INTERNAL + 1];
+  const char *unknown = kvq_status_string((kvq_status)(KVQ_ERROR_INTERNAL + 1));
+  cr_assert(unknown != NULL && unknown[0] != 0, "out-of-range status: NULL or empty string");
+  for (int s = KVQ_OK; s <= KVQ_ERROR_INTERNAL; s++) {
+    seen[s] = kvq_status_string((kvq_status)s);
+    cr_assert(seen[s] != NULL && seen[s][0] != 0, "status %d: NULL or empty string", s);
+    cr_assert(strcmp(seen[s], unknown) != 0, "status %d reads like an unknown status: \"%s\"", s, seen[s]);
+    for (int t = 0; t < s; t++) cr_assert(strcmp(seen[s], seen[t]) != 0, "statuses %d and %d share \"%s\"", t, s, seen[s]);
+  }
+  const int beyond[] = {KVQ_ERROR_INTERNAL + 1, 100, 0x7fffffff, -1};
+  for (size_t i = 0; i < sizeof beyond / sizeof beyond[0]; i++) {
+    const char *s = kvq_status_string((kvq_status)beyond[i]);
+    cr_assert(s != NULL && s[0] != 0, "status %d: NULL or empty string", beyond[i]);
+  }
+}
+
+Test(status, version_matches_header) {
+  cr_assert_not_null(kvq_version());
+  cr_assert_str_eq(kvq_version(), KVQ_VERSION_STRING);
+  cr_assert_eq(kvq_version_number(), KVQ_VERSION_NUMBER);
+}
+
+Test(destroy, null_is_ignored) {
+  kvq_cache_destroy(NULL);
+  kvq_context_destroy(NULL);
+  cr_assert_eq(kvq_context_backend(NULL), KVQ_BACKEND_AUTO, "no context has no backend (AUTO means none)");
+  const char *msg = kvq_context_last_error(NULL);
+  cr_assert(msg != NULL && msg[0] == 0, "last_error(NULL) must be an empty string");
+}
+
+/* kvq_tensor_host cannot fail, but what it makes of bad arguments must then be rejected cleanly. */
+Test(tensor_host, rank_above_max_is_clamped_then_rejected) {
+  fixture f;
+  build(&f);
+  uint16_t data[64] = {0};
+  const int64_t shape[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  kvq_tensor t = kvq_tensor_host(data, KVQ_DTYPE_F16, 9, shape);
+  cr_assert_leq(t.rank, KVQ_MAX_RANK, "rank %u was not clamped", t.rank);
+  kv x = kv_random(f.input, 1, 9);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &t, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "rank");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(tensor_host, null_shape_gives_an_empty_shape_then_rejected) {
+  fixture f;
+  build(&f);
+  uint16_t data[64] = {0};
+  kvq_tensor t = kvq_tensor_host(data, KVQ_DTYPE_F16, 3, NULL);
+  cr_assert(t.rank == 3 && t.shape[0] == 0 && t.shape[1] == 0 && t.shape[2] == 0);
+  kv x = kv_random(f.input, 1, 9);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &t), KVQ_ERROR_OUT_OF_RANGE, "shape[0]");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(tensor_host, huge_shape_then_rejected) {
+  fixture f;
+  build(&f);
+  uint16_t data[64] = {0};
+  const int64_t big = (int64_t)1 << 31, shape[3] = {big, big, big};
+  kvq_tensor t = kvq_tensor_host(data, KVQ_DTYPE_F16, 3, shape);
+  kv x = kv_random(f.input, 1, 9);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &t, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * Backends and contexts
+ * ============================================================================================== */
+
+Test(backends_list, null_count) {
+  kvq_backend_info infos[4];
+  memset(infos, SENTINEL, sizeof infos);
+  cr_assert_eq(kvq_backends_list(infos, 4, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(infos, sizeof infos, "kvq_backends_list(infos, 4, NULL)");
+}
+
+Test(backends_list, null_infos_with_capacity) {
+  size_t count;
+  memset(&count, SENTINEL, sizeof count);
+  cr_assert_eq(kvq_backends_list(NULL, 1, &count), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&count, sizeof count, "kvq_backends_list(NULL, 1, &count)");
+  cr_assert_eq(kvq_backends_list(NULL, SIZE_MAX, &count), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&count, sizeof count, "kvq_backends_list(NULL, SIZE_MAX, &count)");
+}
+
+Test(backends_list, zero_and_short_capacity_write_only_what_fits) {
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(NULL, 0, &count), KVQ_OK, "capacity 0 only counts");
+  cr_assert_geq(count, 1);
+  kvq_backend_info infos[2];
+  memset(infos, SENTINEL, sizeof infos);
+  size_t count1 = 0;
+  cr_assert_eq(kvq_backends_list(infos, 1, &count1), KVQ_OK);
+  cr_assert_eq(count1, count);
+  expect_untouched(&infos[1], sizeof infos[1], "kvq_backends_list(infos, 1, &count) wrote a second entry");
+}
+
+Test(context, create_null_out) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_CPU;
+  cr_assert_eq(kvq_context_create(&opt, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_context_create(NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  const kvq_context_options def = kvq_context_options_default();
+  cr_assert(def.backend == KVQ_BACKEND_AUTO && def.device_index == -1);
+}
+
+Test(context, create_unknown_backend) {
+  const int kinds[] = {KVQ_BACKEND_CUDA + 1, 100, 0x7fffffff, -1};
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    kvq_context_options opt = kvq_context_options_default();
+    opt.backend = (kvq_backend_kind)kinds[i];
+    kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+    kvq_status st = kvq_context_create(&opt, &ctx);
+    cr_assert_eq(st, KVQ_ERROR_INVALID_ARGUMENT, "backend %d: %s", kinds[i], kvq_status_string(st));
+    cr_assert_null(ctx, "backend %d: *out must be NULL on failure", kinds[i]);
+  }
+}
+
+Test(context, create_device_index_below_minus_one) {
+  const int32_t indices[] = {-2, -1000, INT32_MIN};
+  const kvq_backend_kind kinds[] = {KVQ_BACKEND_AUTO, KVQ_BACKEND_CPU};
+  for (size_t k = 0; k < 2; k++)
+    for (size_t i = 0; i < sizeof indices / sizeof indices[0]; i++) {
+      kvq_context_options opt = {.backend = kinds[k], .device_index = indices[i]};
+      kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+      kvq_status st = kvq_context_create(&opt, &ctx);
+      cr_assert_eq(st, KVQ_ERROR_OUT_OF_RANGE, "backend %d, device %d: %s", (int)kinds[k], indices[i], kvq_status_string(st));
+      cr_assert_null(ctx, "device %d: *out must be NULL on failure", indices[i]);
+    }
+}
+
+Test(context, create_unavailable_backend) {
+  kvq_backend_info infos[8];
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(infos, 8, &count), KVQ_OK);
+  for (size_t i = 0; i < count && i < 8; i++) {
+    cr_assert_not_null(infos[i].name);
+    if (infos[i].availability == KVQ_AVAILABLE) {
+      cr_assert_eq(infos[i].reason[0], 0, "%s: available but with a reason", infos[i].name);
+      continue;
+    }
+    cr_assert_neq(infos[i].reason[0], 0, "%s: unavailable without a reason", infos[i].name);
+    kvq_context_options opt = {.backend = infos[i].kind, .device_index = -1};
+    kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+    kvq_status st = kvq_context_create(&opt, &ctx);
+    cr_assert_eq(st, KVQ_ERROR_BACKEND_UNAVAILABLE, "%s: %s", infos[i].name, kvq_status_string(st));
+    cr_assert_null(ctx, "%s: *out must be NULL on failure", infos[i].name);
+  }
+}
+
+/* ================================================================================================
+ * Configurations: kvq_cache_config_check, kvq_cache_config_bytes, kvq_cache_create,
+ * kvq_layer_bits_per_number and kvq_method_defaults
+ * ============================================================================================== */
+
+typedef struct cfg {
+  kvq_layer_config layers[2];
+  kvq_cache_config config;
+} cfg;
+
+/* A valid configuration: `layers` valid layers like the fixture's layer 0. */
+static void cfg_init(cfg *c, uint32_t layers) {
+  c->layers[0] = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
+  c->layers[1] = c->layers[0];
+  c->config = th_config(c->layers, layers, KVQ_DTYPE_F16, P, R, MAX_PAGES, MAX_SEQS, 1);
+}
+
+/* Every function that validates a configuration must reject it the same way and write nothing. */
+static void expect_bad_config(kvq_context *ctx, const kvq_cache_config *c, kvq_status want, const char *mention,
+                              const char *what) {
+  char msg[512];
+  memset(msg, SENTINEL, sizeof msg);
+  kvq_status st = kvq_cache_config_check(c, msg, sizeof msg);
+  cr_assert_eq(st, want, "%s: kvq_cache_config_check returned %s, expected %s", what, kvq_status_string(st),
+               kvq_status_string(want));
+  cr_assert_not_null(memchr(msg, 0, sizeof msg), "%s: message not NUL-terminated", what);
+  cr_assert(strstr(msg, mention) != NULL, "%s: check message \"%s\" does not mention \"%s\"", what, msg, mention);
+  cr_assert_eq(kvq_cache_config_check(c, NULL, 0), want, "%s: without a message buffer", what);
+  char none[8];
+  memset(none, SENTINEL, sizeof none);
+  cr_assert_eq(kvq_cache_config_check(c, none, 0), want, "%s: with a 0-byte buffer", what);
+  expect_untouched(none, sizeof none, "kvq_cache_config_check with message_size 0");
+
+  uint64_t bytes;
+  memset(&bytes, SENTINEL, sizeof bytes);
+  st = kvq_cache_config_bytes(c, &bytes);
+  cr_assert_eq(st, want, "%s: kvq_cache_config_bytes returned %s", what, kvq_status_string(st));
+  expect_untouched(&bytes, sizeof bytes, "kvq_cache_config_bytes");
+
+  prime(ctx);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  st = kvq_cache_create(ctx, c, &cache);
+  expect_failure(ctx, st, want, mention, what);
+  cr_assert_null(cache, "%s: kvq_cache_create must set *out to NULL on failure", what);
+}
+
+/* Also checks kvq_layer_bits_per_number on the layer. */
+static void expect_bad_layer(kvq_context *ctx, const kvq_cache_config *c, uint32_t layer, kvq_status want,
+                             const char *mention, const char *what) {
+  expect_bad_config(ctx, c, want, mention, what);
+  char where[32];
+  snprintf(where, sizeof where, "layers[%u]", layer);
+  cr_assert(strstr(kvq_context_last_error(ctx), where) != NULL, "%s: message \"%s\" does not name %s", what,
+            kvq_context_last_error(ctx), where);
+  double bits[2];
+  memset(bits, SENTINEL, sizeof bits);
+  kvq_status st = kvq_layer_bits_per_number(&c->layers[layer], c->page_size, &bits[0], &bits[1]);
+  cr_assert_eq(st, want, "%s: kvq_layer_bits_per_number returned %s", what, kvq_status_string(st));
+  expect_untouched(bits, sizeof bits, "kvq_layer_bits_per_number");
+}
+
+typedef void (*layer_edit)(kvq_layer_config *L, uint32_t value);
+
+/* Applies an edit to layer 0 of a one-layer config and to layer 1 of a two-layer config. */
+static void check_layer_values(layer_edit edit, const uint32_t *values, size_t count, kvq_status want,
+                               const char *mention) {
+  kvq_context *ctx = th_cpu_context();
+  for (size_t i = 0; i < count; i++)
+    for (uint32_t layer = 0; layer < 2; layer++) {
+      cfg c;
+      cfg_init(&c, layer + 1);
+      edit(&c.layers[layer], values[i]);
+      char what[96];
+      snprintf(what, sizeof what, "%s = %u in layers[%u]", mention, values[i], layer);
+      expect_bad_layer(ctx, &c.config, layer, want, mention, what);
+    }
+  kvq_context_destroy(ctx);
+}
+#define CHECK_LAYER(edit, want, mention, ...)                                                                    \
+  do {                                                                                                           \
+    const uint32_t v_[] = {__VA_ARGS__};                                                                         \
+    check_layer_values((edit), v_, sizeof v_ / sizeof v_[0], (want), (mention));                                 \
+  } while (0)
+
+Test(config, null_config) {
+  char msg[64];
+  memset(msg, SENTINEL, sizeof msg);
+  cr_assert_eq(kvq_cache_config_check(NULL, msg, sizeof msg), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(msg, "config") != NULL, "message \"%s\"", msg);
+  cr_assert_eq(kvq_cache_config_check(NULL, NULL, 0), KVQ_ERROR_INVALID_ARGUMENT);
+  uint64_t bytes;
+  memset(&bytes, SENTINEL, sizeof bytes);
+  cr_assert_eq(kvq_cache_config_bytes(NULL, &bytes), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&bytes, sizeof bytes, "kvq_cache_config_bytes(NULL)");
+  cr_assert_eq(kvq_cache_config_bytes(NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  kvq_context *ctx = th_cpu_context();
+  prime(ctx);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  expect_failure(ctx, kvq_cache_create(ctx, NULL, &cache), KVQ_ERROR_INVALID_ARGUMENT, "config", "create(NULL config)");
+  cr_assert_null(cache);
+  kvq_context_destroy(ctx);
+}
+
+Test(config, valid_config_and_message_buffer_sizes) {
+  cfg c;
+  cfg_init(&c, 2);
+  char msg[32];
+  memset(msg, SENTINEL, sizeof msg);
+  cr_assert_eq(kvq_cache_config_check(&c.config, msg, sizeof msg), KVQ_OK);
+  cr_assert_eq(msg[0], 0, "a valid config leaves an empty message");
+  c.config.page_size = 17;
+  memset(msg, SENTINEL, sizeof msg);
+  cr_assert_eq(kvq_cache_config_check(&c.config, msg, 8), KVQ_ERROR_OUT_OF_RANGE);
+  cr_assert_eq(strlen(msg), 7, "a message truncated to 8 bytes: \"%s\"", msg);
+  expect_untouched(msg + 8, sizeof msg - 8, "kvq_cache_config_check wrote past message_size");
+  memset(msg, SENTINEL, sizeof msg);
+  cr_assert_eq(kvq_cache_config_check(&c.config, msg, 1), KVQ_ERROR_OUT_OF_RANGE);
+  cr_assert_eq(msg[0], 0);
+  expect_untouched(msg + 1, sizeof msg - 1, "kvq_cache_config_check wrote past message_size 1");
+}
+
+Test(config, config_bytes_null_out) {
+  cfg c;
+  cfg_init(&c, 1);
+  cr_assert_eq(kvq_cache_config_bytes(&c.config, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+}
+
+Test(config, layer_count) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t values[] = {0, UINT32_MAX};
+  for (size_t i = 0; i < 2; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.layer_count = values[i];
+    char what[64];
+    snprintf(what, sizeof what, "layer_count = %u", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "layer_count", what);
+  }
+  kvq_context_destroy(ctx);
+}
+
+Test(config, null_layers) {
+  kvq_context *ctx = th_cpu_context();
+  cfg c;
+  cfg_init(&c, 1);
+  c.config.layers = NULL;
+  expect_bad_config(ctx, &c.config, KVQ_ERROR_INVALID_ARGUMENT, "layers", "layers = NULL");
+  kvq_context_destroy(ctx);
+}
+
+Test(config, input_dtype) {
+  kvq_context *ctx = th_cpu_context();
+  const int values[] = {3, 99, 0x7fffffff, -1};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.input_dtype = (kvq_dtype)values[i];
+    char what[64];
+    snprintf(what, sizeof what, "input_dtype = %d", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_INVALID_ARGUMENT, "input_dtype", what);
+  }
+  kvq_context_destroy(ctx);
+}
+
+Test(config, page_size) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t values[] = {0, 1, 8, 15, 17, 24, 100, 255, 512, 1u << 31, UINT32_MAX};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.page_size = values[i];
+    c.config.residual_window = 0; /* a multiple of any page size */
+    char what[64];
+    snprintf(what, sizeof what, "page_size = %u", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "page_size", what);
+    double bits[2];
+    memset(bits, SENTINEL, sizeof bits);
+    cr_assert_eq(kvq_layer_bits_per_number(&c.layers[0], values[i], &bits[0], &bits[1]), KVQ_ERROR_OUT_OF_RANGE, "%s",
+                 what);
+    expect_untouched(bits, sizeof bits, "kvq_layer_bits_per_number with a bad page size");
+  }
+  kvq_context_destroy(ctx);
+}
+
+Test(config, residual_window) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t values[] = {1, 8, 17, 24, 0xfffffff0u, UINT32_MAX};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.residual_window = values[i];
+    char what[64];
+    snprintf(what, sizeof what, "residual_window = %u", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "residual_window", what);
+  }
+  kvq_context_destroy(ctx);
+}
+
+Test(config, max_pages) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t values[] = {0, 1u << 31, UINT32_MAX};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.max_pages = values[i];
+    char what[64];
+    snprintf(what, sizeof what, "max_pages = %u", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "max_pages", what);
+  }
+  kvq_context_destroy(ctx);
+}
+
+Test(config, max_sequences) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t values[] = {0, 65536, UINT32_MAX};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    cfg c;
+    cfg_init(&c, 1);
+    c.config.max_sequences = values[i];
+    char what[64];
+    snprintf(what, sizeof what, "max_sequences = %u", values[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "max_sequences", what);
+  }
+  kvq_context_destroy(ctx);
+}
+
+static void set_head_dim(kvq_layer_config *L, uint32_t v) { L->head_dim = v; }
+static void set_kv_heads(kvq_layer_config *L, uint32_t v) { L->kv_heads = v; }
+static void set_query_heads(kvq_layer_config *L, uint32_t v) { L->query_heads = v; }
+static void set_key_method(kvq_layer_config *L, uint32_t v) { L->keys.method = (kvq_method)v; }
+static void set_value_method(kvq_layer_config *L, uint32_t v) { L->values.method = (kvq_method)v; }
+static void set_key_exact_dtype(kvq_layer_config *L, uint32_t v) {
+  L->keys = method(KVQ_METHOD_EXACT);
+  L->keys.exact.dtype = (kvq_dtype)v;
+}
+static void set_value_exact_dtype(kvq_layer_config *L, uint32_t v) {
+  L->values = method(KVQ_METHOD_EXACT);
+  L->values.exact.dtype = (kvq_dtype)v;
+}
+static void set_sketch_dim(kvq_layer_config *L, uint32_t v) { L->keys.qjl.sketch_dim = v; }
+static void set_outlier_count(kvq_layer_config *L, uint32_t v) { L->keys.qjl.outlier_count = v; }
+static void set_outlier_sketch_dim(kvq_layer_config *L, uint32_t v) { L->keys.qjl.outlier_sketch_dim = v; }
+static void set_value_bits(kvq_layer_config *L, uint32_t v) { L->values.uniform.bits = v; }
+static void set_key_bits(kvq_layer_config *L, uint32_t v) {
+  L->keys = method(KVQ_METHOD_UNIFORM);
+  L->keys.uniform.bits = v;
+}
+static void set_value_group(kvq_layer_config *L, uint32_t v) { L->values.uniform.group_size = v; }
+static void set_key_group(kvq_layer_config *L, uint32_t v) {
+  L->keys = method(KVQ_METHOD_UNIFORM);
+  L->keys.uniform.group_size = v;
+}
+static void set_values_qjl(kvq_layer_config *L, uint32_t v) {
+  (void)v;
+  L->values = method(KVQ_METHOD_QJL);
+}
+
+Test(config, head_dim) {
+  CHECK_LAYER(set_head_dim, KVQ_ERROR_OUT_OF_RANGE, "head_dim", 0, 1, 8, 15, 24, 63, 72, 100, 255, 272, 512,
+              0xfffffff0u, UINT32_MAX);
+}
+Test(config, kv_heads) { CHECK_LAYER(set_kv_heads, KVQ_ERROR_OUT_OF_RANGE, "kv_heads", 0, UINT32_MAX); }
+Test(config, query_heads_not_a_multiple_of_kv_heads) {
+  CHECK_LAYER(set_query_heads, KVQ_ERROR_OUT_OF_RANGE, "query_heads", 0, 1, 3, 5, 7, 1u << 31, UINT32_MAX, UINT32_MAX - 1);
+}
+Test(config, unknown_key_method) { CHECK_LAYER(set_key_method, KVQ_ERROR_INVALID_ARGUMENT, "keys.method", 3, 99, UINT32_MAX); }
+Test(config, unknown_value_method) {
+  CHECK_LAYER(set_value_method, KVQ_ERROR_INVALID_ARGUMENT, "values.method", 3, 99, UINT32_MAX);
+}
+Test(config, qjl_for_values) { CHECK_LAYER(set_values_qjl, KVQ_ERROR_INVALID_ARGUMENT, "values.method", 0); }
+Test(config, exact_dtype) {
+  CHECK_LAYER(set_key_exact_dtype, KVQ_ERROR_INVALID_ARGUMENT, "keys.exact.dtype", 3, 77, UINT32_MAX);
+  CHECK_LAYER(set_value_exact_dtype, KVQ_ERROR_INVALID_ARGUMENT, "values.exact.dtype", 3, 77, UINT32_MAX);
+}
+Test(config, qjl_sketch_dim) {
+  CHECK_LAYER(set_sketch_dim, KVQ_ERROR_OUT_OF_RANGE, "keys.qjl.sketch_dim", 0, 1, 16, 31, 33, 48, 1056, 2048,
+              UINT32_MAX - 31, UINT32_MAX);
+}
+Test(config, qjl_outlier_count) {
+  CHECK_LAYER(set_outlier_count, KVQ_ERROR_OUT_OF_RANGE, "outlier_count", 33, 64, 1000, UINT32_MAX);
+}
+Test(config, qjl_outlier_count_not_below_head_dim) {
+  kvq_context *ctx = th_cpu_context();
+  const uint32_t dims[] = {16, 32};
+  for (size_t i = 0; i < 2; i++)
+    for (uint32_t extra = 0; extra < 2; extra++) {
+      cfg c;
+      cfg_init(&c, 1);
+      kvq_method_config qjl = kvq_method_defaults(KVQ_METHOD_QJL, dims[i]);
+      qjl.qjl.outlier_count = dims[i] + extra;
+      c.layers[0] = th_layer(HQ, HKV, dims[i], qjl, kvq_method_defaults(KVQ_METHOD_UNIFORM, dims[i]));
+      char what[64];
+      snprintf(what, sizeof what, "outlier_count %u at head_dim %u", dims[i] + extra, dims[i]);
+      expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE, "outlier_count", what);
+    }
+  kvq_context_destroy(ctx);
+}
+Test(config, qjl_outlier_sketch_dim) {
+  CHECK_LAYER(set_outlier_sketch_dim, KVQ_ERROR_OUT_OF_RANGE, "outlier_sketch_dim", 0, 16, 40, 1056, UINT32_MAX);
+}
+Test(config, uniform_bits) {
+  CHECK_LAYER(set_value_bits, KVQ_ERROR_OUT_OF_RANGE, "values.uniform.bits", 0, 5, 6, 7, 9, 16, 32, UINT32_MAX);
+  CHECK_LAYER(set_key_bits, KVQ_ERROR_OUT_OF_RANGE, "keys.uniform.bits", 0, 5, 6, 7, 9, 16, 32, UINT32_MAX);
+}
+Test(config, uniform_group_size) {
+  CHECK_LAYER(set_value_group, KVQ_ERROR_OUT_OF_RANGE, "values.uniform.group_size", 0, 1, 2, 3, 12, 48, 128, 256, 512,
+              1u << 31, UINT32_MAX);
+  CHECK_LAYER(set_key_group, KVQ_ERROR_OUT_OF_RANGE, "keys.uniform.group_size", 0, 2, 24, 128, UINT32_MAX);
+}
+Test(config, uniform_group_size_not_dividing_head_dim) {
+  kvq_context *ctx = th_cpu_context();
+  cfg c;
+  cfg_init(&c, 1);
+  kvq_method_config u = kvq_method_defaults(KVQ_METHOD_UNIFORM, 48);
+  u.uniform.group_size = 32; /* a power of two below head_dim 48 that does not divide it */
+  c.layers[0] = th_layer(HQ, HKV, 48, kvq_method_defaults(KVQ_METHOD_QJL, 48), u);
+  expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE, "group_size", "group 32 at head_dim 48");
+  kvq_context_destroy(ctx);
+}
+
+Test(config, method_defaults_for_bad_arguments_are_rejected) {
+  kvq_context *ctx = th_cpu_context();
+  cfg c;
+  cfg_init(&c, 1);
+  c.layers[0].keys = kvq_method_defaults((kvq_method)9, D);
+  expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_INVALID_ARGUMENT, "keys.method", "defaults of method 9");
+  cfg_init(&c, 1);
+  c.layers[0] = th_layer(HQ, HKV, 0, kvq_method_defaults(KVQ_METHOD_QJL, 0), kvq_method_defaults(KVQ_METHOD_UNIFORM, 0));
+  expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE, "head_dim", "defaults at head_dim 0");
+  kvq_context_destroy(ctx);
+}
+
+Test(layer_bits, null_arguments) {
+  kvq_layer_config L = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
+  double bits[2];
+  memset(bits, SENTINEL, sizeof bits);
+  cr_assert_eq(kvq_layer_bits_per_number(NULL, P, &bits[0], &bits[1]), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_layer_bits_per_number(&L, P, NULL, &bits[1]), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_layer_bits_per_number(&L, P, &bits[0], NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(bits, sizeof bits, "kvq_layer_bits_per_number with a NULL argument");
+}
+
+/* ---- kvq_cache_create: what configuration checks cannot see ---------------------------------- */
+
+Test(cache_create, null_context_sets_out_null) {
+  cfg c;
+  cfg_init(&c, 1);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  cr_assert_eq(kvq_cache_create(NULL, &c.config, &cache), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(cache, "kvq_cache_create(NULL, ...) must set *out to NULL");
+}
+
+Test(cache_create, null_out) {
+  cfg c;
+  cfg_init(&c, 1);
+  kvq_context *ctx = th_cpu_context();
+  prime(ctx);
+  expect_failure(ctx, kvq_cache_create(ctx, &c.config, NULL), KVQ_ERROR_INVALID_ARGUMENT, "out", "create(out NULL)");
+  kvq_context_destroy(ctx);
+}
+
+/* 2^22 pages of 2^29 bytes: 2 PiB, valid field by field but far beyond any machine. */
+Test(cache_create, impossibly_large_cache) {
+  kvq_method_config ex = kvq_method_defaults(KVQ_METHOD_EXACT, 256);
+  ex.exact.dtype = KVQ_DTYPE_F32;
+  kvq_layer_config L = th_layer(1024, 1024, 256, ex, ex);
+  kvq_cache_config config = th_config(&L, 1, KVQ_DTYPE_F32, 256, 0, 1u << 22, 1, 1);
+  cr_assert_eq(kvq_cache_config_check(&config, NULL, 0), KVQ_OK);
+  uint64_t bytes = 0;
+  cr_assert_eq(kvq_cache_config_bytes(&config, &bytes), KVQ_OK);
+  cr_assert_geq(bytes, (uint64_t)1 << 51, "config_bytes %llu is below the page pool alone", (unsigned long long)bytes);
+  kvq_context *ctx = th_cpu_context();
+  prime(ctx);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  expect_failure(ctx, kvq_cache_create(ctx, &config, &cache), KVQ_ERROR_OUT_OF_RANGE, "bytes", "a 2 PiB cache");
+  cr_assert_null(cache);
+  kvq_context_destroy(ctx);
+}
+
+/* 4096 layers of 2^28-byte pages, 2^23 - 2 pages, two sequences: more than 2^64 bytes in all. The
+ * byte count must not wrap around to something small, and creating must be refused up front. */
+static kvq_layer_config *huge_layers(kvq_cache_config *config) {
+  kvq_method_config ex = kvq_method_defaults(KVQ_METHOD_EXACT, 256);
+  ex.exact.dtype = KVQ_DTYPE_F32;
+  kvq_layer_config *layers = malloc(sizeof *layers * 4096);
+  cr_assert_not_null(layers);
+  for (int i = 0; i < 4096; i++) layers[i] = th_layer(1024, 1024, 256, ex, ex);
+  *config = th_config(layers, 4096, KVQ_DTYPE_F32, 256, 0, (1u << 23) - 2, 2, 1);
+  cr_assert_eq(kvq_cache_config_check(config, NULL, 0), KVQ_OK, "the configuration is valid field by field");
+  return layers;
+}
+
+Test(cache_create, config_bytes_beyond_2_64_must_not_wrap) {
+  kvq_cache_config config;
+  kvq_layer_config *layers = huge_layers(&config);
+  uint64_t bytes = 0;
+  kvq_status st = kvq_cache_config_bytes(&config, &bytes);
+  cr_assert(st == KVQ_ERROR_OUT_OF_RANGE || (st == KVQ_OK && bytes == UINT64_MAX),
+            "kvq_cache_config_bytes of a > 2^64-byte cache: %s with %llu bytes (expected out of range, or a saturated "
+            "bound)",
+            kvq_status_string(st), (unsigned long long)bytes);
+  free(layers);
+}
+
+Test(cache_create, cache_beyond_2_64_bytes_is_refused_up_front) {
+  kvq_cache_config config;
+  kvq_layer_config *layers = huge_layers(&config);
+  kvq_context *ctx = th_cpu_context();
+  prime(ctx);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  expect_failure(ctx, kvq_cache_create(ctx, &config, &cache), KVQ_ERROR_OUT_OF_RANGE, "bytes", "a > 2^64-byte cache");
+  cr_assert_null(cache);
+  kvq_context_destroy(ctx);
+  free(layers);
+}
+
+Test(cache_get_config, null_arguments) {
+  fixture f;
+  build(&f);
+  kvq_cache_config config;
+  memset(&config, SENTINEL, sizeof config);
+  cr_assert_eq(kvq_cache_get_config(NULL, &config), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&config, sizeof config, "kvq_cache_get_config(NULL, &config)");
+  /* the primer is not get_config's own message: use a different one */
+  cr_assert_eq(kvq_cache_memory(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  const char *before = kvq_context_last_error(f.ctx);
+  char copy[256];
+  snprintf(copy, sizeof copy, "%s", before);
+  cr_assert_eq(kvq_cache_get_config(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_str_neq(kvq_context_last_error(f.ctx), copy, "no fresh message");
+  expect_mention(f.ctx, "config", "kvq_cache_get_config(cache, NULL)");
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * Sequences
+ * ============================================================================================== */
+
+Test(sequence_add, null_arguments) {
+  fixture f;
+  build(&f);
+  uint32_t id = 0xa5a5a5a5u;
+  REJECTS_SILENTLY(&f, kvq_sequence_add(NULL, &id), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(id, 0xa5a5a5a5u);
+  REJECTS(&f, kvq_sequence_add(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "id");
+  destroy(&f);
+}
+
+Test(sequence_add, past_max_sequences) {
+  fixture f;
+  build(&f);
+  uint32_t extra;
+  KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &extra)); /* the 4th and last slot */
+  uint32_t id = 0xa5a5a5a5u;
+  REJECTS(&f, kvq_sequence_add(f.cache, &id), KVQ_ERROR_CAPACITY, "sequence");
+  cr_assert_eq(id, 0xa5a5a5a5u, "*sequence written by a failing kvq_sequence_add");
+  REJECTS(&f, kvq_sequence_add(f.cache, &id), KVQ_ERROR_CAPACITY, "sequence");
+  destroy(&f);
+}
+
+Test(sequence_free, null_cache) {
+  fixture f;
+  build(&f);
+  REJECTS_SILENTLY(&f, kvq_sequence_free(NULL, f.seq[A]), KVQ_ERROR_INVALID_ARGUMENT);
+  destroy(&f);
+}
+
+Test(sequence_free, unknown_and_stale_ids) {
+  fixture f;
+  build(&f);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, f.seq[A] + (1u << 16), f.seq[A] ^ 0xffff0000u, (1u << 16) | MAX_SEQS,
+                          (1u << 16) | 0xffffu};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i])) REJECTS(&f, kvq_sequence_free(f.cache, ids[i]), KVQ_ERROR_NOT_FOUND, "sequence");
+  destroy(&f);
+}
+
+Test(sequence_free, double_free) {
+  fixture f;
+  build(&f);
+  free_seq(&f, C);
+  REJECTS(&f, kvq_sequence_free(f.cache, f.seq[C]), KVQ_ERROR_NOT_FOUND, "sequence");
+  free_seq(&f, A); /* frees pages too */
+  REJECTS(&f, kvq_sequence_free(f.cache, f.seq[A]), KVQ_ERROR_NOT_FOUND, "sequence");
+  destroy(&f);
+}
+
+Test(sequence_info, bad_arguments) {
+  fixture f;
+  build(&f);
+  kvq_sequence_info info;
+  memset(&info, SENTINEL, sizeof info);
+  REJECTS_SILENTLY(&f, kvq_sequence_info_get(NULL, f.seq[A], 0, &info), KVQ_ERROR_INVALID_ARGUMENT);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i])) REJECTS(&f, kvq_sequence_info_get(f.cache, ids[i], 0, &info), KVQ_ERROR_NOT_FOUND, "sequence");
+  const uint32_t layers[] = {2, 3, UINT32_MAX};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
+    REJECTS(&f, kvq_sequence_info_get(f.cache, f.seq[A], layers[i], &info), KVQ_ERROR_OUT_OF_RANGE, "layer");
+  expect_untouched(&info, sizeof info, "kvq_sequence_info_get");
+  REJECTS(&f, kvq_sequence_info_get(f.cache, f.seq[A], 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "info");
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * kvq_append
+ * ============================================================================================== */
+
+Test(append, null_arguments) {
+  fixture f;
+  build(&f);
+  kv x = kv_random(f.input, 24, 11);
+  REJECTS_SILENTLY(&f, kvq_append(NULL, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(append, unknown_stale_and_freed_sequences) {
+  fixture f;
+  build(&f);
+  kv x = kv_random(f.input, 24, 11);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i])) REJECTS(&f, kvq_append(f.cache, ids[i], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
+  free_seq(&f, C);
+  REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(append, layer_out_of_range) {
+  fixture f;
+  build(&f);
+  kv x = kv_random(f.input, 24, 11);
+  const uint32_t layers[] = {2, 1000, UINT32_MAX};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
+    REJECTS(&f, kvq_append(f.cache, f.seq[A], layers[i], &x.k, &x.v), KVQ_ERROR_OUT_OF_RANGE, "layer");
+  kv_free(&x);
+  destroy(&f);
+}
+
+static void append_tensor_edits(int side) {
+  fixture f;
+  build(&f);
+  for (size_t i = 0; i < EDIT_COUNT; i++) {
+    if (!edit_applies(&edits[i], FREE_ROWS)) continue;
+    kv x = kv_random(f.input, 24, 12);
+    edits[i].apply(side ? &x.v : &x.k);
+    char what[128];
+    snprintf(what, sizeof what, "kvq_append with %s: %s", side ? "values" : "keys", edits[i].name);
+    begin(&f);
+    kvq_status st = kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v);
+    end(&f, st, edits[i].want, edits[i].mention, what);
+    expect_mention(f.ctx, side ? "values" : "keys", what);
+    kv_free(&x);
+  }
+  destroy(&f);
+}
+
+Test(append, bad_key_tensors) { append_tensor_edits(0); }
+Test(append, bad_value_tensors) { append_tensor_edits(1); }
+
+Test(append, key_and_value_token_counts_differ) {
+  fixture f;
+  build(&f);
+  kv x = kv_random(f.input, 24, 13);
+  x.v.shape[0] = 23;
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "tokens");
+  x.v.shape[0] = 24;
+  x.k.shape[0] = 1;
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "tokens");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(append, dtype_differs_from_the_input_dtype) {
+  const kvq_dtype inputs[] = {KVQ_DTYPE_F16, KVQ_DTYPE_F32, KVQ_DTYPE_BF16};
+  for (int i = 0; i < 3; i++) {
+    fixture f;
+    build_with(&f, inputs[i]);
+    const int other = (i + 1) % 3, third = (i + 2) % 3;
+    const int combos[3][2] = {{other, i}, {i, third}, {third, other}}; /* keys, values */
+    for (int j = 0; j < 3; j++) {
+      const int k = combos[j][0], v = combos[j][1];
+      kv kx = kv_random(inputs[k], 24, 14), vx = kv_random(inputs[v], 24, 15);
+      char what[96];
+      snprintf(what, sizeof what, "input dtype %d, keys dtype %d, values dtype %d", i, k, v);
+      begin(&f);
+      kvq_status st = kvq_append(f.cache, f.seq[A], 0, &kx.k, &vx.v);
+      end(&f, st, KVQ_ERROR_DTYPE_MISMATCH, "dtype", what);
+      expect_mention(f.ctx, k != i ? "keys" : "values", what);
+      kv_free(&kx);
+      kv_free(&vx);
+    }
+    destroy(&f);
+  }
+}
+
+Test(append, past_the_longest_sequence) {
+  fixture f;
+  build(&f);
+  /* a holds 72 tokens in layer 0: 89 more exceed the limit of 160 by one */
+  kv x = kv_random(f.input, SEQ_LIMIT - 72 + 1, 16);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "tokens");
+  kv_free(&x);
+  x = kv_random(f.input, SEQ_LIMIT + 1, 17);
+  REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "tokens");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(append, past_the_free_pages) {
+  fixture f;
+  build(&f);
+  /* c is empty; 96 tokens quantize 5 pages, 3 are free */
+  kv x = kv_random(f.input, 96, 18);
+  REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
+  kv_free(&x);
+  /* b holds 20 tokens flushed into 2 pages; 96 more quantize 6 pages in all, 4 new */
+  x = kv_random(f.input, 96, 19);
+  REJECTS(&f, kvq_append(f.cache, f.seq[B], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* One bad number in an otherwise good block of 24 tokens (which would quantize a page of a): first
+ * or last element, keys or values, NaN or an infinity, in either layer. */
+static void nonfinite_case(kvq_dtype input, int side) {
+  fixture f;
+  build_with(&f, input);
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  const char *names[3] = {"NaN", "+Inf", "-Inf"};
+  for (uint32_t layer = 0; layer < 2; layer++)
+    for (int b = 0; b < 3; b++)
+      for (int last = 0; last < 2; last++) {
+        const uint32_t n = 24;
+        float *kf = random_tokens(n, HKV, 20 + b), *vf = random_tokens(n, HKV, 30 + b);
+        (side ? vf : kf)[last ? (size_t)n * HKV * D - 1 : 0] = bad[b];
+        kv x = kv_from(kf, vf, input, n);
+        char what[128];
+        snprintf(what, sizeof what, "%s in the %s element of the %s, layer %u, input dtype %d", names[b],
+                 last ? "last" : "first", side ? "values" : "keys", layer, (int)input);
+        begin(&f);
+        kvq_status st = kvq_append(f.cache, f.seq[A], layer, &x.k, &x.v);
+        end(&f, st, KVQ_ERROR_NON_FINITE, side ? "values" : "keys", what);
+        kv_free(&x);
+      }
+  destroy(&f);
+}
+
+Test(append, nonfinite_keys_f16) { nonfinite_case(KVQ_DTYPE_F16, 0); }
+Test(append, nonfinite_values_f16) { nonfinite_case(KVQ_DTYPE_F16, 1); }
+Test(append, nonfinite_keys_f32) { nonfinite_case(KVQ_DTYPE_F32, 0); }
+Test(append, nonfinite_values_f32) { nonfinite_case(KVQ_DTYPE_F32, 1); }
+Test(append, nonfinite_keys_bf16) { nonfinite_case(KVQ_DTYPE_BF16, 0); }
+Test(append, nonfinite_values_bf16) { nonfinite_case(KVQ_DTYPE_BF16, 1); }
+
+/* Appends 24 tokens where token 5, head 1 of one side has channels [c0, c1) set to `value`. */
+static kvq_status append_with_block(fixture *f, uint32_t seq, uint32_t layer, int side, uint32_t c0, uint32_t c1,
+                                    float value) {
+  const uint32_t n = 24;
+  float *kf = random_tokens(n, HKV, 40), *vf = random_tokens(n, HKV, 41);
+  float *x = (side ? vf : kf) + ((size_t)5 * HKV + 1) * D;
+  for (uint32_t c = c0; c < c1; c++) x[c] = value;
+  kv t = kv_from(kf, vf, f->input, n);
+  kvq_status st = kvq_append(f->cache, seq, layer, &t.k, &t.v);
+  kv_free(&t);
+  return st;
+}
+
+Test(append, qjl_key_norm_beyond_fp16) {
+  fixture f;
+  build(&f); /* fp16 input: every number fits, the norm of 32 numbers of 12000 (67882) does not */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 0, D, 12000.0f), KVQ_ERROR_NON_FINITE, "norm");
+  REJECTS(&f, append_with_block(&f, f.seq[C], 0, 0, 0, D, -65504.0f), KVQ_ERROR_NON_FINITE, "norm");
+  /* the edge: a norm of 62225 (32 numbers of 11000) is stored */
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[C], 0, 0, 0, D, 11000.0f));
+  destroy(&f);
+}
+
+Test(append, uniform_minimum_overflows_fp16) {
+  fixture f;
+  build_with(&f, KVQ_DTYPE_F32);
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 1, 7, 8, -1e5f), KVQ_ERROR_NON_FINITE, "group");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 1, 0, 32, 7e4f), KVQ_ERROR_NON_FINITE, "group");
+  destroy(&f);
+}
+
+Test(append, uniform_scale_overflows_fp16) {
+  fixture f;
+  build_with(&f, KVQ_DTYPE_F32); /* 2 bits: scale = (max - min) / 3 > 65504, the minimum fits */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 1, 20, 21, 2e5f), KVQ_ERROR_NON_FINITE, "group");
+  destroy(&f);
+  /* fp16 input, 1 bit: scale = max - min = 120000 from numbers of +-60000 */
+  kvq_method_config one = method(KVQ_METHOD_UNIFORM);
+  one.uniform.bits = 1;
+  build_single(&f, KVQ_DTYPE_F16, method(KVQ_METHOD_EXACT), one);
+  const uint32_t n = 24;
+  float *kf = random_tokens(n, HKV, 42), *vf = random_tokens(n, HKV, 43);
+  vf[(size_t)3 * HKV * D + 0] = -60000.0f;
+  vf[(size_t)3 * HKV * D + 1] = 60000.0f;
+  kv x = kv_from(kf, vf, f.input, n);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_NON_FINITE, "group");
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(append, exact_fp16_storage_out_of_range) {
+  fixture f;
+  build_with(&f, KVQ_DTYPE_F32); /* layer 1 stores fp16 */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 1, 0, 3, 4, 1e6f), KVQ_ERROR_NON_FINITE, "fp16");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 1, 1, 3, 4, -1e6f), KVQ_ERROR_NON_FINITE, "fp16");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 1, 0, D - 1, D, 65520.0f), KVQ_ERROR_NON_FINITE, "fp16");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 1, 1, 0, 1, FLT_MAX), KVQ_ERROR_NON_FINITE, "fp16");
+  /* the edge: the largest fp16 and numbers that round to it are stored */
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[C], 1, 0, 3, 4, 65504.0f));
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[C], 1, 1, 3, 4, -65519.0f));
+  destroy(&f);
+  build_with(&f, KVQ_DTYPE_BF16); /* bf16 holds 1e6, fp16 does not */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 1, 0, 0, D, 1e6f), KVQ_ERROR_NON_FINITE, "fp16");
+  destroy(&f);
+}
+
+Test(append, exact_bf16_storage_out_of_range) {
+  kvq_method_config bf = method(KVQ_METHOD_EXACT);
+  bf.exact.dtype = KVQ_DTYPE_BF16;
+  fixture f;
+  build_single(&f, KVQ_DTYPE_F32, bf, bf); /* FLT_MAX rounds up to bf16 infinity */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 0, 1, FLT_MAX), KVQ_ERROR_NON_FINITE, "bf16");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 1, 9, 10, -FLT_MAX), KVQ_ERROR_NON_FINITE, "bf16");
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * kvq_flush
+ * ============================================================================================== */
+
+Test(flush, bad_arguments) {
+  fixture f;
+  build(&f);
+  REJECTS_SILENTLY(&f, kvq_flush(NULL, f.seq[A]), KVQ_ERROR_INVALID_ARGUMENT);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i])) REJECTS(&f, kvq_flush(f.cache, ids[i]), KVQ_ERROR_NOT_FOUND, "sequence");
+  destroy(&f);
+}
+
+Test(flush, past_the_free_pages) {
+  fixture f;
+  build(&f);
+  append_ok(&f, f.seq[C], 0, 63, 50); /* 2 pages quantized, 31 tokens in the window: 1 page free */
+  append_ok(&f, f.seq[C], 1, 10, 51);
+  kvq_memory_report r;
+  KVQ_CHECK(f.ctx, kvq_cache_memory(f.cache, &r));
+  cr_assert_eq(r.pages_used, 7);
+  REJECTS(&f, kvq_flush(f.cache, f.seq[C]), KVQ_ERROR_CAPACITY, "pages"); /* needs 4 pages */
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * kvq_attention
+ * ============================================================================================== */
+
+typedef struct attn {
+  float *q;
+  out_buf out;
+  kvq_attention_request req;
+} attn;
+
+static void attn_make(attn *a, uint32_t seq, kvq_mask mask, uint32_t nq, uint32_t seed) {
+  a->q = random_tokens(nq, HQ, seed);
+  a->req = (kvq_attention_request){.sequence = seq,
+                                   .mask = mask,
+                                   .queries = tensor3(a->q, KVQ_DTYPE_F32, nq, HQ, D),
+                                   .output = sentinel_tensor(KVQ_DTYPE_F32, nq, HQ, D, &a->out)};
+}
+
+static void attn_free(attn *a) {
+  free(a->q);
+  free(a->out.data);
+}
+
+/* One failing request: status, message, unchanged cache, untouched output. */
+static void attention_rejects(fixture *f, uint32_t layer, attn *a, kvq_status want, const char *mention,
+                              const char *what) {
+  begin(f);
+  kvq_status st = kvq_attention(f->cache, layer, &a->req, 1);
+  end(f, st, want, mention, what);
+  expect_sentinel(&a->out, what);
+}
+
+Test(attention, null_cache_and_requests) {
+  fixture f;
+  build(&f);
+  attn a;
+  attn_make(&a, f.seq[A], KVQ_MASK_NONE, 3, 60);
+  REJECTS_SILENTLY(&f, kvq_attention(NULL, 0, &a.req, 1), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_attention(f.cache, 0, NULL, 1), KVQ_ERROR_INVALID_ARGUMENT, "requests");
+  expect_sentinel(&a.out, "kvq_attention(NULL cache)");
+  attn_free(&a);
+  destroy(&f);
+}
+
+Test(attention, zero_requests_do_nothing) {
+  fixture f;
+  build(&f);
+  attn a;
+  attn_make(&a, f.seq[A], KVQ_MASK_NONE, 3, 61);
+  remember(&f);
+  cr_assert_eq(kvq_attention(f.cache, 0, &a.req, 0), KVQ_OK);
+  cr_assert_eq(kvq_attention(f.cache, 0, NULL, 0), KVQ_OK);
+  check_unchanged(&f, "kvq_attention with count 0");
+  expect_sentinel(&a.out, "kvq_attention with count 0");
+  attn_free(&a);
+  destroy(&f);
+}
+
+Test(attention, overflowing_request_count) {
+  fixture f;
+  build(&f);
+  attn a;
+  attn_make(&a, f.seq[A], KVQ_MASK_NONE, 3, 62);
+  const size_t counts[] = {SIZE_MAX, SIZE_MAX / sizeof(kvq_attention_request) + 1};
+  for (size_t i = 0; i < 2; i++)
+    REJECTS(&f, kvq_attention(f.cache, 0, &a.req, counts[i]), KVQ_ERROR_OUT_OF_RANGE, "requests");
+  expect_sentinel(&a.out, "kvq_attention with an overflowing count");
+  attn_free(&a);
+  destroy(&f);
+}
+
+Test(attention, layer_out_of_range) {
+  fixture f;
+  build(&f);
+  const uint32_t layers[] = {2, UINT32_MAX};
+  for (size_t i = 0; i < 2; i++) {
+    attn a;
+    attn_make(&a, f.seq[A], KVQ_MASK_NONE, 3, 63);
+    attention_rejects(&f, layers[i], &a, KVQ_ERROR_OUT_OF_RANGE, "layer", "kvq_attention on a missing layer");
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+Test(attention, unknown_and_stale_sequences) {
+  fixture f;
+  build(&f);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+    if (issued(&f, ids[i])) continue;
+    attn a;
+    attn_make(&a, ids[i], KVQ_MASK_NONE, 3, 64);
+    attention_rejects(&f, 0, &a, KVQ_ERROR_NOT_FOUND, "sequence", "kvq_attention on an unknown sequence");
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+Test(attention, empty_sequence) {
+  fixture f;
+  build(&f);
+  for (int mask = 0; mask < 2; mask++) {
+    attn a;
+    attn_make(&a, f.seq[C], (kvq_mask)mask, 1, 65);
+    attention_rejects(&f, 0, &a, KVQ_ERROR_OUT_OF_RANGE, "no tokens", "kvq_attention on an empty sequence");
+    attn_free(&a);
+    attn_make(&a, f.seq[B], (kvq_mask)mask, 1, 66); /* b has no tokens in layer 1 */
+    attention_rejects(&f, 1, &a, KVQ_ERROR_OUT_OF_RANGE, "no tokens", "kvq_attention on an empty layer");
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+Test(attention, causal_with_more_queries_than_tokens) {
+  fixture f;
+  build(&f);
+  attn a;
+  attn_make(&a, f.seq[B], KVQ_MASK_CAUSAL, 21, 67); /* b has 20 tokens in layer 0 */
+  attention_rejects(&f, 0, &a, KVQ_ERROR_OUT_OF_RANGE, "causal", "21 causal queries over 20 tokens");
+  attn_free(&a);
+  attn_make(&a, f.seq[A], KVQ_MASK_CAUSAL, 71, 68); /* a has 70 tokens in layer 1 */
+  attention_rejects(&f, 1, &a, KVQ_ERROR_OUT_OF_RANGE, "causal", "71 causal queries over 70 tokens");
+  attn_free(&a);
+  destroy(&f);
+}
+
+Test(attention, unknown_mask) {
+  fixture f;
+  build(&f);
+  const int masks[] = {2, 99, -1};
+  for (size_t i = 0; i < 3; i++) {
+    attn a;
+    attn_make(&a, f.seq[A], (kvq_mask)masks[i], 3, 69);
+    attention_rejects(&f, 0, &a, KVQ_ERROR_INVALID_ARGUMENT, "mask", "kvq_attention with an unknown mask");
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+static void attention_tensor_edits(int output) {
+  fixture f;
+  build(&f);
+  for (size_t i = 0; i < EDIT_COUNT; i++) {
+    if (!edit_applies(&edits[i], output ? FIXED_ROWS : FREE_ROWS)) continue;
+    attn a;
+    attn_make(&a, f.seq[A], KVQ_MASK_NONE, 3, 70);
+    edits[i].apply(output ? &a.req.output : &a.req.queries);
+    char what[128];
+    snprintf(what, sizeof what, "kvq_attention with %s: %s", output ? "output" : "queries", edits[i].name);
+    attention_rejects(&f, 0, &a, edits[i].want, edits[i].mention, what);
+    expect_mention(f.ctx, output ? "output" : "queries", what);
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+Test(attention, bad_query_tensors) { attention_tensor_edits(0); }
+Test(attention, bad_output_tensors) { attention_tensor_edits(1); }
+
+/* Every request is validated before any output is written: a good first request's output stays. */
+Test(attention, one_bad_request_in_a_batch) {
+  fixture f;
+  build(&f);
+  for (int bad = 0; bad < 4; bad++) {
+    attn a[2];
+    attn_make(&a[0], f.seq[A], KVQ_MASK_CAUSAL, 3, 71);
+    attn_make(&a[1], f.seq[B], KVQ_MASK_NONE, 2, 72);
+    kvq_status want = KVQ_ERROR_INVALID_ARGUMENT;
+    const char *mention = "output";
+    if (bad == 0) {
+      a[1].req.output.shape[2] = D + 16; /* not head_dim */
+    } else if (bad == 1) {
+      a[1].req.sequence = f.stale;
+      want = KVQ_ERROR_NOT_FOUND;
+      mention = "sequence";
+    } else if (bad == 2) {
+      a[1].req.sequence = f.seq[C];
+      want = KVQ_ERROR_OUT_OF_RANGE;
+      mention = "no tokens";
+    } else {
+      a[1].q[5] = NAN;
+      want = KVQ_ERROR_NON_FINITE;
+      mention = "queries";
+    }
+    kvq_attention_request reqs[2] = {a[0].req, a[1].req};
+    char what[64];
+    snprintf(what, sizeof what, "batch with bad request kind %d", bad);
+    begin(&f);
+    kvq_status st = kvq_attention(f.cache, 0, reqs, 2);
+    end(&f, st, want, mention, what);
+    expect_sentinel(&a[0].out, what);
+    expect_sentinel(&a[1].out, what);
+    attn_free(&a[0]);
+    attn_free(&a[1]);
+  }
+  destroy(&f);
+}
+
+/* NaN or infinite queries make every output NaN: they are bad input like NaN keys. */
+Test(attention, nonfinite_queries) {
+  fixture f;
+  build(&f);
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  for (uint32_t layer = 0; layer < 2; layer++)
+    for (int b = 0; b < 3; b++)
+      for (int dtype = 0; dtype < 2; dtype++) {
+        attn a;
+        attn_make(&a, f.seq[A], KVQ_MASK_CAUSAL, 3, 73);
+        a.q[(size_t)3 * HQ * D - 1] = bad[b];
+        void *storage = NULL;
+        if (dtype) a.req.queries = th_tensor_from_f32(a.q, KVQ_DTYPE_F16, 3, HQ, D, &storage);
+        char what[96];
+        snprintf(what, sizeof what, "kvq_attention, layer %u, %s queries with %g", layer, dtype ? "fp16" : "fp32",
+                 (double)bad[b]);
+        attention_rejects(&f, layer, &a, KVQ_ERROR_NON_FINITE, "queries", what);
+        free(storage);
+        attn_free(&a);
+      }
+  destroy(&f);
+}
+
+static int all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+/* Finite queries whose logits overflow fp32 must not give NaN with KVQ_OK: either refuse them
+ * (untouched output) or return a finite answer. */
+Test(attention, huge_finite_queries) {
+  fixture f;
+  build_with(&f, KVQ_DTYPE_F32);
+  for (uint32_t layer = 0; layer < 2; layer++) {
+    attn a;
+    attn_make(&a, f.seq[A], KVQ_MASK_NONE, 2, 74);
+    for (size_t i = 0; i < (size_t)2 * HQ * D; i++) a.q[i] = a.q[i] < 0 ? -1e38f : 1e38f;
+    remember(&f);
+    kvq_status st = kvq_attention(f.cache, layer, &a.req, 1);
+    check_unchanged(&f, "attention with huge queries");
+    if (st == KVQ_OK) {
+      cr_assert(all_finite(a.out.data, (size_t)2 * HQ * D),
+                "layer %u: KVQ_OK with non-finite outputs for finite queries of 1e38", layer);
+    } else {
+      cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "layer %u: %s", layer, kvq_status_string(st));
+      expect_sentinel(&a.out, "attention with huge queries");
+    }
+    attn_free(&a);
+  }
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * kvq_scores
+ * ============================================================================================== */
+
+typedef struct scores_call {
+  float *q;
+  kvq_tensor queries, scores;
+  out_buf out;
+} scores_call;
+
+/* nq queries against all n tokens of (seq, layer). */
+static void scores_make(scores_call *c, uint32_t nq, int64_t n, uint32_t seed) {
+  c->q = random_tokens(nq, HQ, seed);
+  c->queries = tensor3(c->q, KVQ_DTYPE_F32, nq, HQ, D);
+  c->scores = sentinel_tensor(KVQ_DTYPE_F32, nq, HQ, n > 0 ? n : 1, &c->out);
+}
+
+static void scores_free(scores_call *c) {
+  free(c->q);
+  free(c->out.data);
+}
+
+static void scores_rejects(fixture *f, uint32_t seq, uint32_t layer, scores_call *c, kvq_mask mask, kvq_score_kind kind,
+                           kvq_status want, const char *mention, const char *what) {
+  begin(f);
+  kvq_status st = kvq_scores(f->cache, seq, layer, &c->queries, mask, kind, &c->scores);
+  end(f, st, want, mention, what);
+  expect_sentinel(&c->out, what);
+}
+
+Test(scores, null_arguments) {
+  fixture f;
+  build(&f);
+  scores_call c;
+  scores_make(&c, 3, 72, 80);
+  REJECTS_SILENTLY(&f, kvq_scores(NULL, f.seq[A], 0, &c.queries, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, &c.scores),
+                   KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_scores(f.cache, f.seq[A], 0, NULL, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, &c.scores),
+          KVQ_ERROR_INVALID_ARGUMENT, "queries");
+  REJECTS(&f, kvq_scores(f.cache, f.seq[A], 0, &c.queries, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, NULL),
+          KVQ_ERROR_INVALID_ARGUMENT, "scores");
+  expect_sentinel(&c.out, "kvq_scores with NULL arguments");
+  scores_free(&c);
+  destroy(&f);
+}
+
+Test(scores, layer_sequence_mask_and_kind) {
+  fixture f;
+  build(&f);
+  scores_call c;
+  scores_make(&c, 3, 72, 81);
+  const uint32_t layers[] = {2, UINT32_MAX};
+  for (size_t i = 0; i < 2; i++)
+    scores_rejects(&f, f.seq[A], layers[i], &c, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, KVQ_ERROR_OUT_OF_RANGE, "layer",
+                   "kvq_scores on a missing layer");
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale};
+  for (size_t i = 0; i < 3; i++)
+    if (!issued(&f, ids[i])) scores_rejects(&f, ids[i], 0, &c, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, KVQ_ERROR_NOT_FOUND, "sequence",
+                   "kvq_scores on an unknown sequence");
+  const int masks[] = {2, 99, -1};
+  for (size_t i = 0; i < 3; i++)
+    scores_rejects(&f, f.seq[A], 0, &c, (kvq_mask)masks[i], KVQ_SCORES_LOGITS, KVQ_ERROR_INVALID_ARGUMENT, "mask",
+                   "kvq_scores with an unknown mask");
+  const int kinds[] = {2, 99, -1};
+  for (size_t i = 0; i < 3; i++)
+    scores_rejects(&f, f.seq[A], 0, &c, KVQ_MASK_NONE, (kvq_score_kind)kinds[i], KVQ_ERROR_INVALID_ARGUMENT, "kind",
+                   "kvq_scores with an unknown score kind");
+  scores_free(&c);
+  destroy(&f);
+}
+
+Test(scores, empty_sequence_and_causal_overflow) {
+  fixture f;
+  build(&f);
+  scores_call c;
+  scores_make(&c, 1, 1, 82);
+  for (int mask = 0; mask < 2; mask++) {
+    scores_rejects(&f, f.seq[C], 0, &c, (kvq_mask)mask, KVQ_SCORES_PROBABILITIES, KVQ_ERROR_OUT_OF_RANGE, "no tokens",
+                   "kvq_scores on an empty sequence");
+    scores_rejects(&f, f.seq[B], 1, &c, (kvq_mask)mask, KVQ_SCORES_LOGITS, KVQ_ERROR_OUT_OF_RANGE, "no tokens",
+                   "kvq_scores on an empty layer");
+  }
+  scores_free(&c);
+  scores_make(&c, 21, 20, 83);
+  scores_rejects(&f, f.seq[B], 0, &c, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, KVQ_ERROR_OUT_OF_RANGE, "causal",
+                 "21 causal queries over 20 tokens");
+  scores_free(&c);
+  destroy(&f);
+}
+
+static void scores_tensor_edits(int scores_side) {
+  fixture f;
+  build(&f);
+  for (size_t i = 0; i < EDIT_COUNT; i++) {
+    if (!edit_applies(&edits[i], scores_side ? FIXED_ROWS : FREE_ROWS)) continue;
+    scores_call c;
+    scores_make(&c, 3, 72, 84);
+    edits[i].apply(scores_side ? &c.scores : &c.queries);
+    char what[128];
+    snprintf(what, sizeof what, "kvq_scores with %s: %s", scores_side ? "scores" : "queries", edits[i].name);
+    scores_rejects(&f, f.seq[A], 0, &c, KVQ_MASK_CAUSAL, KVQ_SCORES_PROBABILITIES, edits[i].want, edits[i].mention, what);
+    expect_mention(f.ctx, scores_side ? "kvq_scores scores" : "queries", what);
+    scores_free(&c);
+  }
+  destroy(&f);
+}
+
+Test(scores, bad_query_tensors) { scores_tensor_edits(0); }
+Test(scores, bad_score_tensors) { scores_tensor_edits(1); }
+
+Test(scores, score_tensor_for_the_wrong_token_count) {
+  fixture f;
+  build(&f);
+  const int64_t counts[] = {71, 73, 70};
+  for (size_t i = 0; i < 3; i++) {
+    scores_call c;
+    scores_make(&c, 3, counts[i], 85);
+    scores_rejects(&f, f.seq[A], 0, &c, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, KVQ_ERROR_INVALID_ARGUMENT, "shape[2]",
+                   "scores sized for the wrong token count");
+    scores_free(&c);
+  }
+  destroy(&f);
+}
+
+Test(scores, nonfinite_queries) {
+  fixture f;
+  build(&f);
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  for (uint32_t layer = 0; layer < 2; layer++)
+    for (int b = 0; b < 3; b++)
+      for (int kind = 0; kind < 2; kind++) {
+        scores_call c;
+        scores_make(&c, 2, layer ? 70 : 72, 86);
+        c.q[7] = bad[b];
+        char what[96];
+        snprintf(what, sizeof what, "kvq_scores, layer %u, kind %d, queries with %g", layer, kind, (double)bad[b]);
+        scores_rejects(&f, f.seq[A], layer, &c, KVQ_MASK_NONE, (kvq_score_kind)kind, KVQ_ERROR_NON_FINITE, "queries",
+                       what);
+        scores_free(&c);
+      }
+  destroy(&f);
+}
+
+Test(scores, huge_finite_queries) {
+  fixture f;
+  build_with(&f, KVQ_DTYPE_F32);
+  scores_call c;
+  scores_make(&c, 2, 72, 87);
+  for (size_t i = 0; i < (size_t)2 * HQ * D; i++) c.q[i] = c.q[i] < 0 ? -1e38f : 1e38f;
+  kvq_status st = kvq_scores(f.cache, f.seq[A], 0, &c.queries, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &c.scores);
+  if (st == KVQ_OK) {
+    cr_assert(all_finite(c.out.data, (size_t)2 * HQ * 72), "KVQ_OK with non-finite probabilities for finite queries");
+  } else {
+    cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "%s", kvq_status_string(st));
+    expect_sentinel(&c.out, "scores with huge queries");
+  }
+  scores_free(&c);
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * kvq_dequantize
+ * ============================================================================================== */
+
+typedef struct deq {
+  out_buf kb, vb;
+  kvq_tensor k, v;
+} deq;
+
+static void deq_make(deq *d, int64_t count) {
+  d->k = sentinel_tensor(KVQ_DTYPE_F32, count, HKV, D, &d->kb);
+  d->v = sentinel_tensor(KVQ_DTYPE_F16, count, HKV, D, &d->vb);
+}
+
+static void deq_free(deq *d) {
+  free(d->kb.data);
+  free(d->vb.data);
+}
+
+static void deq_rejects(fixture *f, uint32_t seq, uint32_t layer, uint64_t first, uint64_t count, deq *d,
+                        const kvq_tensor *k, const kvq_tensor *v, kvq_status want, const char *mention, const char *what) {
+  begin(f);
+  kvq_status st = kvq_dequantize(f->cache, seq, layer, first, count, k, v);
+  end(f, st, want, mention, what);
+  expect_sentinel(&d->kb, what);
+  expect_sentinel(&d->vb, what);
+}
+
+Test(dequantize, null_arguments) {
+  fixture f;
+  build(&f);
+  deq d;
+  deq_make(&d, 40);
+  REJECTS_SILENTLY(&f, kvq_dequantize(NULL, f.seq[A], 0, 10, 40, &d.k, &d.v), KVQ_ERROR_INVALID_ARGUMENT);
+  deq_rejects(&f, f.seq[A], 0, 10, 40, &d, NULL, NULL, KVQ_ERROR_INVALID_ARGUMENT, "NULL", "keys and values NULL");
+  deq_free(&d);
+  destroy(&f);
+}
+
+Test(dequantize, layer_and_sequence) {
+  fixture f;
+  build(&f);
+  deq d;
+  deq_make(&d, 40);
+  const uint32_t layers[] = {2, UINT32_MAX};
+  for (size_t i = 0; i < 2; i++)
+    deq_rejects(&f, f.seq[A], layers[i], 10, 40, &d, &d.k, &d.v, KVQ_ERROR_OUT_OF_RANGE, "layer", "missing layer");
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale};
+  for (size_t i = 0; i < 3; i++)
+    if (!issued(&f, ids[i])) deq_rejects(&f, ids[i], 0, 10, 40, &d, &d.k, &d.v, KVQ_ERROR_NOT_FOUND, "sequence", "unknown sequence");
+  deq_free(&d);
+  destroy(&f);
+}
+
+Test(dequantize, ranges_outside_the_sequence) {
+  fixture f;
+  build(&f);
+  /* a has 72 tokens in layer 0 */
+  const struct {
+    uint64_t first, count;
+  } ranges[] = {
+      {0, 0},
+      {72, 1},
+      {71, 2},
+      {0, 73},
+      {73, 1},
+      {UINT64_MAX, 1},
+      {1, UINT64_MAX},
+      {UINT64_MAX, UINT64_MAX},
+      {(uint64_t)1 << 32, 1},            /* would be token 0 if truncated to 32 bits */
+      {0, ((uint64_t)1 << 32) + 1},      /* would be 1 token if truncated */
+      {((uint64_t)1 << 32) + 10, 40},    /* would be [10, 50) if truncated */
+      {10, ((uint64_t)1 << 32) + 40},
+  };
+  for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+    deq d;
+    const uint64_t c = ranges[i].count;
+    deq_make(&d, c >= 1 && c <= 100 ? (int64_t)c : 40);
+    char what[96];
+    snprintf(what, sizeof what, "tokens [%llu, +%llu) of 72", (unsigned long long)ranges[i].first,
+             (unsigned long long)ranges[i].count);
+    deq_rejects(&f, f.seq[A], 0, ranges[i].first, ranges[i].count, &d, &d.k, &d.v, KVQ_ERROR_OUT_OF_RANGE, "tokens",
+                what);
+    deq_free(&d);
+  }
+  deq d;
+  deq_make(&d, 1);
+  deq_rejects(&f, f.seq[C], 0, 0, 1, &d, &d.k, &d.v, KVQ_ERROR_OUT_OF_RANGE, "tokens", "an empty sequence");
+  deq_rejects(&f, f.seq[B], 1, 0, 1, &d, &d.k, &d.v, KVQ_ERROR_OUT_OF_RANGE, "tokens", "an empty layer");
+  deq_free(&d);
+  destroy(&f);
+}
+
+static void dequantize_tensor_edits(int side) {
+  fixture f;
+  build(&f);
+  for (size_t i = 0; i < EDIT_COUNT; i++) {
+    if (!edit_applies(&edits[i], FIXED_ROWS)) continue;
+    { /* alternately with the other output valid, and with it NULL */
+      const int only = (int)(i % 2);
+      deq d;
+      deq_make(&d, 40);
+      kvq_tensor *t = side ? &d.v : &d.k;
+      edits[i].apply(t);
+      char what[128];
+      snprintf(what, sizeof what, "kvq_dequantize with %s%s: %s", side ? "values" : "keys", only ? " only" : "",
+               edits[i].name);
+      const kvq_tensor *k = side && only ? NULL : &d.k, *v = !side && only ? NULL : &d.v;
+      deq_rejects(&f, f.seq[A], 0, 10, 40, &d, k, v, edits[i].want, edits[i].mention, what);
+      expect_mention(f.ctx, side ? "values" : "keys", what);
+      deq_free(&d);
+    }
+  }
+  destroy(&f);
+}
+
+Test(dequantize, bad_key_outputs) { dequantize_tensor_edits(0); }
+Test(dequantize, bad_value_outputs) { dequantize_tensor_edits(1); }
+
+/* ================================================================================================
+ * Memory accounting, saving and loading
+ * ============================================================================================== */
+
+Test(cache_memory, null_arguments) {
+  fixture f;
+  build(&f);
+  kvq_memory_report r;
+  memset(&r, SENTINEL, sizeof r);
+  REJECTS_SILENTLY(&f, kvq_cache_memory(NULL, &r), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&r, sizeof r, "kvq_cache_memory(NULL, &report)");
+  REJECTS(&f, kvq_cache_memory(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "report");
+  destroy(&f);
+}
+
+Test(save, save_size_null_arguments) {
+  fixture f;
+  build(&f);
+  uint64_t bytes;
+  memset(&bytes, SENTINEL, sizeof bytes);
+  REJECTS_SILENTLY(&f, kvq_cache_save_size(NULL, &bytes), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&bytes, sizeof bytes, "kvq_cache_save_size(NULL, &bytes)");
+  REJECTS(&f, kvq_cache_save_size(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "bytes");
+  destroy(&f);
+}
+
+Test(save, to_memory_null_arguments) {
+  fixture f;
+  build(&f);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
+  out_buf b = {malloc((size_t)size), (size_t)size};
+  memset(b.data, SENTINEL, b.bytes);
+  size_t written;
+  memset(&written, SENTINEL, sizeof written);
+  REJECTS_SILENTLY(&f, kvq_cache_save_to_memory(NULL, b.data, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_cache_save_to_memory(f.cache, NULL, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
+  REJECTS(&f, kvq_cache_save_to_memory(f.cache, b.data, b.bytes, NULL), KVQ_ERROR_INVALID_ARGUMENT, "written");
+  expect_sentinel(&b, "kvq_cache_save_to_memory with a NULL argument");
+  expect_untouched(&written, sizeof written, "kvq_cache_save_to_memory with a NULL argument");
+  free(b.data);
+  destroy(&f);
+}
+
+Test(save, to_memory_buffer_too_small) {
+  fixture f;
+  build(&f);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
+  out_buf b = {malloc((size_t)size), (size_t)size};
+  char needed[32];
+  snprintf(needed, sizeof needed, "%llu", (unsigned long long)size);
+  const size_t capacities[] = {0, 1, 64, (size_t)size / 2, (size_t)size - 32, (size_t)size - 1};
+  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+    memset(b.data, SENTINEL, b.bytes);
+    size_t written;
+    memset(&written, SENTINEL, sizeof written);
+    char what[64];
+    snprintf(what, sizeof what, "save_to_memory into %zu of %llu bytes", capacities[i], (unsigned long long)size);
+    begin(&f);
+    kvq_status st = kvq_cache_save_to_memory(f.cache, b.data, capacities[i], &written);
+    end(&f, st, KVQ_ERROR_BUFFER_TOO_SMALL, needed, what);
+    expect_sentinel(&b, what);
+  }
+  free(b.data);
+  destroy(&f);
+}
+
+/* A fresh directory per test, removed with everything the tests put there by .fini (which also
+ * runs when an assertion fails). */
+static char temp_path[64];
+
+static char *temp_dir(void) {
+  snprintf(temp_path, sizeof temp_path, "/tmp/kvq-bad-input-XXXXXX");
+  cr_assert_not_null(mkdtemp(temp_path));
+  return temp_path;
+}
+
+static void remove_temp_dir(void) {
+  if (!temp_path[0]) return;
+  const char *names[] = {"good.kvq", "good.kvq.tmp-kvq", "empty.kvq", "garbage.kvq", "missing.kvq"};
+  char path[128];
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", temp_path, names[i]);
+    remove(path);
+  }
+  snprintf(path, sizeof path, "%s.tmp-kvq", temp_path);
+  remove(path);
+  rmdir(temp_path);
+  temp_path[0] = 0;
+}
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+Test(save, to_a_file_bad_paths, .fini = remove_temp_dir) {
+  fixture f;
+  build(&f);
+  REJECTS_SILENTLY(&f, kvq_cache_save(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert(!exists("/tmp/kvq-never-written.kvq"));
+  REJECTS(&f, kvq_cache_save(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS(&f, kvq_cache_save(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  const char *missing = "/nonexistent-kvq-dir/cache.kvq";
+  REJECTS(&f, kvq_cache_save(f.cache, missing), KVQ_ERROR_IO, "/nonexistent-kvq-dir/cache.kvq");
+  /* a directory cannot be replaced by a file: the directory stays, no temporary file is left */
+  char *dir = temp_dir();
+  char tmp[128];
+  snprintf(tmp, sizeof tmp, "%s.tmp-kvq", dir);
+  REJECTS(&f, kvq_cache_save(f.cache, dir), KVQ_ERROR_IO, dir);
+  struct stat st;
+  cr_assert(stat(dir, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+  cr_assert(!exists(tmp), "a temporary file %s was left behind", tmp);
+  destroy(&f);
+}
+
+/* On failure *out is NULL, whatever was wrong. */
+static void expect_load_fails(fixture *f, const char *path, kvq_status want, const char *mention, const char *what) {
+  begin(f);
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  kvq_status st = kvq_cache_load(f->ctx, path, &out);
+  end(f, st, want, mention, what);
+  cr_assert_null(out, "%s: *out must be NULL on failure", what);
+}
+
+Test(load, null_arguments_set_out_null, .fini = remove_temp_dir) {
+  fixture f;
+  build(&f);
+  char *dir = temp_dir();
+  char path[128];
+  snprintf(path, sizeof path, "%s/good.kvq", dir);
+  KVQ_CHECK(f.ctx, kvq_cache_save(f.cache, path));
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  cr_assert_eq(kvq_cache_load(NULL, path, &out), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(out, "kvq_cache_load(NULL context) must set *out to NULL");
+  expect_load_fails(&f, NULL, KVQ_ERROR_INVALID_ARGUMENT, "path", "kvq_cache_load(ctx, NULL path)");
+  prime(f.ctx);
+  expect_failure(f.ctx, kvq_cache_load(f.ctx, path, NULL), KVQ_ERROR_INVALID_ARGUMENT, "out", "kvq_cache_load(out NULL)");
+  destroy(&f);
+}
+
+Test(load, bad_files, .fini = remove_temp_dir) {
+  fixture f;
+  build(&f);
+  char *dir = temp_dir();
+  char missing[128], empty[128], garbage[128];
+  snprintf(missing, sizeof missing, "%s/missing.kvq", dir);
+  snprintf(empty, sizeof empty, "%s/empty.kvq", dir);
+  snprintf(garbage, sizeof garbage, "%s/garbage.kvq", dir);
+  expect_load_fails(&f, "", KVQ_ERROR_INVALID_ARGUMENT, "path", "an empty path (as kvq_cache_save)");
+  expect_load_fails(&f, missing, KVQ_ERROR_IO, missing, "a missing file");
+  expect_load_fails(&f, dir, KVQ_ERROR_IO, dir, "a directory");
+  FILE *fp = fopen(empty, "wb");
+  cr_assert_not_null(fp);
+  fclose(fp);
+  expect_load_fails(&f, empty, KVQ_ERROR_TRUNCATED, NULL, "an empty file");
+  fp = fopen(garbage, "wb");
+  cr_assert_not_null(fp);
+  for (int i = 0; i < 1000; i++) fputc(i * 37 & 0xff, fp);
+  fclose(fp);
+  expect_load_fails(&f, garbage, KVQ_ERROR_BAD_FORMAT, NULL, "a file of garbage");
+  destroy(&f);
+}
+
+static void expect_load_memory_fails(fixture *f, const void *buffer, size_t size, kvq_status want, const char *mention,
+                                     const char *what) {
+  begin(f);
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  kvq_status st = kvq_cache_load_from_memory(f->ctx, buffer, size, &out);
+  end(f, st, want, mention, what);
+  cr_assert_null(out, "%s: *out must be NULL on failure", what);
+}
+
+Test(load, from_memory_null_arguments_set_out_null) {
+  fixture f;
+  build(&f);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
+  uint8_t *data = malloc((size_t)size);
+  size_t written;
+  KVQ_CHECK(f.ctx, kvq_cache_save_to_memory(f.cache, data, (size_t)size, &written));
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  cr_assert_eq(kvq_cache_load_from_memory(NULL, data, written, &out), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(out, "kvq_cache_load_from_memory(NULL context) must set *out to NULL");
+  expect_load_memory_fails(&f, NULL, written, KVQ_ERROR_INVALID_ARGUMENT, "buffer", "load_from_memory(NULL buffer)");
+  expect_load_memory_fails(&f, NULL, 0, KVQ_ERROR_INVALID_ARGUMENT, "buffer", "load_from_memory(NULL, 0)");
+  prime(f.ctx);
+  expect_failure(f.ctx, kvq_cache_load_from_memory(f.ctx, data, written, NULL), KVQ_ERROR_INVALID_ARGUMENT, "out",
+                 "load_from_memory(out NULL)");
+  free(data);
+  destroy(&f);
+}
+
+Test(load, from_memory_bad_buffers) {
+  fixture f;
+  build(&f);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
+  uint8_t *data = malloc((size_t)size);
+  size_t written;
+  KVQ_CHECK(f.ctx, kvq_cache_save_to_memory(f.cache, data, (size_t)size, &written));
+  expect_load_memory_fails(&f, data, 0, KVQ_ERROR_TRUNCATED, NULL, "0 bytes");
+  expect_load_memory_fails(&f, data, 5, KVQ_ERROR_TRUNCATED, NULL, "5 bytes of the magic");
+  expect_load_memory_fails(&f, data, written - 1, KVQ_ERROR_TRUNCATED, NULL, "one byte short");
+  uint8_t garbage[200];
+  for (int i = 0; i < 200; i++) garbage[i] = (uint8_t)(i * 91 + 7);
+  expect_load_memory_fails(&f, garbage, sizeof garbage, KVQ_ERROR_BAD_FORMAT, NULL, "garbage");
+  free(data);
+  destroy(&f);
+}
