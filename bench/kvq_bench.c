@@ -1,0 +1,201 @@
+/*
+ * kvq-bench: speed of appending (quantizing) and of decode attention over compressed caches, with
+ * the bytes each step actually moves and the host's copy bandwidth measured in the same run.
+ * docs/BENCH.md explains the columns and lists measured figures.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/synth.h"
+#include "kvq/kvq.h"
+
+typedef struct options {
+  uint32_t tokens, batch, heads, kv_heads, head_dim, page_size, iterations;
+  kvq_backend_kind backend;
+  const char *methods;
+  int json;
+} options;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Host copy bandwidth: bytes read plus bytes written per second by memcpy over 256 MiB. */
+static double copy_bandwidth(void) {
+  const size_t size = (size_t)256 << 20;
+  char *a = malloc(size), *b = malloc(size);
+  if (!a || !b) {
+    free(a), free(b);
+    return 0;
+  }
+  memset(a, 1, size);
+  memset(b, 2, size);
+  double best = 1e30;
+  for (int i = 0; i < 5; i++) {
+    double t0 = now();
+    memcpy(i % 2 ? a : b, i % 2 ? b : a, size);
+    double t = now() - t0;
+    best = t < best ? t : best;
+  }
+  free(a), free(b);
+  return 2.0 * size / best;
+}
+
+static int parse_method(const char *spec, uint32_t d, kvq_method_config *keys, kvq_method_config *values) {
+  /* the same names as kvq eval, a small subset: exact-f16, qjl-m<M>-k<K>, uniform-b<B> */
+  char k[64], v[64];
+  if (sscanf(spec, "%63[^/]/%63s", k, v) != 2) return -1;
+  unsigned m, o, b;
+  if (!strcmp(k, "exact-f16")) *keys = kvq_method_defaults(KVQ_METHOD_EXACT, d);
+  else if (sscanf(k, "qjl-m%u-k%u", &m, &o) == 2) {
+    *keys = kvq_method_defaults(KVQ_METHOD_QJL, d);
+    keys->qjl.sketch_dim = m;
+    keys->qjl.outlier_count = o;
+  } else if (sscanf(k, "uniform-b%u", &b) == 1) {
+    *keys = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
+    keys->uniform.bits = b;
+  } else return -1;
+  if (!strcmp(v, "exact-f16")) *values = kvq_method_defaults(KVQ_METHOD_EXACT, d);
+  else if (sscanf(v, "uniform-b%u", &b) == 1) {
+    *values = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
+    values->uniform.bits = b;
+  } else return -1;
+  return 0;
+}
+
+static int bench_one(kvq_context *ctx, const options *o, const char *spec, const float *k, const float *v,
+                     const float *q, double copy_bw, int first) {
+  kvq_layer_config layer = {.query_heads = o->heads, .kv_heads = o->kv_heads, .head_dim = o->head_dim};
+  if (parse_method(spec, o->head_dim, &layer.keys, &layer.values) != 0) {
+    fprintf(stderr, "kvq-bench: cannot read method '%s'\n", spec);
+    return 2;
+  }
+  const uint32_t pages_per_seq = (o->tokens + o->page_size - 1) / o->page_size;
+  kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32,
+                             .page_size = o->page_size, .residual_window = 0,
+                             .max_pages = pages_per_seq * o->batch, .max_sequences = o->batch, .seed = 1};
+  kvq_cache *cache;
+  if (kvq_cache_create(ctx, &config, &cache) != KVQ_OK) {
+    fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
+    return 2;
+  }
+  int64_t kv_shape[3] = {o->tokens, o->kv_heads, o->head_dim};
+  kvq_tensor kt = kvq_tensor_host((void *)k, KVQ_DTYPE_F32, 3, kv_shape), vt = kvq_tensor_host((void *)v, KVQ_DTYPE_F32, 3, kv_shape);
+  uint32_t *seqs = malloc(sizeof(uint32_t) * o->batch);
+  double t0 = now();
+  for (uint32_t s = 0; s < o->batch; s++) {
+    kvq_sequence_add(cache, &seqs[s]);
+    if (kvq_append(cache, seqs[s], 0, &kt, &vt) != KVQ_OK || kvq_flush(cache, seqs[s]) != KVQ_OK) {
+      fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
+      return 2;
+    }
+  }
+  const double append_s = now() - t0;
+  /* decode: one query position per sequence, the whole batch in one call */
+  float *out = malloc(sizeof(float) * o->batch * o->heads * o->head_dim);
+  kvq_attention_request *req = malloc(sizeof *req * o->batch);
+  int64_t q_shape[3] = {1, o->heads, o->head_dim};
+  for (uint32_t s = 0; s < o->batch; s++)
+    req[s] = (kvq_attention_request){seqs[s], KVQ_MASK_CAUSAL, kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, q_shape),
+                                     kvq_tensor_host(out + (size_t)s * o->heads * o->head_dim, KVQ_DTYPE_F32, 3, q_shape)};
+  kvq_attention(cache, 0, req, o->batch); /* warm-up */
+  double best = 1e30;
+  for (uint32_t i = 0; i < o->iterations; i++) {
+    t0 = now();
+    kvq_attention(cache, 0, req, o->batch);
+    double t = now() - t0;
+    best = t < best ? t : best;
+  }
+  kvq_memory_report mem;
+  kvq_cache_memory(cache, &mem);
+  const double moved = (double)mem.pages_bytes_used + mem.window_bytes_used; /* compressed K and V read once */
+  const double input_bytes = (double)o->batch * o->tokens * o->kv_heads * o->head_dim * 4 * 2;
+  if (o->json)
+    printf("%s    {\"method\": \"%s\", \"bits\": %.4f, \"append_tokens_per_s\": %.1f, \"append_input_gb_per_s\": %.4f, "
+           "\"decode_ms\": %.4f, \"decode_bytes\": %.0f, \"decode_gb_per_s\": %.4f, \"fraction_of_copy\": %.5f}",
+           first ? "" : ",\n", spec, mem.bits_per_number, o->batch * o->tokens / append_s, input_bytes / append_s / 1e9,
+           best * 1e3, moved, moved / best / 1e9, moved / best / copy_bw);
+  else
+    printf("%-26s %6.3f %12.0f %10.3f %11.3f %12.0f %9.3f %9.4f\n", spec, mem.bits_per_number,
+           o->batch * o->tokens / append_s, input_bytes / append_s / 1e9, best * 1e3, moved, moved / best / 1e9,
+           moved / best / copy_bw);
+  free(out), free(req), free(seqs);
+  kvq_cache_destroy(cache);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  options o = {.tokens = 4096, .batch = 4, .heads = 32, .kv_heads = 8, .head_dim = 128, .page_size = 32,
+               .iterations = 3, .backend = KVQ_BACKEND_CPU,
+               .methods = "exact-f16/exact-f16,qjl-m256-k8/uniform-b2,qjl-m256-k0/uniform-b2,uniform-b4/uniform-b4"};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint32_t *n = !strcmp(a, "--tokens") ? &o.tokens : !strcmp(a, "--batch") ? &o.batch : !strcmp(a, "--heads") ? &o.heads
+                  : !strcmp(a, "--kv-heads") ? &o.kv_heads : !strcmp(a, "--head-dim") ? &o.head_dim
+                  : !strcmp(a, "--iterations") ? &o.iterations : !strcmp(a, "--page-size") ? &o.page_size : NULL;
+    if (!strcmp(a, "--json")) o.json = 1;
+    else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: kvq-bench [--backend cpu|vulkan|cuda] [--tokens N] [--batch B] [--heads H] [--kv-heads H]\n"
+             "                 [--head-dim D] [--page-size P] [--iterations I] [--methods K/V,...] [--json]\n");
+      return 0;
+    } else if (n && v) {
+      *n = (uint32_t)strtoul(v, NULL, 10);
+      i++;
+    } else if (!strcmp(a, "--methods") && v) {
+      o.methods = v;
+      i++;
+    } else if (!strcmp(a, "--backend") && v) {
+      o.backend = !strcmp(v, "vulkan") ? KVQ_BACKEND_VULKAN : !strcmp(v, "cuda") ? KVQ_BACKEND_CUDA
+                  : !strcmp(v, "auto") ? KVQ_BACKEND_AUTO : KVQ_BACKEND_CPU;
+      i++;
+    } else {
+      fprintf(stderr, "kvq-bench: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+  }
+  if (!o.tokens || !o.batch || !o.heads || !o.kv_heads || o.heads % o.kv_heads || !o.iterations) {
+    fprintf(stderr, "kvq-bench: sizes must be positive and --heads a multiple of --kv-heads\n");
+    return 2;
+  }
+  kvq_context_options copt = kvq_context_options_default();
+  copt.backend = o.backend;
+  kvq_context *ctx;
+  if (kvq_context_create(&copt, &ctx) != KVQ_OK) {
+    fprintf(stderr, "kvq-bench: backend unavailable (kvq info says why)\n");
+    return 2;
+  }
+  const size_t kv = (size_t)o.tokens * o.kv_heads * o.head_dim;
+  float *k = malloc(sizeof(float) * kv), *v = malloc(sizeof(float) * kv), *q = malloc(sizeof(float) * o.tokens * o.heads * o.head_dim);
+  kvq_synth_config sc = kvq_synth_defaults(o.tokens, o.kv_heads, o.heads, o.head_dim, 1);
+  if (!k || !v || !q || kvq_synth_generate(&sc, k, v, q) != 0) {
+    fprintf(stderr, "kvq-bench: out of memory\n");
+    return 2;
+  }
+  const double copy_bw = copy_bandwidth();
+  const float *last_q = q + (size_t)(o.tokens - 1) * o.heads * o.head_dim;
+  if (o.json)
+    printf("{\"backend\": \"%s\", \"tokens\": %u, \"batch\": %u, \"heads\": %u, \"kv_heads\": %u, \"head_dim\": %u, "
+           "\"copy_gb_per_s\": %.3f, \"methods\": [\n",
+           kvq_context_backend(ctx) == KVQ_BACKEND_CPU ? "cpu" : "gpu", o.tokens, o.batch, o.heads, o.kv_heads, o.head_dim,
+           copy_bw / 1e9);
+  else
+    printf("kvq-bench: backend %s, %u sequences x %u tokens, %u query heads, %u kv heads, head_dim %u\n"
+           "host copy bandwidth (read + write): %.2f GB/s\n\n"
+           "%-26s %6s %12s %10s %11s %12s %9s %9s\n",
+           kvq_context_backend(ctx) == KVQ_BACKEND_CPU ? "cpu (scalar reference)" : "gpu", o.batch, o.tokens, o.heads,
+           o.kv_heads, o.head_dim, copy_bw / 1e9, "keys/values", "bits", "append tok/s", "append GB/s", "decode ms",
+           "decode bytes", "GB/s", "of copy");
+  int rc = 0;
+  char *list = strdup(o.methods);
+  int first = 1;
+  for (char *spec = strtok(list, ","); spec && rc == 0; spec = strtok(NULL, ","), first = 0)
+    rc = bench_one(ctx, &o, spec, k, v, last_q, copy_bw, first);
+  if (o.json) printf("\n]}\n");
+  free(list), free(k), free(v), free(q);
+  kvq_context_destroy(ctx);
+  return rc;
+}

@@ -1,0 +1,26 @@
+#!/bin/sh
+# TAP test: the README stays true. Its example is examples/quickstart.c verbatim, the example runs,
+# and its two commands are where .ci/run and newcomers find them.
+# usage: readme_check.sh SOURCE_ROOT QUICKSTART_BINARY
+root="$1"
+quickstart="$2"
+echo "1..4"
+extracted=$(mktemp)
+sed -n '/<!-- quickstart -->/,/<!-- \/quickstart -->/p' "$root/README.md" | sed '1,2d;$d' | sed '$d' > "$extracted"
+if cmp -s "$extracted" "$root/examples/quickstart.c"; then
+  echo "ok 1 - README's example is examples/quickstart.c"
+else
+  echo "not ok 1 - README's example differs from examples/quickstart.c"
+  diff "$extracted" "$root/examples/quickstart.c" | sed 's/^/# /' | head -20
+fi
+rm -f "$extracted"
+if output=$("$quickstart" 2>&1) && echo "$output" | grep -q "bits per number"; then
+  echo "ok 2 - the example runs: $(echo "$output" | tail -1)"
+else
+  echo "not ok 2 - the example failed"
+  echo "$output" | sed 's/^/# /'
+fi
+for marker in main-command test-command; do
+  n=$(sed -n "/<!-- $marker -->/,/<!-- \/$marker -->/p" "$root/README.md" | grep -c '^scripts/install-deps.sh && meson setup')
+  if [ "$n" -eq 1 ]; then echo "ok - README has its $marker"; else echo "not ok - README lacks one $marker block"; fi
+done

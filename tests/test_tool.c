@@ -1,0 +1,128 @@
+/* The kvq tool as a user runs it: info, eval (synthetic and .npy data, table and JSON), usage errors. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/synth.h"
+#include "kvq/kvq.h"
+#include "npy.h"
+
+static char output[1 << 17];
+
+static int run(const char *args) {
+  char command[4096];
+  snprintf(command, sizeof command, "%s %s 2>&1", KVQ_TOOL_PATH, args);
+  FILE *p = popen(command, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(output, 1, sizeof output - 1, p);
+  output[n] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(tool, info_lists_every_backend_with_a_reason) {
+  cr_assert_eq(run("info"), 0, "%s", output);
+  cr_assert_not_null(strstr(output, "kvq 0."), "%s", output);
+  cr_assert_not_null(strstr(output, "cpu     available"), "%s", output);
+  kvq_backend_info infos[4];
+  size_t count;
+  cr_assert_eq(kvq_backends_list(infos, 4, &count), KVQ_OK);
+  cr_assert_eq(count, 3u);
+  for (size_t i = 0; i < count; i++) {
+    char line[300];
+    if (infos[i].availability == KVQ_AVAILABLE) continue;
+    cr_assert_neq(infos[i].reason[0], 0, "%s: unavailable without a reason", infos[i].name);
+    snprintf(line, sizeof line, "%s unavailable: %s", infos[i].name, infos[i].reason);
+    cr_assert(strstr(output, infos[i].name) && strstr(output, infos[i].reason), "missing '%s' in:\n%s", line, output);
+  }
+}
+
+/* Runs eval and returns the JSON number after "key" for method row `row` (0-based). */
+static double json_number(const char *json, int row, const char *key) {
+  const char *p = json;
+  for (int r = 0; r <= row; r++) {
+    p = strstr(p, "{\"method\"");
+    cr_assert_not_null(p, "row %d missing in:\n%s", row, json);
+    if (r < row) p++;
+  }
+  char needle[64];
+  snprintf(needle, sizeof needle, "\"%s\": ", key);
+  const char *at = strstr(p, needle);
+  cr_assert_not_null(at, "%s missing", key);
+  return strtod(at + strlen(needle), NULL);
+}
+
+Test(tool, eval_table_and_json, .timeout = 120) {
+  const char *small = "eval --quiet --tokens 300 --heads 4 --kv-heads 2 --head-dim 64 --last 16 "
+                      "--methods exact-f32/exact-f32,qjl-m256-k4/uniform-b4,uniform-b2-g16/uniform-b2-g16";
+  char args[512];
+  cr_assert_eq(run(small), 0, "%s", output);
+  const char *columns[] = {"k-bits", "v-bits", "ip-err", "score-mean", "score-max", "output-err", "top5%",
+                           "qjl-m256-k4/uniform-b4"};
+  for (int i = 0; i < 8; i++) cr_assert_not_null(strstr(output, columns[i]), "missing %s in:\n%s", columns[i], output);
+  snprintf(args, sizeof args, "%s --json", small);
+  cr_assert_eq(run(args), 0, "%s", output);
+  /* exact fp32 storage: only double-vs-float rounding separates it from the reference */
+  cr_assert_lt(json_number(output, 0, "inner_product_error"), 1e-6);
+  cr_assert_lt(json_number(output, 0, "output_error"), 1e-5);
+  cr_assert_eq(json_number(output, 0, "topk_overlap"), 1.0);
+  cr_assert_eq(json_number(output, 0, "bits"), 32.0);
+  /* compressed rows: sizes from the layouts, errors clearly above exact's and below 1 */
+  const double qjl_bits = json_number(output, 1, "key_bits");
+  cr_assert(qjl_bits > 2 && qjl_bits < 12, "%g", qjl_bits);
+  cr_assert_eq(json_number(output, 1, "value_bits"), 5.0);
+  for (int r = 1; r < 3; r++) {
+    double ip = json_number(output, r, "inner_product_error");
+    cr_assert(ip > 1e-3 && ip < 1.0, "row %d: inner-product error %g", r, ip);
+    double overlap = json_number(output, r, "topk_overlap");
+    cr_assert(overlap > 0.2 && overlap <= 1.0, "row %d: top-k overlap %g", r, overlap);
+  }
+}
+
+/* The same numbers from .npy files as from the synthetic generator they were written from. */
+Test(tool, eval_npy_inputs_match_synthetic, .timeout = 120) {
+  const uint32_t n = 200, hq = 4, hkv = 1, d = 32;
+  float *k = malloc(sizeof(float) * n * hkv * d), *v = malloc(sizeof(float) * n * hkv * d), *q = malloc(sizeof(float) * n * hq * d);
+  kvq_synth_config sc = kvq_synth_defaults(n, hkv, hq, d, 7);
+  kvq_synth_generate(&sc, k, v, q);
+  char dir[] = "/tmp/kvq-eval-XXXXXX", kp[64], vp[64], qp[64], error[256];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(kp, sizeof kp, "%s/k.npy", dir);
+  snprintf(vp, sizeof vp, "%s/v.npy", dir);
+  snprintf(qp, sizeof qp, "%s/q.npy", dir);
+  const int64_t kv_shape[3] = {n, hkv, d}, q_shape[3] = {n, hq, d};
+  cr_assert_eq(kvq_npy_write(kp, k, 3, kv_shape, 0, error, sizeof error), 0, "%s", error);
+  cr_assert_eq(kvq_npy_write(vp, v, 3, kv_shape, 0, error, sizeof error), 0, "%s", error);
+  cr_assert_eq(kvq_npy_write(qp, q, 3, q_shape, 0, error, sizeof error), 0, "%s", error);
+  char args[1024];
+  const char *common = "eval --quiet --json --last 10 --methods qjl-m64-k2/uniform-b2-g16";
+  snprintf(args, sizeof args, "%s --tokens %u --heads %u --kv-heads %u --head-dim %u --seed 7", common, n, hq, hkv, d);
+  cr_assert_eq(run(args), 0, "%s", output);
+  char *synthetic = strdup(strstr(output, "\"methods\""));
+  snprintf(args, sizeof args, "%s --seed 7 --keys %s --values %s --queries %s", common, kp, vp, qp);
+  cr_assert_eq(run(args), 0, "%s", output);
+  cr_assert_str_eq(strstr(output, "\"methods\""), synthetic);
+  free(synthetic);
+  /* mismatched shapes are refused with a message */
+  snprintf(args, sizeof args, "eval --quiet --keys %s --values %s --queries %s", kp, qp, qp);
+  cr_assert_eq(run(args), 2, "%s", output);
+  cr_assert_not_null(strstr(output, "shapes disagree"), "%s", output);
+  remove(kp), remove(vp), remove(qp), rmdir(dir);
+  free(k), free(v), free(q);
+}
+
+Test(tool, usage_errors_exit_2) {
+  const char *bad[] = {"", "frobnicate", "eval --methods qjl-x9/uniform-b2", "eval --methods qjl-m33-k0/uniform-b2",
+                       "eval --tokens abc", "eval --mask sideways", "eval --keys only.npy", "info extra"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = run(bad[i]);
+    cr_assert_eq(rc, 2, "'kvq %s' exited %d:\n%s", bad[i], rc, output);
+    cr_assert_neq(output[0], 0, "'kvq %s' says nothing", bad[i]);
+  }
+  cr_assert_eq(run("--help"), 0);
+  cr_assert_eq(run("eval --help"), 0);
+  cr_assert_eq(run("golden --help"), 0);
+}
