@@ -156,7 +156,7 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
           .mask = it->mask,
           .score_offset = b.score_floats,
       };
-      memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
+      if (pages) memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
       parts[b.seq_count] = it;
       part_row0[b.seq_count] = row0;
       b.seq_count++;
