@@ -16,6 +16,14 @@
  *   Q = first b columns of I_n; for j = b-1 down to 0 apply H_j the same way to every column of Q;
  *   then negate column j of Q wherever alpha_j < 0, so that diag(R) > 0.
  */
+/* col[from..n) -= tau (v . col) v: one Householder reflector, in the documented order. */
+static void apply_reflector(const double *v, double tau, uint32_t from, uint32_t n, double *col) {
+  double w = 0.0;
+  for (uint32_t i = from; i < n; i++) w = w + v[i] * col[i];
+  double s = tau * w;
+  for (uint32_t i = from; i < n; i++) col[i] = col[i] - s * v[i];
+}
+
 void kvq_householder_q(double *a, uint32_t n, uint32_t b, double *q, double *work) {
   double *vs = work;        /* v_j stored in column j of an n x b array, rows j..n-1 */
   double *taus = work + (size_t)n * b;
@@ -35,27 +43,12 @@ void kvq_householder_q(double *a, uint32_t n, uint32_t b, double *q, double *wor
     }
     double tau = vv > 0.0 ? 2.0 / vv : 0.0;
     taus[j] = tau;
-    for (uint32_t c = j + 1; c < b; c++) {
-      double *ac = a + (size_t)c * n;
-      double w = 0.0;
-      for (uint32_t i = j; i < n; i++) w = w + v[i] * ac[i];
-      double s = tau * w;
-      for (uint32_t i = j; i < n; i++) ac[i] = ac[i] - s * v[i];
-    }
+    for (uint32_t c = j + 1; c < b; c++) apply_reflector(v, tau, j, n, a + (size_t)c * n);
   }
   for (uint32_t c = 0; c < b; c++)
     for (uint32_t i = 0; i < n; i++) q[(size_t)c * n + i] = i == c ? 1.0 : 0.0;
-  for (uint32_t jj = b; jj-- > 0;) {
-    const double *v = vs + (size_t)jj * n;
-    double tau = taus[jj];
-    for (uint32_t c = 0; c < b; c++) {
-      double *qc = q + (size_t)c * n;
-      double w = 0.0;
-      for (uint32_t i = jj; i < n; i++) w = w + v[i] * qc[i];
-      double s = tau * w;
-      for (uint32_t i = jj; i < n; i++) qc[i] = qc[i] - s * v[i];
-    }
-  }
+  for (uint32_t jj = b; jj-- > 0;)
+    for (uint32_t c = 0; c < b; c++) apply_reflector(vs + (size_t)jj * n, taus[jj], jj, n, q + (size_t)c * n);
   for (uint32_t c = 0; c < b; c++)
     if (alpha[c] < 0.0)
       for (uint32_t i = 0; i < n; i++) q[(size_t)c * n + i] = -q[(size_t)c * n + i];

@@ -14,6 +14,11 @@
     cr_assert_eq(st_, KVQ_OK, "%s -> %s: %s", #call, kvq_status_string(st_), kvq_context_last_error(ctx)); \
   } while (0)
 
+/* Method configs with explicit parameters. */
+kvq_method_config th_qjl(uint32_t m, uint32_t k, uint32_t m_o);
+kvq_method_config th_uniform(uint32_t bits, uint32_t group);
+kvq_method_config th_exact(kvq_dtype dtype);
+
 /* A one-layer config with the given methods. */
 kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values);
 kvq_cache_config th_config(const kvq_layer_config *layers, uint32_t count, kvq_dtype input, uint32_t page_size,

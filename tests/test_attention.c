@@ -216,44 +216,26 @@ static void run(const scenario *sc) {
   kvq_context_destroy(ctx);
 }
 
-static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
-  c.qjl = (kvq_qjl_config){m, k, mo};
-  return c;
-}
-
-static kvq_method_config uniform(uint32_t bits, uint32_t group) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_UNIFORM, 128);
-  c.uniform = (kvq_uniform_config){bits, group};
-  return c;
-}
-
-static kvq_method_config exact(kvq_dtype dtype) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_EXACT, 128);
-  c.exact.dtype = dtype;
-  return c;
-}
-
 Test(attention, qjl_outliers_uniform2_gqa4_fp16_flushed, .timeout = 120) {
   scenario sc = {"qjl256/k8 + u2, gqa 4, fp16, flushed", 128, 8, 2, 300, 16, 32, 0, KVQ_DTYPE_F16, KVQ_MASK_CAUSAL, 1,
-                 qjl(256, 8, 256), uniform(2, 32)};
+                 th_qjl(256, 8, 256), th_uniform(2, 32)};
   run(&sc);
 }
 
 Test(attention, qjl512_uniform4_gqa8_bf16_window, .timeout = 120) {
   scenario sc = {"qjl512/k0 + u4, gqa 8, bf16, window 64", 64, 8, 1, 200, 8, 16, 64, KVQ_DTYPE_BF16, KVQ_MASK_NONE, 0,
-                 qjl(512, 0, 32), uniform(4, 16)};
+                 th_qjl(512, 0, 32), th_uniform(4, 16)};
   run(&sc);
 }
 
 Test(attention, uniform_keys_exact_values_gqa1_fp32, .timeout = 120) {
   scenario sc = {"u4 keys + fp16 values, gqa 1, fp32", 64, 4, 4, 150, 12, 16, 32, KVQ_DTYPE_F32, KVQ_MASK_CAUSAL, 1,
-                 uniform(4, 32), exact(KVQ_DTYPE_F16)};
+                 th_uniform(4, 32), th_exact(KVQ_DTYPE_F16)};
   run(&sc);
 }
 
 Test(attention, qjl_uniform8_gqa7_window_partial, .timeout = 120) {
   scenario sc = {"qjl256/k4 + u8, gqa 7, fp32, window 32, partial page", 64, 7, 1, 97, 5, 16, 32, KVQ_DTYPE_F32,
-                 KVQ_MASK_CAUSAL, 1, qjl(256, 4, 128), uniform(8, 64)};
+                 KVQ_MASK_CAUSAL, 1, th_qjl(256, 4, 128), th_uniform(8, 64)};
   run(&sc);
 }

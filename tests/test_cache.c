@@ -8,12 +8,6 @@
 #include "core/synth.h"
 #include "helpers.h"
 
-static kvq_method_config exact(kvq_dtype dtype) {
-  kvq_method_config m = kvq_method_defaults(KVQ_METHOD_EXACT, 64);
-  m.exact.dtype = dtype;
-  return m;
-}
-
 static void expect_info(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint64_t tokens, uint64_t quantized,
                         uint32_t pages) {
   kvq_sequence_info info;
@@ -39,7 +33,7 @@ static void expect_exact_tokens(kvq_context *ctx, kvq_cache *cache, uint32_t seq
 
 Test(cache, window_flush_and_requantization) {
   const uint32_t hkv = 2, d = 64, P = 16, R = 32, total = 200;
-  kvq_layer_config layer = th_layer(4, hkv, d, exact(KVQ_DTYPE_F32), exact(KVQ_DTYPE_F32));
+  kvq_layer_config layer = th_layer(4, hkv, d, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, R, 64, 2, 1);
   kvq_context *ctx = th_cpu_context();
   kvq_cache *cache;
@@ -141,7 +135,7 @@ Test(cache, append_pattern_does_not_change_pages) {
  * fp32 rounding. */
 static void check_exact_attention(uint32_t hq, uint32_t hkv, kvq_dtype input, uint32_t window) {
   const uint32_t d = 64, P = 16, n = 77, nq = 9;
-  kvq_method_config m = exact(KVQ_DTYPE_F32);
+  kvq_method_config m = th_exact(KVQ_DTYPE_F32);
   kvq_layer_config layer = th_layer(hq, hkv, d, m, m);
   kvq_cache_config config = th_config(&layer, 1, input, P, window, 16, 2, 1);
   kvq_context *ctx = th_cpu_context();
@@ -210,7 +204,7 @@ Test(cache, exact_attention_gqa_8_bf16) { check_exact_attention(8, 1, KVQ_DTYPE_
 
 Test(cache, page_pool_reuse_and_capacity) {
   const uint32_t hkv = 1, d = 16, P = 16, n = 64;
-  kvq_method_config m = exact(KVQ_DTYPE_F16);
+  kvq_method_config m = th_exact(KVQ_DTYPE_F16);
   kvq_layer_config layers[2] = {th_layer(1, hkv, d, m, m), th_layer(2, hkv, d, m, m)};
   kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F32, P, 0, 8, 2, 1);
   kvq_context *ctx = th_cpu_context();

@@ -15,27 +15,15 @@ static double key_bits(kvq_method_config keys, uint32_t d, uint32_t P) {
   return k;
 }
 
-static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
-  c.qjl = (kvq_qjl_config){m, k, mo};
-  return c;
-}
-
-static kvq_method_config uniform(uint32_t b, uint32_t g) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_UNIFORM, 128);
-  c.uniform = (kvq_uniform_config){b, g};
-  return c;
-}
-
 /* The numbers docs/FORMAT.md and README.md quote (d = 128, P = 32). */
 Test(layout, documented_bits_per_number) {
   struct {
     kvq_method_config m;
     double bits;
   } cases[] = {
-      {qjl(256, 8, 256), 4.28125}, {qjl(256, 0, 32), 2.125},  {qjl(512, 8, 256), 6.28125},
-      {uniform(2, 32), 3.0},       {uniform(4, 32), 5.0},     {uniform(1, 32), 2.0},
-      {uniform(3, 32), 4.21875},   {uniform(8, 32), 9.0},     {kvq_method_defaults(KVQ_METHOD_EXACT, 128), 16.0},
+      {th_qjl(256, 8, 256), 4.28125}, {th_qjl(256, 0, 32), 2.125},  {th_qjl(512, 8, 256), 6.28125},
+      {th_uniform(2, 32), 3.0},       {th_uniform(4, 32), 5.0},     {th_uniform(1, 32), 2.0},
+      {th_uniform(3, 32), 4.21875},   {th_uniform(8, 32), 9.0},     {kvq_method_defaults(KVQ_METHOD_EXACT, 128), 16.0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     double bits = key_bits(cases[i].m, 128, 32);
@@ -45,7 +33,7 @@ Test(layout, documented_bits_per_number) {
 
 /* docs/FORMAT.md, "Worked example": the same bytes. */
 Test(layout, worked_example_bytes) {
-  kvq_method_config K = qjl(32, 1, 32), V = uniform(2, 16);
+  kvq_method_config K = th_qjl(32, 1, 32), V = th_uniform(2, 16);
   kvq_layer_config layer = th_layer(1, 1, 16, K, V);
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 2, 1, 42);
   kvq_context *ctx = th_cpu_context();
@@ -134,8 +122,8 @@ Test(layout, fields_never_overlap) {
 
 /* The memory report and the configuration bound tell the truth about what a cache holds. */
 Test(layout, memory_report) {
-  kvq_layer_config layers[2] = {th_layer(8, 2, 128, qjl(256, 8, 256), uniform(2, 32)),
-                                th_layer(4, 4, 64, kvq_method_defaults(KVQ_METHOD_EXACT, 64), uniform(4, 16))};
+  kvq_layer_config layers[2] = {th_layer(8, 2, 128, th_qjl(256, 8, 256), th_uniform(2, 32)),
+                                th_layer(4, 4, 64, kvq_method_defaults(KVQ_METHOD_EXACT, 64), th_uniform(4, 16))};
   kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F16, 32, 32, 10, 3, 1);
   kvq_context *ctx = th_cpu_context();
   kvq_cache *cache;

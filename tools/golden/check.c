@@ -388,13 +388,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       const kvq_mask mask = (kvq_mask)block[1];
       const uint64_t ns = (uint64_t)nq * hq * n, no = (uint64_t)nq * hq * d;
       float *logits = malloc(sizeof(float) * ns), *probs = malloc(sizeof(float) * ns), *out = malloc(sizeof(float) * no);
-      int64_t qshape[3] = {nq, hq, d}, sshape[3] = {nq, hq, n};
-      kvq_tensor qt = kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, qshape);
-      kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
-      kvq_attention_request req = {ids[s], mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
-      if (kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_LOGITS, &lt) != KVQ_OK ||
-          kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_PROBABILITIES, &pt) != KVQ_OK ||
-          kvq_attention(cache, l, &req, 1) != KVQ_OK) {
+      if (golden_run_block(cache, ids[s], l, L, q, nq, mask, n, logits, probs, out) != KVQ_OK) {
         report(ck, "attention on layer %u sequence %d: %s", l, s, kvq_context_last_error(ctx));
         ck->t->errors++;
         free(logits), free(probs), free(out);

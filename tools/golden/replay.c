@@ -112,3 +112,15 @@ kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **
   }
   return st;
 }
+
+kvq_status golden_run_block(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_layer_config *L, const float *queries,
+                            uint32_t nq, kvq_mask mask, uint32_t n, float *logits, float *probs, float *out) {
+  int64_t qshape[3] = {nq, L->query_heads, L->head_dim}, sshape[3] = {nq, L->query_heads, n};
+  kvq_tensor qt = kvq_tensor_host((void *)queries, KVQ_DTYPE_F32, 3, qshape);
+  kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
+  kvq_attention_request req = {id, mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+  kvq_status st = kvq_scores(cache, id, layer, &qt, mask, KVQ_SCORES_LOGITS, &lt);
+  if (st == KVQ_OK) st = kvq_scores(cache, id, layer, &qt, mask, KVQ_SCORES_PROBABILITIES, &pt);
+  if (st == KVQ_OK) st = kvq_attention(cache, layer, &req, 1);
+  return st;
+}

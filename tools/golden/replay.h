@@ -29,6 +29,11 @@ void golden_inputs_free(golden_inputs *in);
  * Returns KVQ_OK or the failing status (with the context's message). */
 kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES]);
 
+/* Runs one query block (queries [nq][Hq][d]) on a sequence of n tokens: logits and probabilities
+ * [nq][Hq][n] through kvq_scores, outputs [nq][Hq][d] through kvq_attention. */
+kvq_status golden_run_block(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_layer_config *L, const float *queries,
+                            uint32_t nq, kvq_mask mask, uint32_t n, float *logits, float *probs, float *out);
+
 /* Record names. */
 void golden_name(char *out, size_t size, const char *what, int a, int b, int c);
 

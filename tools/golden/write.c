@@ -85,13 +85,7 @@ int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep
       const kvq_mask mask = (kvq_mask)block[1];
       float *logits = malloc(sizeof(float) * nq * hq * len), *probs = malloc(sizeof(float) * nq * hq * len);
       float *out = malloc(sizeof(float) * nq * hq * d);
-      int64_t qshape[3] = {nq, hq, d}, sshape[3] = {nq, hq, len};
-      kvq_tensor qt = kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, qshape);
-      kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape), pt = kvq_tensor_host(probs, KVQ_DTYPE_F32, 3, sshape);
-      kvq_attention_request req = {ids[s], mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
-      if (kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_LOGITS, &lt) != KVQ_OK ||
-          kvq_scores(cache, ids[s], l, &qt, mask, KVQ_SCORES_PROBABILITIES, &pt) != KVQ_OK ||
-          kvq_attention(cache, l, &req, 1) != KVQ_OK) {
+      if (golden_run_block(cache, ids[s], l, L, q, nq, mask, len, logits, probs, out) != KVQ_OK) {
         snprintf(error, error_size, "attention: %s", kvq_context_last_error(ctx));
         rc = -1;
       } else {
