@@ -7,8 +7,8 @@
  * a table of another version. Fields are only appended.
  *
  * Memory model: kvq_buffer is memory owned by one backend (host memory for the CPU backend, device
- * memory for GPU backends), created with buffer_create and moved with write/read/copy/zero. Offsets
- * are bytes. Host arrays passed inside a job (sequence views, page lists) are read before the job
+ * memory for GPU backends), created zero-filled by buffer_create and moved with write/read/copy/zero.
+ * Offsets are bytes. Host arrays passed inside a job (sequence views, page lists) are read before the job
  * call returns; the backend must copy what it needs later.
  *
  * Synchronization model: a job or buffer call may return with its work still in flight. Work runs in
@@ -138,7 +138,7 @@ typedef struct kvq_backend_ops {
   int (*supports)(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
                   const kvq_side_layout *values);
 
-  kvq_status (*buffer_create)(kvq_backend *backend, uint64_t bytes, kvq_buffer **out);
+  kvq_status (*buffer_create)(kvq_backend *backend, uint64_t bytes, kvq_buffer **out); /* zero-filled */
   void (*buffer_destroy)(kvq_backend *backend, kvq_buffer *buffer);
   kvq_status (*buffer_write)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, const void *src,
                              uint64_t bytes);

@@ -47,15 +47,22 @@ kvq_status kvq_cache_config_bytes(const kvq_cache_config *c, uint64_t *bytes) {
   /* Every term is bounded by the validated ranges, but their sum and products can pass 2^64 for
    * absurd configurations: accumulate with checks, and report such a cache as out of range. */
   const uint64_t ring_tokens = (uint64_t)c->max_sequences * (c->residual_window + c->page_size);
-  uint64_t total = mul_add(c->max_pages, 2 * sizeof(uint32_t), 0); /* free list + page tables */
-  total = mul_add(c->max_sequences, sizeof(kvq_sequence) + c->layer_count * sizeof(kvq_seq_layer), total);
+  /* host bookkeeping: the free list, page tables (at most twice the pages they hold plus 64 per
+   * slot: tables grow by doubling and are released above 64 entries when a sequence is freed) */
+  uint64_t total = mul_add(c->max_pages, 3 * sizeof(uint32_t), 0);
+  total = mul_add(c->max_sequences, sizeof(kvq_sequence) + c->layer_count * sizeof(kvq_seq_layer) + 64 * sizeof(uint32_t), total);
+  uint64_t max_token_bytes = 0;
   for (uint32_t l = 0; l < c->layer_count; l++) {
     kvq_side_layout k, v;
     layer_sides(&c->layers[l], c->page_size, &k, &v);
+    const uint64_t token_bytes = kvq_token_bytes(c->input_dtype, c->layers[l].kv_heads, c->layers[l].head_dim);
+    max_token_bytes = token_bytes > max_token_bytes ? token_bytes : max_token_bytes;
     total = mul_add(k.page_bytes + v.page_bytes, c->max_pages, total);
-    total = mul_add(2 * ring_tokens, kvq_token_bytes(c->input_dtype, c->layers[l].kv_heads, c->layers[l].head_dim), total);
+    total = mul_add(2 * ring_tokens, token_bytes, total);
     total = mul_add(2, matrix_bytes(&k) + matrix_bytes(&v), total); /* device copy and host copy */
   }
+  const uint64_t staging_pages = c->max_pages < KVQ_STAGING_PAGES ? c->max_pages : KVQ_STAGING_PAGES;
+  total = mul_add(staging_pages * c->page_size, max_token_bytes, total);
   *bytes = total;
   return total == UINT64_MAX ? KVQ_ERROR_OUT_OF_RANGE : KVQ_OK;
 }
@@ -97,6 +104,16 @@ kvq_status kvq_cache_memory(const kvq_cache *cache, kvq_memory_report *r) {
     key_bits += ls->side[0].layout.page_bytes * 8.0;
     value_bits += ls->side[1].layout.page_bytes * 8.0;
     numbers += (double)c->page_size * ls->config.kv_heads * ls->config.head_dim;
+  }
+  for (int i = 0; i < KVQ_SCRATCH_COUNT; i++) r->scratch_bytes += cache->scratch_size[i];
+  r->staging_bytes = (uint64_t)cache->staging_pages * c->page_size;
+  {
+    uint64_t max_token_bytes = 0;
+    for (uint32_t l = 0; l < c->layer_count; l++) {
+      uint64_t tb = kvq_token_bytes(c->input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
+      max_token_bytes = tb > max_token_bytes ? tb : max_token_bytes;
+    }
+    r->staging_bytes *= max_token_bytes;
   }
   r->pages_bytes_total = r->page_bytes * c->max_pages;
   r->pages_bytes_used = r->page_bytes * r->pages_used;

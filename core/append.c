@@ -48,8 +48,9 @@ static kvq_status copy_from_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ri
   return KVQ_OK;
 }
 
-/* Quantizes pages [first_page, first_page + count) of one side from `src` (page i's tokens at
- * src_offset + i * P * token_bytes); the last page holds `last_tokens` valid tokens. */
+/* Quantizes pages of one side from `src`: page i of the run (sequence page first_page + i) holds
+ * its tokens at src_offset + i * page_stride; the last page of the run holds `last_tokens` valid
+ * tokens, the others P. One QUANTIZE job for the whole run. */
 static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, const kvq_sequence *seq,
                                  uint32_t first_page, uint32_t count, uint32_t last_tokens, kvq_buffer *src,
                                  uint64_t src_offset, uint64_t page_stride) {
@@ -75,6 +76,23 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, con
   kvq_status st = be->ops->quantize(be, &job);
   free(items);
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, "quantizing pages");
+}
+
+/* Puts tokens [from, to) of one side in the staging buffer, in order: those below n come from the
+ * ring (the window), the others from the packed new tokens, whose first is token n. */
+static kvq_status stage(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes, uint32_t n,
+                        const uint8_t *packed, uint32_t from, uint32_t to) {
+  kvq_status st = KVQ_OK;
+  const uint32_t old_end = to < n ? to : n;
+  if (from < old_end) st = copy_from_ring(cache, ring, ring_offset, token_bytes, from, old_end - from, cache->staging, 0);
+  const uint32_t new_from = from > n ? from : n;
+  if (st == KVQ_OK && new_from < to) {
+    kvq_backend *be = cache->ctx->backend;
+    st = be->ops->buffer_write(be, cache->staging, (uint64_t)(new_from - from) * token_bytes,
+                               packed + (uint64_t)(new_from - n) * token_bytes, (uint64_t)(to - new_from) * token_bytes);
+    if (st != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "staging new tokens");
+  }
+  return st;
 }
 
 kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {
@@ -116,7 +134,7 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
 
-  /* Everything that can fail on bad input happens before the first change. */
+  /* Everything that can fail on bad input or host memory happens before the first change. */
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
   uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
   if (!packed[0] || !packed[1]) {
@@ -130,35 +148,24 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   }
   if (st != KVQ_OK) goto done;
   if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) goto done;
-  kvq_buffer *staging = NULL;
-  if (F_new > F && (st = kvq_scratch(cache, KVQ_SCRATCH_STAGING, (uint64_t)(F_new - F) * token_bytes, &staging)) != KVQ_OK)
-    goto done;
 
-  /* From here on only device errors can fail (and then the cache must be considered lost). */
-  kvq_take_pages(cache, seq, new_pages);
+  /* From here on only backend (device) failures are possible. Both sides are quantized before
+   * either ring is written, so the window still holds every token until the pages exist. */
+  if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) goto done;
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
-  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
-    kvq_buffer *ring = cache->storage[layer].ring[s];
-    if (F_new > F) {
-      /* Stage tokens [F, F_new): old window tokens from the ring, then new ones if the pages
-       * reach past the old end. */
-      const uint32_t old_end = n < F_new ? n : F_new;
-      st = copy_from_ring(cache, ring, ring_offset, token_bytes, F, old_end - F, staging, 0);
-      if (st == KVQ_OK && F_new > n) {
-        kvq_backend *be = ctx->backend;
-        st = be->ops->buffer_write(be, staging, (uint64_t)(n - F) * token_bytes, packed[s],
-                                   (uint64_t)(F_new - n) * token_bytes);
-        if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "staging new tokens");
-      }
+  const uint32_t chunk = cache->staging_pages * P;
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    for (uint32_t from = F; from < F_new && st == KVQ_OK; from += chunk) {
+      const uint32_t to = F_new - from < chunk ? F_new : from + chunk;
+      st = stage(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, n, packed[s], from, to);
       if (st == KVQ_OK)
-        st = quantize_pages(cache, layer, s, seq, F / P, (F_new - F) / P, P, staging, 0, (uint64_t)P * token_bytes);
+        st = quantize_pages(cache, layer, s, seq, from / P, (to - from) / P, P, cache->staging, 0, (uint64_t)P * token_bytes);
     }
-    /* The tokens that stay in the window go to their ring slots. */
-    uint32_t keep_from = n > F_new ? n : F_new;
-    if (st == KVQ_OK)
-      st = write_ring(cache, ring, ring_offset, token_bytes, keep_from, n_new - keep_from,
-                      packed[s] + (uint64_t)(keep_from - n) * token_bytes);
-  }
+  /* The tokens that stay in the window go to their ring slots. */
+  const uint32_t keep_from = n > F_new ? n : F_new;
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    st = write_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, keep_from, n_new - keep_from,
+                    packed[s] + (uint64_t)(keep_from - n) * token_bytes);
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
@@ -184,7 +191,7 @@ kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) return st;
-  kvq_take_pages(cache, seq, new_pages);
+  if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) return st;
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
@@ -192,18 +199,20 @@ kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
     const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
     const uint64_t ring_offset = kvq_ring_offset(cache, l, kvq_sequence_slot(cache, seq));
     const uint32_t F = state->ring_start, n = state->tokens;
-    const uint32_t pages = ceil_div(n - F, P);
     /* F is page-aligned and the ring holds a multiple of P slots, so each page's tokens are
-     * contiguous in the ring and can be quantized in place. */
-    for (int s = 0; s < 2; s++) {
-      for (uint32_t i = 0; i < pages && st == KVQ_OK; i++) {
-        const uint32_t first = F + i * P;
-        const uint64_t src_offset = ring_offset + (uint64_t)(first % cache->ring_capacity) * token_bytes;
-        const uint32_t tokens = n - first < P ? n - first : P;
-        st = quantize_pages(cache, l, s, seq, first / P, 1, tokens, cache->storage[l].ring[s], src_offset, 0);
+     * contiguous in the ring and are quantized in place: pages up to the ring's end in one job,
+     * those that wrap to its start in a second. */
+    for (int s = 0; s < 2 && st == KVQ_OK; s++)
+      for (uint32_t first = F; first < n && st == KVQ_OK;) {
+        const uint32_t slot = first % cache->ring_capacity;
+        const uint32_t until_wrap = (cache->ring_capacity - slot) / P, pages_left = ceil_div(n - first, P);
+        const uint32_t pages = pages_left < until_wrap ? pages_left : until_wrap;
+        const uint32_t last = first + (pages - 1) * P;
+        st = quantize_pages(cache, l, s, seq, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
+                            ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
+        first += pages * P;
       }
-      if (st != KVQ_OK) return st;
-    }
+    if (st != KVQ_OK) return st;
     state->ring_start = n / P * P;
     state->quantized = n;
   }

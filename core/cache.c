@@ -29,6 +29,7 @@ static void free_storage(kvq_cache *cache) {
   }
   for (int i = 0; i < KVQ_SCRATCH_COUNT; i++)
     if (cache->scratch[i]) be->ops->buffer_destroy(be, cache->scratch[i]);
+  if (cache->staging) be->ops->buffer_destroy(be, cache->staging);
   if (cache->seqs)
     for (uint32_t i = 0; i < cache->config.max_sequences; i++) {
       free(cache->seqs[i].pages);
@@ -42,9 +43,7 @@ static void free_storage(kvq_cache *cache) {
 
 static kvq_status create_buffer(kvq_cache *cache, uint64_t bytes, kvq_buffer **out, const char *what) {
   kvq_backend *be = cache->ctx->backend;
-  kvq_status st = be->ops->buffer_create(be, bytes, out);
-  if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, what);
-  st = be->ops->buffer_zero(be, *out, 0, bytes);
+  kvq_status st = be->ops->buffer_create(be, bytes, out); /* zero-filled by contract */
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, what);
 }
 
@@ -133,6 +132,16 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
       if (st) goto fail;
     }
   }
+  /* Staging for appends: a bounded number of pages per job, allocated now so appends never
+   * allocate device memory. */
+  uint64_t token_bytes = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    uint64_t tb = kvq_token_bytes(config->input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
+    token_bytes = tb > token_bytes ? tb : token_bytes;
+  }
+  cache->staging_pages = config->max_pages < KVQ_STAGING_PAGES ? config->max_pages : KVQ_STAGING_PAGES;
+  st = create_buffer(cache, (uint64_t)cache->staging_pages * P * token_bytes, &cache->staging, "allocating staging memory");
+  if (st) goto fail;
   if (make_matrices && (st = kvq_upload_matrices(cache)) != KVQ_OK) goto fail;
   ctx->live_caches++;
   *out = cache;
@@ -151,7 +160,7 @@ kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kv
   if (st != KVQ_OK) return st;
   uint64_t bytes = UINT64_MAX;
   st = kvq_cache_config_bytes(config, &bytes);
-  if (st != KVQ_OK || bytes > ((uint64_t)1 << 46))
+  if (st != KVQ_OK || bytes > KVQ_MAX_CACHE_BYTES)
     return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE,
                     "kvq_cache_create: the cache would need %s%llu bytes, beyond the 2^46 bytes kvq accepts",
                     st != KVQ_OK ? "more than " : "", (unsigned long long)bytes);
@@ -231,6 +240,11 @@ kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
   for (uint32_t j = seq->page_count; j-- > 0;) cache->free_pages[cache->free_count++] = seq->pages[j];
   seq->page_count = 0;
   seq->live = 0;
+  if (seq->page_capacity > 64) { /* a long sequence's table is not kept for the slot's next owner */
+    free(seq->pages);
+    seq->pages = NULL;
+    seq->page_capacity = 0;
+  }
   cache->live_sequences--;
   return KVQ_OK;
 }
@@ -254,6 +268,7 @@ kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t 
   if (pages <= seq->page_capacity) return KVQ_OK;
   uint32_t capacity = seq->page_capacity ? seq->page_capacity : 8;
   while (capacity < pages) capacity = capacity > UINT32_MAX / 2 ? pages : capacity * 2;
+  if (capacity > cache->config.max_pages) capacity = pages > cache->config.max_pages ? pages : cache->config.max_pages;
   uint32_t *grown = realloc(seq->pages, sizeof *grown * capacity);
   if (!grown) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a page table");
   seq->pages = grown;
@@ -261,8 +276,19 @@ kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t 
   return KVQ_OK;
 }
 
-void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) seq->pages[seq->page_count++] = cache->free_pages[--cache->free_count];
+kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
+  kvq_backend *be = cache->ctx->backend;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint32_t slot = cache->free_pages[--cache->free_count];
+    seq->pages[seq->page_count++] = slot;
+    for (uint32_t l = 0; l < cache->config.layer_count; l++)
+      for (int s = 0; s < 2; s++) {
+        const uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
+        kvq_status st = be->ops->buffer_zero(be, cache->storage[l].pages[s], (uint64_t)slot * pb, pb);
+        if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "clearing a page");
+      }
+  }
+  return KVQ_OK;
 }
 
 kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages) {

@@ -57,7 +57,6 @@ typedef struct kvq_sequence {
 } kvq_sequence;
 
 enum kvq_scratch_kind {
-  KVQ_SCRATCH_STAGING,
   KVQ_SCRATCH_QUERIES,
   KVQ_SCRATCH_PREPARED,
   KVQ_SCRATCH_SCORES,
@@ -77,7 +76,15 @@ struct kvq_cache {
   uint32_t live_sequences;
   kvq_buffer *scratch[KVQ_SCRATCH_COUNT];
   uint64_t scratch_size[KVQ_SCRATCH_COUNT];
+  kvq_buffer *staging;       /* tokens of up to staging_pages pages being quantized by an append */
+  uint32_t staging_pages;
 };
+
+/* The largest cache kvq_cache_create (and loading) accepts, in bytes. */
+#define KVQ_MAX_CACHE_BYTES ((uint64_t)1 << 46)
+
+/* Pages an append quantizes per QUANTIZE job: bounds the staging buffer allocated with the cache. */
+#define KVQ_STAGING_PAGES 64u
 
 /* A scratch buffer of at least `bytes` (grown, contents not kept). */
 kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **out);
@@ -96,9 +103,9 @@ uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot);
 kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_matrices, kvq_cache **out);
 kvq_status kvq_upload_matrices(kvq_cache *cache);
 
-/* Takes n pages from the free stack and appends them to a sequence's page table
- * (capacity must have been checked and reserved). */
-void kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
+/* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner
+ * remain) and appends them to a sequence's page table (capacity checked and reserved before). */
+kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
 /* Grows a page table's capacity to hold `pages` entries without changing anything else. */
 kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages);
 

@@ -12,11 +12,14 @@
 #include "savefile.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "page_check.h"
 #include "sha256.h"
+#include "token_check.h"
 
 enum {
   TAG_CONF = 0x464e4f43u, /* "CONF" little-endian */
@@ -169,11 +172,12 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
   section_end(w, at);
 
   at = section_begin(w, TAG_SEQS);
-  kvq_put_u32(w, cache->live_sequences);
+  kvq_put_u32(w, c->max_sequences);
   for (uint32_t slot = 0; slot < c->max_sequences; slot++) {
     const kvq_sequence *seq = &cache->seqs[slot];
+    kvq_put_u32(w, seq->generation); /* kept for free slots too, so freed ids stay invalid */
+    kvq_put_u32(w, seq->live);
     if (!seq->live) continue;
-    kvq_put_u32(w, (uint32_t)seq->generation << 16 | slot);
     kvq_put_u32(w, seq->page_count);
     for (uint32_t l = 0; l < c->layer_count; l++) {
       kvq_put_u32(w, seq->layers[l].tokens);
@@ -313,23 +317,113 @@ static kvq_status bad(kvq_context *ctx, const char *what) {
   return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: %s", what);
 }
 
-/* Finds a section's payload. */
-static int find_section(const uint8_t *data, uint64_t body_end, uint32_t tag, kvq_reader *out) {
-  kvq_reader r = {data, body_end, KVQ_FILE_HEADER_BYTES, 0};
-  while (r.pos < body_end) {
-    uint32_t t = kvq_get_u32(&r);
-    kvq_get_u32(&r);
-    uint64_t n = kvq_get_u64(&r);
-    if (r.short_read || n > body_end - r.pos) return 0;
-    if (t == tag) {
-      *out = (kvq_reader){data + r.pos, n, 0, 0};
-      return 1;
+/* The next section, which must carry `tag`: its payload as a reader, the outer reader moved past
+ * its zero padding. Sections appear in one fixed order, each exactly once. */
+static int next_section(kvq_reader *file, uint32_t tag, kvq_reader *out) {
+  uint32_t t = kvq_get_u32(file), reserved = kvq_get_u32(file);
+  uint64_t n = kvq_get_u64(file);
+  if (file->short_read || t != tag || reserved != 0 || n > file->size - file->pos) return 0;
+  *out = (kvq_reader){file->data + file->pos, n, 0, 0};
+  const uint8_t *pad = (kvq_get_bytes(file, n), kvq_get_bytes(file, (8 - n % 8) % 8));
+  for (uint64_t i = 0; pad && i < (8 - n % 8) % 8; i++)
+    if (pad[i]) return 0;
+  return !file->short_read;
+}
+
+/* A section must be consumed to its last byte. */
+static int finished(const kvq_reader *r) { return !r->short_read && r->pos == r->size; }
+
+/* Reads the sequence records into the cache: the invariants every later call relies on. */
+static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_owner) {
+  kvq_context *ctx = cache->ctx;
+  const kvq_cache_config *c = &cache->config;
+  const uint32_t P = c->page_size;
+  if (kvq_get_u32(r) != c->max_sequences) return bad(ctx, "sequence section does not match max_sequences");
+  for (uint32_t slot = 0; slot < c->max_sequences; slot++) {
+    kvq_sequence *seq = &cache->seqs[slot];
+    const uint32_t generation = kvq_get_u32(r), live = kvq_get_u32(r);
+    if (r->short_read || generation > 0xffff || live > 1 || (live && generation == 0))
+      return bad(ctx, "a sequence record is out of range");
+    seq->generation = (uint16_t)generation;
+    if (!live) continue;
+    const uint32_t pages = kvq_get_u32(r);
+    if (r->short_read || pages > c->max_pages) return bad(ctx, "a page table is longer than the pool");
+    for (uint32_t l = 0; l < c->layer_count; l++) {
+      kvq_seq_layer *sl = &seq->layers[l];
+      sl->tokens = kvq_get_u32(r);
+      sl->ring_start = kvq_get_u32(r);
+      sl->quantized = kvq_get_u32(r);
+      if (sl->ring_start > sl->quantized || sl->quantized > sl->tokens || sl->ring_start % P ||
+          sl->tokens - sl->ring_start >= cache->ring_capacity || (sl->quantized + P - 1) / P > pages)
+        return bad(ctx, "a sequence's token counts break the cache invariants");
     }
-    uint64_t padded = n + (8 - n % 8) % 8;
-    if (padded > body_end - r.pos) return 0;
-    r.pos += padded;
+    kvq_status st = kvq_reserve_page_table(cache, seq, pages);
+    if (st != KVQ_OK) return st;
+    for (uint32_t j = 0; j < pages; j++) {
+      const uint32_t p = kvq_get_u32(r);
+      if (r->short_read || p >= c->max_pages || page_owner[p]) return bad(ctx, "a page table names a page out of range or twice");
+      page_owner[p] = 1;
+      seq->pages[j] = p;
+    }
+    seq->page_count = pages;
+    seq->live = 1;
+    cache->live_sequences++;
   }
-  return 0;
+  if (!finished(r)) return bad(ctx, "sequence section has the wrong length");
+  /* the free stack: unused pages, lowest slot on top */
+  cache->free_count = 0;
+  for (uint32_t p = c->max_pages; p-- > 0;)
+    if (!page_owner[p]) cache->free_pages[cache->free_count++] = p;
+  return KVQ_OK;
+}
+
+/* Reads the page images: exactly the owned pages, ascending, each checked before it is stored. */
+static kvq_status load_pages(kvq_cache *cache, kvq_reader *r, const uint8_t *page_owner) {
+  kvq_context *ctx = cache->ctx;
+  kvq_backend *be = ctx->backend;
+  const kvq_cache_config *c = &cache->config;
+  /* valid tokens of each (slot, layer): from the page tables */
+  uint32_t *valid = calloc((size_t)c->max_pages * c->layer_count, sizeof *valid);
+  if (!valid) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory");
+  for (uint32_t slot = 0; slot < c->max_sequences; slot++) {
+    const kvq_sequence *seq = &cache->seqs[slot];
+    for (uint32_t j = 0; seq->live && j < seq->page_count; j++)
+      for (uint32_t l = 0; l < c->layer_count; l++) {
+        const uint32_t q = seq->layers[l].quantized, first = j * c->page_size;
+        valid[(size_t)seq->pages[j] * c->layer_count + l] = q <= first ? 0 : q - first < c->page_size ? q - first : c->page_size;
+      }
+  }
+  kvq_status st = KVQ_OK;
+  const uint32_t used = kvq_get_u32(r);
+  if (used != c->max_pages - cache->free_count) st = bad(ctx, "page section does not match the page tables");
+  uint32_t previous = 0;
+  const uint8_t *slots = st == KVQ_OK ? kvq_get_bytes(r, (uint64_t)used * 4) : NULL;
+  for (uint32_t k = 0; slots && k < used && st == KVQ_OK; k++) {
+    const uint32_t p = (uint32_t)slots[4 * k] | (uint32_t)slots[4 * k + 1] << 8 | (uint32_t)slots[4 * k + 2] << 16 |
+                       (uint32_t)slots[4 * k + 3] << 24;
+    if (p >= c->max_pages || !page_owner[p] || (k > 0 && p <= previous)) st = bad(ctx, "page section lists pages that no sequence owns");
+    previous = p;
+  }
+  if (st == KVQ_OK && !slots) st = bad(ctx, "page section too short");
+  char why[256];
+  for (uint32_t k = 0; k < used && st == KVQ_OK; k++) {
+    const uint32_t p = (uint32_t)slots[4 * k] | (uint32_t)slots[4 * k + 1] << 8 | (uint32_t)slots[4 * k + 2] << 16 |
+                       (uint32_t)slots[4 * k + 3] << 24;
+    for (uint32_t l = 0; l < c->layer_count && st == KVQ_OK; l++)
+      for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+        const uint8_t *img = kvq_get_bytes(r, layout->page_bytes);
+        if (!img) st = bad(ctx, "page section too short");
+        else if (kvq_page_image_check(layout, img, valid[(size_t)p * c->layer_count + l], why, sizeof why) != 0)
+          st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: page %u, layer %u, %s: %s", p, l, s ? "values" : "keys", why);
+        else if ((st = be->ops->buffer_write(be, cache->storage[l].pages[s], (uint64_t)p * layout->page_bytes, img,
+                                             layout->page_bytes)) != KVQ_OK)
+          st = kvq_fail_backend(ctx, st, "loading pages");
+      }
+  }
+  free(valid);
+  if (st == KVQ_OK && !finished(r)) st = bad(ctx, "page section has the wrong length");
+  return st;
 }
 
 kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
@@ -344,8 +438,9 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   if (size < KVQ_FILE_HEADER_BYTES)
     return kvq_fail(ctx, KVQ_ERROR_TRUNCATED, "kvq_cache_load: %zu bytes, the header alone has 64", size);
   kvq_reader h = {data, size, 8, 0};
-  uint32_t version = kvq_get_u32(&h), header_bytes = kvq_get_u32(&h);
-  uint64_t file_bytes = kvq_get_u64(&h);
+  const uint32_t version = kvq_get_u32(&h), header_bytes = kvq_get_u32(&h);
+  const uint64_t file_bytes = kvq_get_u64(&h);
+  const uint32_t flags = kvq_get_u32(&h), sections = kvq_get_u32(&h);
   if (version != KVQ_FILE_VERSION)
     return kvq_fail(ctx, KVQ_ERROR_VERSION, "kvq_cache_load: format version %u, this kvq reads version %u", version,
                     KVQ_FILE_VERSION);
@@ -359,19 +454,28 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   kvq_sha256_digest(data, (size_t)file_bytes - 32, digest);
   if (memcmp(digest, data + file_bytes - 32, 32) != 0)
     return kvq_fail(ctx, KVQ_ERROR_CHECKSUM, "kvq_cache_load: SHA-256 mismatch: the file is corrupted");
-  const uint64_t body_end = file_bytes - 32;
+  for (uint32_t i = 32; i < 64; i++)
+    if (data[i]) return bad(ctx, "reserved header bytes are not zero");
+  if (flags != 0) return bad(ctx, "unknown flags in the header (a newer kvq wrote this file?)");
+  if (sections != 5) return bad(ctx, "wrong number of sections");
+  kvq_reader file = {data, file_bytes - 32, KVQ_FILE_HEADER_BYTES, 0};
 
   /* CONF */
   kvq_reader r;
-  if (!find_section(data, body_end, TAG_CONF, &r)) return bad(ctx, "no config section");
+  if (!next_section(&file, TAG_CONF, &r)) return bad(ctx, "expected the config section");
   kvq_cache_config config;
   kvq_layer_config *layers = NULL;
-  if (kvq_get_config(&r, &config, &layers) != 0) {
+  if (kvq_get_config(&r, &config, &layers) != 0 || !finished(&r)) {
     free(layers);
     return bad(ctx, "malformed config section");
   }
   char why[512];
   kvq_status st = kvq_config_validate(&config, why, sizeof why);
+  uint64_t bytes = 0;
+  if (st == KVQ_OK && (kvq_cache_config_bytes(&config, &bytes) != KVQ_OK || bytes > KVQ_MAX_CACHE_BYTES)) {
+    snprintf(why, sizeof why, "the cache would need more than 2^46 bytes");
+    st = KVQ_ERROR_OUT_OF_RANGE;
+  }
   if (st != KVQ_OK) {
     free(layers);
     return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: invalid config: %s", why);
@@ -380,14 +484,17 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   st = kvq_cache_build(ctx, &config, 0, &cache);
   free(layers);
   if (st != KVQ_OK) return st;
-  const uint32_t L = config.layer_count, P = config.page_size;
+  const uint32_t L = config.layer_count;
+  uint8_t *page_owner = NULL;
 
-  /* MATX: every matrix the layers need, each with a matching SHA-256 */
-  if (!find_section(data, body_end, TAG_MATX, &r)) {
-    st = bad(ctx, "no matrix section");
+  /* MATX: every matrix the layers need, once each, each with a matching SHA-256 */
+  if (!next_section(&file, TAG_MATX, &r)) {
+    st = bad(ctx, "expected the matrix section");
     goto fail;
   }
   uint32_t matrices = kvq_get_u32(&r), expected = 0;
+  uint8_t seen[4096][2][KVQ_SIDE_MATRICES];
+  memset(seen, 0, sizeof seen);
   for (uint32_t l = 0; l < L; l++)
     for (int s = 0; s < 2; s++)
       for (int i = 0; i < KVQ_SIDE_MATRICES; i++) expected += kvq_side_matrix_rows(&cache->storage[l].side[s].layout, i) > 0;
@@ -398,12 +505,13 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   for (uint32_t k = 0; k < matrices; k++) {
     uint32_t l = kvq_get_u32(&r), s = kvq_get_u32(&r), i = kvq_get_u32(&r), rows = kvq_get_u32(&r), cols = kvq_get_u32(&r);
     const uint8_t *sha = kvq_get_bytes(&r, 32);
-    if (r.short_read || l >= L || s > 1 || i >= KVQ_SIDE_MATRICES ||
+    if (r.short_read || l >= L || s > 1 || i >= KVQ_SIDE_MATRICES || seen[l][s][i] ||
         rows != kvq_side_matrix_rows(&cache->storage[l].side[s].layout, (int)i) || rows == 0 ||
         cols != cache->layers[l].head_dim) {
-      st = bad(ctx, "a matrix does not match the config");
+      st = bad(ctx, "a matrix does not match the config, or appears twice");
       goto fail;
     }
+    seen[l][s][i] = 1;
     float *m = cache->storage[l].matrix_host[s][i];
     if (!kvq_get_f32s(&r, m, (uint64_t)rows * cols)) {
       st = bad(ctx, "matrix section too short");
@@ -415,132 +523,73 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
       st = bad(ctx, "a matrix does not match its SHA-256");
       goto fail;
     }
+    for (uint64_t e = 0; e < (uint64_t)rows * cols; e++)
+      if (!isfinite(m[e])) {
+        st = bad(ctx, "a matrix holds a non-finite number");
+        goto fail;
+      }
+  }
+  if (!finished(&r)) {
+    st = bad(ctx, "matrix section has the wrong length");
+    goto fail;
   }
   if ((st = kvq_upload_matrices(cache)) != KVQ_OK) goto fail;
 
-  /* SEQS: check every invariant the cache relies on before trusting a number */
-  if (!find_section(data, body_end, TAG_SEQS, &r)) {
-    st = bad(ctx, "no sequence section");
-    goto fail;
-  }
-  uint32_t live = kvq_get_u32(&r);
-  if (live > config.max_sequences) {
-    st = bad(ctx, "more live sequences than max_sequences");
-    goto fail;
-  }
-  uint8_t *page_owner = calloc(config.max_pages, 1);
+  /* SEQS, PAGE */
+  page_owner = calloc(config.max_pages, 1);
   if (!page_owner) {
     st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory");
     goto fail;
   }
-  for (uint32_t k = 0; k < live && st == KVQ_OK; k++) {
-    uint32_t id = kvq_get_u32(&r), pages = kvq_get_u32(&r);
-    uint32_t slot = id & 0xffff, generation = id >> 16;
-    if (r.short_read || slot >= config.max_sequences || generation == 0 || cache->seqs[slot].live ||
-        pages > config.max_pages) {
-      st = bad(ctx, "a sequence record is out of range");
-      break;
-    }
-    kvq_sequence *seq = &cache->seqs[slot];
-    for (uint32_t l = 0; l < L; l++) {
-      kvq_seq_layer *sl = &seq->layers[l];
-      sl->tokens = kvq_get_u32(&r);
-      sl->ring_start = kvq_get_u32(&r);
-      sl->quantized = kvq_get_u32(&r);
-      if (sl->ring_start > sl->quantized || sl->quantized > sl->tokens || sl->ring_start % P ||
-          sl->tokens - sl->ring_start >= cache->ring_capacity || (sl->quantized + P - 1) / P > pages)
-        st = bad(ctx, "a sequence's token counts break the cache invariants");
-    }
-    if (st != KVQ_OK) break;
-    if ((st = kvq_reserve_page_table(cache, seq, pages)) != KVQ_OK) break;
-    for (uint32_t j = 0; j < pages; j++) {
-      uint32_t p = kvq_get_u32(&r);
-      if (r.short_read || p >= config.max_pages || page_owner[p]) {
-        st = bad(ctx, "a page table names a page out of range or twice");
-        break;
-      }
-      page_owner[p] = 1;
-      seq->pages[j] = p;
-    }
-    seq->page_count = pages;
-    seq->generation = (uint16_t)generation;
-    seq->live = 1;
-    cache->live_sequences++;
-  }
-  if (st == KVQ_OK && r.short_read) st = bad(ctx, "sequence section too short");
-  if (st == KVQ_OK) { /* the free stack: unused pages, lowest slot on top */
-    cache->free_count = 0;
-    for (uint32_t p = config.max_pages; p-- > 0;)
-      if (!page_owner[p]) cache->free_pages[cache->free_count++] = p;
-  }
-  if (st != KVQ_OK) {
-    free(page_owner);
+  if (!next_section(&file, TAG_SEQS, &r)) {
+    st = bad(ctx, "expected the sequence section");
     goto fail;
   }
-
-  /* PAGE: exactly the owned pages, ascending */
-  kvq_backend *be = ctx->backend;
-  if (!find_section(data, body_end, TAG_PAGE, &r)) {
-    st = bad(ctx, "no page section");
+  if ((st = load_sequences(cache, &r, page_owner)) != KVQ_OK) goto fail;
+  if (!next_section(&file, TAG_PAGE, &r)) {
+    st = bad(ctx, "expected the page section");
     goto fail;
   }
-  uint32_t used = kvq_get_u32(&r);
-  uint32_t *slots = used == config.max_pages - cache->free_count ? malloc(sizeof(uint32_t) * (used ? used : 1)) : NULL;
-  if (!slots) {
-    free(page_owner);
-    st = used == config.max_pages - cache->free_count ? kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory")
-                                                      : bad(ctx, "page section does not match the page tables");
-    goto fail;
-  }
-  for (uint32_t k = 0; k < used; k++) {
-    slots[k] = kvq_get_u32(&r);
-    if (r.short_read || slots[k] >= config.max_pages || !page_owner[slots[k]] || (k > 0 && slots[k] <= slots[k - 1])) {
-      st = bad(ctx, "page section lists pages that no sequence owns");
-      break;
-    }
-  }
-  free(page_owner);
-  for (uint32_t k = 0; k < used && st == KVQ_OK; k++)
-    for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
-      for (int s = 0; s < 2 && st == KVQ_OK; s++) {
-        const uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
-        const uint8_t *img = kvq_get_bytes(&r, pb);
-        if (!img) st = bad(ctx, "page section too short");
-        else if ((st = be->ops->buffer_write(be, cache->storage[l].pages[s], (uint64_t)slots[k] * pb, img, pb)) != KVQ_OK)
-          st = kvq_fail_backend(ctx, st, "loading pages");
-      }
-  free(slots);
-  if (st != KVQ_OK) goto fail;
+  if ((st = load_pages(cache, &r, page_owner)) != KVQ_OK) goto fail;
 
   /* WIND */
-  if (!find_section(data, body_end, TAG_WIND, &r)) {
-    st = bad(ctx, "no window section");
+  kvq_backend *be = ctx->backend;
+  if (!next_section(&file, TAG_WIND, &r)) {
+    st = bad(ctx, "expected the window section");
     goto fail;
   }
   for (uint32_t slot = 0; slot < config.max_sequences && st == KVQ_OK; slot++) {
     const kvq_sequence *seq = &cache->seqs[slot];
     if (!seq->live) continue;
     for (uint32_t l = 0; l < L && st == KVQ_OK; l++) {
-      const uint64_t tb = kvq_token_bytes(config.input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
+      const kvq_layer_config *lc = &cache->layers[l];
+      const uint64_t tb = kvq_token_bytes(config.input_dtype, lc->kv_heads, lc->head_dim);
       const uint64_t ring_offset = kvq_ring_offset(cache, l, slot);
       for (int s = 0; s < 2 && st == KVQ_OK; s++)
         for (uint32_t t = seq->layers[l].ring_start; t < seq->layers[l].tokens && st == KVQ_OK; t++) {
           const uint8_t *tok = kvq_get_bytes(&r, tb);
           if (!tok) st = bad(ctx, "window section too short");
+          else if (kvq_check_tokens(ctx, &cache->storage[l].side[s].layout, config.input_dtype, tok, 1, "kvq_cache_load window", t) != KVQ_OK)
+            st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: window token %u of layer %u cannot be stored", t, l);
           else if ((st = be->ops->buffer_write(be, cache->storage[l].ring[s], ring_offset + (t % cache->ring_capacity) * tb,
                                                tok, tb)) != KVQ_OK)
             st = kvq_fail_backend(ctx, st, "loading the window");
         }
     }
   }
+  if (st == KVQ_OK && !finished(&r)) st = bad(ctx, "window section has the wrong length");
+  if (st == KVQ_OK && file.pos != file.size) st = bad(ctx, "bytes after the last section");
   if (st != KVQ_OK) goto fail;
   if ((st = be->ops->finish(be)) != KVQ_OK) {
     st = kvq_fail_backend(ctx, st, "loading");
     goto fail;
   }
+  free(page_owner);
+  kvq_clear_error(ctx);
   *out = cache;
   return KVQ_OK;
 fail:
+  free(page_owner);
   kvq_cache_destroy(cache);
   return st;
 }

@@ -249,3 +249,41 @@ Test(cache, page_pool_reuse_and_capacity) {
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }
+
+/* A prefill longer than the staging buffer (64 pages per job) quantizes in several jobs and gives
+ * the same pages as appending token by token. */
+Test(cache, long_prefill_spans_staging_chunks, .timeout = 120) {
+  const uint32_t hkv = 1, d = 16, P = 16, n = 70 * 16 + 9;
+  kvq_layer_config layer = th_layer(1, hkv, d, th_qjl(32, 2, 32), th_uniform(4, 16));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 16, 200, 2, 3);
+  kvq_context *ctx = th_cpu_context();
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  float *k = malloc(sizeof(float) * n * hkv * d), *v = malloc(sizeof(float) * n * hkv * d);
+  kvq_synth_config sc = kvq_synth_defaults(n, hkv, 1, d, 4);
+  sc.outliers = 2;
+  kvq_synth_generate(&sc, k, v, NULL);
+  uint32_t a, b;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &a));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &b));
+  th_append(ctx, cache, a, 0, k, v, 0, n, hkv, d, KVQ_DTYPE_F32);
+  for (uint32_t t = 0; t < n; t++) th_append(ctx, cache, b, 0, k, v, t, 1, hkv, d, KVQ_DTYPE_F32);
+  float *x[2][2];
+  for (int s = 0; s < 2; s++) {
+    x[s][0] = malloc(sizeof(float) * n * hkv * d);
+    x[s][1] = malloc(sizeof(float) * n * hkv * d);
+    int64_t shape[3] = {n, hkv, d};
+    kvq_tensor kt = kvq_tensor_host(x[s][0], KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(x[s][1], KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(ctx, kvq_dequantize(cache, s ? b : a, 0, 0, n, &kt, &vt));
+  }
+  cr_assert_eq(memcmp(x[0][0], x[1][0], sizeof(float) * n * hkv * d), 0, "keys");
+  cr_assert_eq(memcmp(x[0][1], x[1][1], sizeof(float) * n * hkv * d), 0, "values");
+  kvq_sequence_info info;
+  KVQ_CHECK(ctx, kvq_sequence_info_get(cache, a, 0, &info));
+  /* pages are quantized while the window holds R + P = 32 tokens or more: 1104 quantized, 25 left */
+  cr_assert_eq(info.quantized_tokens, 1104, "quantized %llu", (unsigned long long)info.quantized_tokens);
+  for (int s = 0; s < 2; s++) free(x[s][0]), free(x[s][1]);
+  free(k), free(v);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}

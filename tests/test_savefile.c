@@ -234,3 +234,91 @@ Test(savefile, consistent_checksum_bad_content) {
   free(data);
   destroy(&f);
 }
+
+/* Offset of a section's payload in a saved file (tags as in docs/FORMAT.md). */
+static size_t section_payload(const uint8_t *data, size_t size, const char tag[4], uint64_t *bytes) {
+  size_t at = 64;
+  while (at + 16 <= size - 32) {
+    uint64_t n;
+    memcpy(&n, data + at + 8, 8);
+    if (memcmp(data + at, tag, 4) == 0) {
+      *bytes = n;
+      return at + 16;
+    }
+    at += 16 + n + (8 - n % 8) % 8;
+  }
+  cr_assert_fail("no section %.4s", tag);
+  return 0;
+}
+
+/* Files whose checksum is right but whose content kvq could never have written. */
+Test(savefile, forged_content_is_refused) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size), *copy = malloc(size);
+  uint64_t n;
+  /* the first page image starts after the PAGE section's count and slot list */
+  const size_t pages = section_payload(data, size, "PAGE", &n);
+  uint32_t used;
+  memcpy(&used, data + pages, 4);
+  const size_t image = pages + 4 + 4 * (size_t)used; /* layer 0 keys: QJL, d = 64, m = 128, k = 4, m_o = 128, P = 16 */
+  const size_t outliers = image + 16 * 128 / 8 * 2 + 16 * 2 * 2;
+  struct {
+    size_t at;
+    uint8_t value;
+    const char *what;
+  } forged[] = {
+      {outliers + 3, 200, "an outlier channel beyond head_dim"},
+      {outliers + 0, 63, "outlier channels out of order"},
+      {outliers + 6, 1, "a nonzero padding byte after the outlier list"},
+  };
+  for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
+    memcpy(copy, data, size);
+    copy[forged[i].at] = forged[i].value;
+    reseal(copy, size);
+    expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, forged[i].what);
+  }
+  /* the same matrix twice (S recorded in place of S_o: equal sizes here) */
+  memcpy(copy, data, size);
+  const size_t matx = section_payload(copy, size, "MATX", &n);
+  uint32_t rows;
+  memcpy(&rows, copy + matx + 4 + 12, 4);
+  const size_t second = matx + 4 + 20 + 32 + (size_t)rows * 64 * 4;
+  memset(copy + second + 8, 0, 4); /* index 1 -> 0 */
+  reseal(copy, size);
+  expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, "a matrix recorded twice");
+  /* header fields a newer kvq might use */
+  memcpy(copy, data, size);
+  copy[24] = 1;
+  reseal(copy, size);
+  expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, "unknown flags");
+  memcpy(copy, data, size);
+  copy[40] = 7;
+  reseal(copy, size);
+  expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, "reserved header bytes");
+  free(copy);
+  free(data);
+  destroy(&f);
+}
+
+/* A freed id stays invalid across save and load, and is not handed out again. */
+Test(savefile, freed_ids_stay_freed) {
+  fixture f;
+  build(&f);
+  uint32_t gone;
+  KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &gone));
+  KVQ_CHECK(f.ctx, kvq_sequence_free(f.cache, gone));
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  kvq_cache *loaded;
+  KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+  kvq_sequence_info info;
+  cr_assert_eq(kvq_sequence_info_get(loaded, gone, 0, &info), KVQ_ERROR_NOT_FOUND);
+  uint32_t fresh;
+  KVQ_CHECK(f.ctx, kvq_sequence_add(loaded, &fresh));
+  cr_assert_neq(fresh, gone, "a freed id came back after loading");
+  kvq_cache_destroy(loaded);
+  free(data);
+  destroy(&f);
+}

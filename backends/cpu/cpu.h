@@ -17,6 +17,13 @@ struct kvq_buffer {
   uint64_t size;
 };
 
+/* The backend: a workspace of one page of one kv head in fp32, allocated when the backend starts,
+ * so that QUANTIZE (the only job that changes a cache) never fails for lack of host memory. */
+typedef struct cpu_backend {
+  kvq_backend base;
+  float *page_workspace; /* KVQ_MAX_PAGE_SIZE * KVQ_MAX_HEAD_DIM floats */
+} cpu_backend;
+
 /* The view of one kv head's block of one page that method code works on. */
 typedef struct cpu_head {
   const kvq_side_desc *side;

@@ -4,11 +4,8 @@
 #include <string.h>
 
 #include "core/layout.h"
+#include "core/layout.h"
 #include "cpu.h"
-
-typedef struct cpu_backend {
-  kvq_backend base;
-} cpu_backend;
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method) {
   switch (layout_method) {
@@ -25,7 +22,10 @@ cpu_head kvq_cpu_head(const kvq_side_desc *side) {
   return h;
 }
 
-static void cpu_destroy(kvq_backend *b) { free(b); }
+static void cpu_destroy(kvq_backend *b) {
+  free(((cpu_backend *)b)->page_workspace);
+  free(b);
+}
 
 static int cpu_supports(const kvq_backend *b, kvq_job_kind kind, const kvq_side_layout *keys,
                         const kvq_side_layout *values) {
@@ -45,7 +45,7 @@ static kvq_status range_check(kvq_backend *b, const kvq_buffer *buf, uint64_t of
 
 static kvq_status cpu_buffer_create(kvq_backend *b, uint64_t bytes, kvq_buffer **out) {
   kvq_buffer *buf = calloc(1, sizeof *buf);
-  /* calloc: pages start zeroed, so padding bytes are zero without a separate pass. */
+  /* calloc: buffers start zeroed, as the interface requires, and untouched pages cost no RSS. */
   uint8_t *data = bytes <= SIZE_MAX ? calloc(1, bytes ? (size_t)bytes : 1) : NULL;
   if (!buf || !data) {
     free(buf);
@@ -120,7 +120,9 @@ static const kvq_backend_ops cpu_ops = {
 
 kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size) {
   cpu_backend *b = calloc(1, sizeof *b);
-  if (!b) {
+  if (b) b->page_workspace = malloc(sizeof(float) * KVQ_MAX_PAGE_SIZE * KVQ_MAX_HEAD_DIM);
+  if (!b || !b->page_workspace) {
+    if (b) free(b);
     snprintf(why, why_size, "cpu: out of host memory");
     return KVQ_ERROR_OUT_OF_MEMORY;
   }

@@ -22,25 +22,24 @@ kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
   const cpu_head head = kvq_cpu_head(job->side);
   const uint64_t per_token = (uint64_t)s->kv_heads * s->head_dim;
   const uint32_t esize = job->input_dtype == KVQ_DTYPE_F32 ? 4 : 2;
-  float *x = malloc(sizeof(float) * per_token * s->page_size);
-  if (!x) {
-    snprintf(b->message, sizeof b->message, "cpu: out of host memory for a page of tokens");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+  float *x = ((cpu_backend *)b)->page_workspace; /* one kv head of one page, [tokens][head_dim] */
+  for (uint32_t i = 0; i < job->count; i++) { /* check every item before writing any page */
+    const kvq_quantize_item *it = &job->items[i];
+    if (it->tokens == 0 || it->tokens > s->page_size || !in_buffer(it->src, it->src_offset, per_token * esize * it->tokens) ||
+        !in_buffer(job->dst, it->dst_offset, s->page_bytes))
+      return bad_range(b, "a quantize item");
   }
   for (uint32_t i = 0; i < job->count; i++) {
     const kvq_quantize_item *it = &job->items[i];
-    if (it->tokens == 0 || it->tokens > s->page_size || !in_buffer(it->src, it->src_offset, per_token * esize * it->tokens) ||
-        !in_buffer(job->dst, it->dst_offset, s->page_bytes)) {
-      free(x);
-      return bad_range(b, "a quantize item");
-    }
-    kvq_convert_to_f32(job->input_dtype, it->src->data + it->src_offset, x, per_token * it->tokens);
     uint8_t *page = job->dst->data + it->dst_offset;
     memset(page, 0, (size_t)s->page_bytes); /* padding and tokens past the valid count are zero */
-    for (uint32_t h = 0; h < s->kv_heads; h++)
-      method->encode(&head, x + (size_t)h * s->head_dim, per_token, it->tokens, page + (size_t)h * s->head_bytes);
+    for (uint32_t h = 0; h < s->kv_heads; h++) {
+      for (uint32_t t = 0; t < it->tokens; t++)
+        kvq_convert_to_f32(job->input_dtype, it->src->data + it->src_offset + (t * per_token + (uint64_t)h * s->head_dim) * esize,
+                           x + (size_t)t * s->head_dim, s->head_dim);
+      method->encode(&head, x, s->head_dim, it->tokens, page + (size_t)h * s->head_bytes);
+    }
   }
-  free(x);
   return KVQ_OK;
 }
 

@@ -251,8 +251,9 @@ typedef struct kvq_cache_config {
 KVQ_API kvq_status kvq_cache_config_check(const kvq_cache_config *config, char *message, size_t message_size);
 
 /*
- * Bytes a cache with this configuration allocates: pages, full-precision windows, matrices and
- * bookkeeping (a bound: actual use is never larger). KVQ_ERROR_OUT_OF_RANGE when the total does not
+ * Bytes a cache with this configuration allocates when created: pages, full-precision windows,
+ * matrices, staging and bookkeeping (a bound: these never grow). Attention, scores and dequantize
+ * add scratch buffers sized by their largest call (kvq_memory_report.scratch_bytes). KVQ_ERROR_OUT_OF_RANGE when the total does not
  * fit in 64 bits (*bytes is then UINT64_MAX). kvq_cache_create refuses caches above 2^46 bytes.
  * Thread-safe.
  */
@@ -281,7 +282,9 @@ typedef struct kvq_cache kvq_cache;
 
 /*
  * Creates an empty cache on a context: builds the random matrices on the host, uploads them and
- * allocates all storage up front (so appends never allocate). Messages name the bad parameter.
+ * allocates all storage up front, so appends and flushes never allocate device memory (attention,
+ * scores and dequantization use scratch buffers that grow to their largest call). Messages name the
+ * bad parameter; *out is NULL on failure.
  */
 KVQ_API kvq_status kvq_cache_create(kvq_context *context, const kvq_cache_config *config, kvq_cache **out);
 
@@ -389,11 +392,15 @@ typedef struct kvq_memory_report {
   uint64_t window_bytes_total;    /* full-precision windows of all sequence slots */
   uint64_t window_bytes_used;     /* window tokens currently held */
   uint64_t fixed_bytes;           /* matrices and codebooks (stored once per cache) */
+  uint64_t staging_bytes;         /* allocated with the cache for appends that quantize pages */
+  uint64_t scratch_bytes;         /* grown by attention, scores and dequantization to their largest call */
   double key_bits_per_number;     /* page layouts, side data and padding included, all layers */
   double value_bits_per_number;
   double bits_per_number;         /* keys and values together */
 } kvq_memory_report;
 
+/* What a cache holds and what it costs (see kvq_memory_report). Thread-safety: as any call on the
+ * cache's context. */
 KVQ_API kvq_status kvq_cache_memory(const kvq_cache *cache, kvq_memory_report *report);
 
 /* ---------------------------------------------------------------------------------------------
