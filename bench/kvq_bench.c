@@ -86,46 +86,54 @@ static int bench_one(kvq_context *ctx, const options *o, const char *spec, const
   int64_t kv_shape[3] = {o->tokens, o->kv_heads, o->head_dim};
   kvq_tensor kt = kvq_tensor_host((void *)k, KVQ_DTYPE_F32, 3, kv_shape), vt = kvq_tensor_host((void *)v, KVQ_DTYPE_F32, 3, kv_shape);
   uint32_t *seqs = malloc(sizeof(uint32_t) * o->batch);
-  double t0 = now();
-  for (uint32_t s = 0; s < o->batch; s++) {
-    kvq_sequence_add(cache, &seqs[s]);
-    if (kvq_append(cache, seqs[s], 0, &kt, &vt) != KVQ_OK || kvq_flush(cache, seqs[s]) != KVQ_OK) {
-      fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
-      return 2;
-    }
-  }
-  const double append_s = now() - t0;
-  /* decode: one query position per sequence, the whole batch in one call */
   float *out = malloc(sizeof(float) * o->batch * o->heads * o->head_dim);
   kvq_attention_request *req = malloc(sizeof *req * o->batch);
+  int rc = 2;
+  if (!seqs || !out || !req) {
+    fprintf(stderr, "kvq-bench: out of memory\n");
+    goto done;
+  }
+  double t0 = now();
+  for (uint32_t s = 0; s < o->batch; s++)
+    if (kvq_sequence_add(cache, &seqs[s]) != KVQ_OK || kvq_append(cache, seqs[s], 0, &kt, &vt) != KVQ_OK ||
+        kvq_flush(cache, seqs[s]) != KVQ_OK) {
+      fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
+      goto done;
+    }
+  const double append_s = now() - t0;
+  /* decode: one query position per sequence, the whole batch in one call */
   int64_t q_shape[3] = {1, o->heads, o->head_dim};
   for (uint32_t s = 0; s < o->batch; s++)
     req[s] = (kvq_attention_request){seqs[s], KVQ_MASK_CAUSAL, kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, q_shape),
                                      kvq_tensor_host(out + (size_t)s * o->heads * o->head_dim, KVQ_DTYPE_F32, 3, q_shape)};
-  kvq_attention(cache, 0, req, o->batch); /* warm-up */
   double best = 1e30;
-  for (uint32_t i = 0; i < o->iterations; i++) {
+  for (uint32_t i = 0; i <= o->iterations; i++) { /* the first call warms up and is not timed */
     t0 = now();
-    kvq_attention(cache, 0, req, o->batch);
+    if (kvq_attention(cache, 0, req, o->batch) != KVQ_OK) {
+      fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
+      goto done;
+    }
     double t = now() - t0;
-    best = t < best ? t : best;
+    if (i > 0) best = t < best ? t : best;
   }
   kvq_memory_report mem;
   kvq_cache_memory(cache, &mem);
   const double moved = (double)mem.pages_bytes_used + mem.window_bytes_used; /* compressed K and V read once */
   const double input_bytes = (double)o->batch * o->tokens * o->kv_heads * o->head_dim * 4 * 2;
+  const double tokens = (double)o->batch * o->tokens;
   if (o->json)
     printf("%s    {\"method\": \"%s\", \"bits\": %.4f, \"append_tokens_per_s\": %.1f, \"append_input_gb_per_s\": %.4f, "
            "\"decode_ms\": %.4f, \"decode_bytes\": %.0f, \"decode_gb_per_s\": %.4f, \"fraction_of_copy\": %.5f}",
-           first ? "" : ",\n", spec, mem.bits_per_number, o->batch * o->tokens / append_s, input_bytes / append_s / 1e9,
+           first ? "" : ",\n", spec, mem.bits_per_number, tokens / append_s, input_bytes / append_s / 1e9,
            best * 1e3, moved, moved / best / 1e9, moved / best / copy_bw);
   else
-    printf("%-26s %6.3f %12.0f %10.3f %11.3f %12.0f %9.3f %9.4f\n", spec, mem.bits_per_number,
-           o->batch * o->tokens / append_s, input_bytes / append_s / 1e9, best * 1e3, moved, moved / best / 1e9,
-           moved / best / copy_bw);
+    printf("%-26s %6.3f %12.0f %10.3f %11.3f %12.0f %9.3f %9.4f\n", spec, mem.bits_per_number, tokens / append_s,
+           input_bytes / append_s / 1e9, best * 1e3, moved, moved / best / 1e9, moved / best / copy_bw);
+  rc = 0;
+done:
   free(out), free(req), free(seqs);
   kvq_cache_destroy(cache);
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -143,14 +151,26 @@ int main(int argc, char **argv) {
              "                 [--head-dim D] [--page-size P] [--iterations I] [--methods K/V,...] [--json]\n");
       return 0;
     } else if (n && v) {
-      *n = (uint32_t)strtoul(v, NULL, 10);
+      char *end;
+      unsigned long value = strtoul(v, &end, 10);
+      if (!*v || *end || value == 0 || value > 0x7fffffffUL) {
+        fprintf(stderr, "kvq-bench: %s %s: a positive number\n", a, v);
+        return 2;
+      }
+      *n = (uint32_t)value;
       i++;
     } else if (!strcmp(a, "--methods") && v) {
       o.methods = v;
       i++;
     } else if (!strcmp(a, "--backend") && v) {
-      o.backend = !strcmp(v, "vulkan") ? KVQ_BACKEND_VULKAN : !strcmp(v, "cuda") ? KVQ_BACKEND_CUDA
-                  : !strcmp(v, "auto") ? KVQ_BACKEND_AUTO : KVQ_BACKEND_CPU;
+      if (!strcmp(v, "cpu")) o.backend = KVQ_BACKEND_CPU;
+      else if (!strcmp(v, "vulkan")) o.backend = KVQ_BACKEND_VULKAN;
+      else if (!strcmp(v, "cuda")) o.backend = KVQ_BACKEND_CUDA;
+      else if (!strcmp(v, "auto")) o.backend = KVQ_BACKEND_AUTO;
+      else {
+        fprintf(stderr, "kvq-bench: unknown backend '%s' (cpu, vulkan, cuda, auto)\n", v);
+        return 2;
+      }
       i++;
     } else {
       fprintf(stderr, "kvq-bench: unknown option '%s' (see --help)\n", a);

@@ -12,9 +12,10 @@ kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim) {
   m.qjl.sketch_dim = 2 * head_dim;
   m.qjl.outlier_count = head_dim / 16;
   m.qjl.outlier_sketch_dim = 2 * head_dim;
-  /* Uniform: 2 bits in groups of 32 channels, the value scheme of QJL and KIVI. */
+  /* Uniform: 2 bits in groups of 32 channels, the value scheme of QJL and KIVI; 16 where 32 does
+   * not divide head_dim (every valid head_dim is a multiple of 16). */
   m.uniform.bits = 2;
-  m.uniform.group_size = head_dim % 32 == 0 ? 32 : head_dim;
+  m.uniform.group_size = head_dim % 32 == 0 ? 32 : 16;
   return m;
 }
 

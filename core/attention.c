@@ -193,6 +193,16 @@ static kvq_status check_finite_results(kvq_context *ctx, const float *x, uint64_
   return KVQ_OK;
 }
 
+/* Results go out in the caller's dtype: a value beyond fp16 or bf16 range would become Inf there. */
+static kvq_status check_fits(kvq_context *ctx, const float *x, uint64_t count, kvq_dtype dtype, const char *what) {
+  const float limit = dtype == KVQ_DTYPE_F16 ? 65504.0f : dtype == KVQ_DTYPE_BF16 ? 0x1.fep127f : INFINITY;
+  for (uint64_t i = 0; i < count && dtype != KVQ_DTYPE_F32; i++)
+    if (fabsf(x[i]) > limit && isfinite(x[i]) && fabsf(kvq_round_to(dtype, x[i])) > limit)
+      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: result %g does not fit the output's %s", what, (double)x[i],
+                      kvq_dtype_name(dtype));
+  return KVQ_OK;
+}
+
 /* Validates one block of queries and fills an item (queries packed to fp32, owned by the caller). */
 static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kvq_mask mask, const kvq_tensor *queries,
                                const char *what, attend_item *it) {
@@ -231,8 +241,8 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
   if (st != KVQ_OK) return st;
   if (count == 0) return KVQ_OK;
   if (!requests) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_attention: requests is NULL");
-  if (count > cache->config.max_sequences * (size_t)64)
-    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_attention: %zu requests is more than this cache can mean", count);
+  if (count > SIZE_MAX / sizeof(kvq_attention_request)) /* no such array can exist */
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_attention: %zu requests", count);
   const kvq_layer_config *L = &cache->layers[layer];
   attend_item *items = calloc(count, sizeof *items);
   if (!items) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
@@ -255,8 +265,11 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
     }
   }
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
-  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     st = check_finite_results(ctx, items[i].output, items[i].rows * row_floats, 0, "kvq_attention");
+    if (st == KVQ_OK)
+      st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
+  }
   if (st == KVQ_OK)
     for (size_t i = 0; i < count; i++) kvq_tensor_scatter(&requests[i].output, items[i].output);
   for (size_t i = 0; i < count; i++) {
@@ -293,6 +306,7 @@ kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   if (st == KVQ_OK)
     st = check_finite_results(ctx, item.scores, (uint64_t)item.rows * L->query_heads * n, kind == KVQ_SCORES_LOGITS,
                               "kvq_scores");
+  if (st == KVQ_OK) st = check_fits(ctx, item.scores, (uint64_t)item.rows * L->query_heads * n, scores->dtype, "kvq_scores");
   if (st == KVQ_OK) kvq_tensor_scatter(scores, item.scores);
   free(q);
   free(item.scores);
@@ -363,6 +377,8 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
     if (!buffers[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
     else st = dequantize_side(cache, seq, layer, s, (uint32_t)first, (uint32_t)count, buffers[s]);
   }
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
   if (st == KVQ_OK)
     for (int s = 0; s < 2; s++)
       if (outs[s]) kvq_tensor_scatter(outs[s], buffers[s]);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "page_check.h"
 #include "sha256.h"
@@ -299,6 +300,7 @@ kvq_status kvq_cache_save(kvq_cache *cache, const char *path) {
     } else {
       int ok = fwrite(data, 1, (size_t)size, f) == (size_t)size;
       ok = fflush(f) == 0 && ok;
+      ok = fsync(fileno(f)) == 0 && ok; /* the data is on disk before the rename makes it the file */
       ok = fclose(f) == 0 && ok;
       if (!ok || rename(tmp, path) != 0) {
         st = kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_save: cannot write %s: %s", path, strerror(errno));

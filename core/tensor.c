@@ -93,6 +93,12 @@ static void store_f32(kvq_dtype dtype, uint8_t *p, float v) {
   memcpy(p, &h, 2);
 }
 
+float kvq_round_to(kvq_dtype dtype, float x) {
+  if (dtype == KVQ_DTYPE_F16) return kvq_round_f16(x);
+  if (dtype == KVQ_DTYPE_BF16) return kvq_bf16_bits_to_f32(kvq_f32_to_bf16_bits(x));
+  return x;
+}
+
 void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n) {
   const uint8_t *p = src;
   const size_t size = esize(dtype);

@@ -18,6 +18,9 @@ void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
 /* Converts n packed little-endian values of `dtype` to fp32 (exact). */
 void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n);
 
+/* x rounded to a dtype (round half to even) and back: what a tensor of that dtype would hold. */
+float kvq_round_to(kvq_dtype dtype, float x);
+
 /* Writes row-major fp32 values into the tensor, converting to its dtype. */
 void kvq_tensor_scatter(const kvq_tensor *t, const float *src);
 

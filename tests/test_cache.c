@@ -287,3 +287,32 @@ Test(cache, long_prefill_spans_staging_chunks, .timeout = 120) {
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }
+
+/* Results that do not fit the caller's fp16 output are an error, not Inf with KVQ_OK. */
+Test(cache, fp16_outputs_that_would_overflow) {
+  const uint32_t d = 16;
+  kvq_layer_config layer = th_layer(1, 1, d, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 1);
+  kvq_context *ctx = th_cpu_context();
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  float k[2 * 16] = {0}, v[2 * 16], q[16] = {0};
+  for (int i = 0; i < 32; i++) v[i] = 1e5f; /* beyond fp16's 65504 */
+  th_append(ctx, cache, seq, 0, k, v, 0, 2, 1, d, KVQ_DTYPE_F32);
+  uint16_t out16[16];
+  float out32[16];
+  int64_t shape[3] = {1, 1, d};
+  kvq_attention_request req = {seq, KVQ_MASK_CAUSAL, kvq_tensor_host(q, KVQ_DTYPE_F32, 3, shape),
+                               kvq_tensor_host(out16, KVQ_DTYPE_F16, 3, shape)};
+  memset(out16, 0x5a, sizeof out16);
+  cr_assert_eq(kvq_attention(cache, 0, &req, 1), KVQ_ERROR_NON_FINITE);
+  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "fp16"), "%s", kvq_context_last_error(ctx));
+  for (int i = 0; i < 16; i++) cr_assert_eq(out16[i], 0x5a5a, "output untouched");
+  req.output = kvq_tensor_host(out32, KVQ_DTYPE_F32, 3, shape);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  cr_assert_eq(out32[0], 1e5f);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}

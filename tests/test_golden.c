@@ -234,3 +234,72 @@ Test(golden, tool_exit_status_and_summary, .timeout = 120) {
   cr_assert_eq(run_tool("golden --frobnicate", output, sizeof output), 2, "%s", output);
   cr_assert_eq(run_tool("golden --check --backend tpu", output, sizeof output), 2, "%s", output);
 }
+
+/* Copies the committed saved-cache files next to a modified golden file, so a check of that
+ * directory fails only for what the test changed. */
+static void copy_saved_files(const char *dir) {
+  const char *saved[] = {"cache-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq", "reject-version.kvq",
+                         "reject-bad-format.kvq"};
+  for (int i = 0; i < 5; i++) {
+    char from[1024], to[1024];
+    snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, saved[i]);
+    copy_file(from, to);
+  }
+}
+
+/* Checks the CPU against one committed golden file with one byte of one record changed. */
+static int check_with_changed_byte(const char *case_name, const char *record, size_t offset, uint8_t flip,
+                                   golden_totals *t) {
+  char path[1024], error[512];
+  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  golden_file g;
+  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
+  golden_record *r = find_mut(&g, record);
+  cr_assert(r && offset < r->bytes, "%s: record %s has %llu bytes", case_name, record, r ? (unsigned long long)r->bytes : 0ull);
+  r->data[offset] ^= flip;
+  char *dir = make_temp_dir(), out_path[1024];
+  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
+  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
+  golden_free(&g);
+  copy_saved_files(dir);
+  FILE *out = tmpfile();
+  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, t);
+  fclose(out);
+  remove_dir(dir);
+  free(dir);
+  return rc;
+}
+
+/* Every kind of byte of a page is compared: padding, codes and side data of tokens past the valid
+ * count, unused code bits. One changed byte anywhere must fail the check as unexplained. Offsets
+ * follow docs/FORMAT.md for the last, partial page of sequence 1 (flushed at its end). */
+Test(golden, every_kind_of_byte_is_compared, .timeout = 120) {
+  struct {
+    const char *case_name, *record;
+    size_t offset;
+    uint8_t flip;
+    const char *what;
+  } changes[] = {
+      /* QJL keys, d 64, m 128, k 4, m_o 64, P 16; sequence 1 has 33 tokens: page 2 holds 1 */
+      {"qjl-d64-m128-k4-u1-f16-gqa4-window", "pages/0/0/1", 2 * 464 + 5 * 16, 0x01, "sign bits of a padding token"},
+      {"qjl-d64-m128-k4-u1-f16-gqa4-window", "pages/0/0/1", 2 * 464 + 384 + 6, 0x01, "|k_in| of a padding token"},
+      {"qjl-d64-m128-k4-u1-f16-gqa4-window", "pages/0/0/1", 2 * 464 + 455, 0x40, "block padding"},
+      /* uniform 3-bit values, d 128, G 32, P 16; sequence 1 has 27 tokens: page 1 holds 11 */
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/1", 1088 + 3, 0x80, "the unused top bits of a 3-bit code word"},
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/1", 1088 + 612, 0x07, "a code of a padding token"},
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/1", 1088 + 820 + 4 * 13 * 4, 0x01, "the scale of a padding token"},
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/1", 1088 + 1080, 0x02, "block padding"},
+      /* a sign bit of a valid token with a clear projection */
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/0/0", 7, 0x10, "a sign bit of a valid token"},
+      /* a uniform code of a valid token moved by two steps */
+      {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/0", 0, 0x02, "a 3-bit code two steps away"},
+  };
+  for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
+    golden_totals t;
+    int rc = check_with_changed_byte(changes[i].case_name, changes[i].record, changes[i].offset, changes[i].flip, &t);
+    cr_assert_eq(rc, 1, "%s: the check must fail", changes[i].what);
+    cr_assert_geq(t.unexplained, 1u, "%s: must be unexplained", changes[i].what);
+    cr_assert_eq(t.near_ties, 0u, "%s: no near-tie may be claimed", changes[i].what);
+  }
+}

@@ -146,3 +146,15 @@ Test(layout, memory_report) {
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }
+
+/* kvq_method_defaults gives a configuration kvq accepts for every valid head_dim. */
+Test(layout, defaults_valid_for_every_head_dim) {
+  const kvq_method keys[] = {KVQ_METHOD_EXACT, KVQ_METHOD_QJL, KVQ_METHOD_UNIFORM};
+  for (uint32_t d = 16; d <= 256; d += 16)
+    for (int k = 0; k < 3; k++) {
+      kvq_layer_config layer = th_layer(2, 1, d, kvq_method_defaults(keys[k], d), kvq_method_defaults(KVQ_METHOD_UNIFORM, d));
+      kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, 32, 0, 4, 1, 1);
+      char why[256];
+      cr_assert_eq(kvq_cache_config_check(&config, why, sizeof why), KVQ_OK, "head_dim %u, keys %d: %s", d, k, why);
+    }
+}

@@ -73,7 +73,8 @@ static void usage(FILE *f) {
           "  --last N            queries: the last N positions of every query head (default 64)\n"
           "  --mask causal|none  (default causal)\n"
           "  --page-size P       (default 32)\n"
-          "  --window R          full-precision window, reported separately (default 0)\n"
+          "  --window R          full-precision window: no flush, the newest R..R+P-1 tokens stay exact and are\n"
+          "                      reported separately (default 0: flush, every token quantized)\n"
           "  --backend NAME      cpu, vulkan, cuda or auto (default cpu)\n"
           "output:\n"
           "  --json              one JSON document on stdout instead of the table\n"
@@ -295,7 +296,9 @@ static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, 
   kvq_attention_request req = {0, o->mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
   kvq_status st;
   if ((st = kvq_cache_create(ctx, &config, &cache)) != KVQ_OK || (st = kvq_sequence_add(cache, &seq)) != KVQ_OK ||
-      (st = kvq_append(cache, seq, 0, &kt, &vt)) != KVQ_OK || (st = kvq_flush(cache, seq)) != KVQ_OK ||
+      (st = kvq_append(cache, seq, 0, &kt, &vt)) != KVQ_OK ||
+      /* without a window every token is quantized; with one, the newest stay in full precision */
+      (o->window == 0 && (st = kvq_flush(cache, seq)) != KVQ_OK) ||
       (st = kvq_scores(cache, seq, 0, &qt, o->mask, KVQ_SCORES_LOGITS, &lt)) != KVQ_OK) {
     fprintf(stderr, "kvq eval: %s: %s: %s\n", row->spec, kvq_status_string(st), kvq_context_last_error(ctx));
     goto done;
@@ -315,9 +318,9 @@ static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, 
   row->window_tokens = info.tokens - info.quantized_tokens;
   /* probabilities from the returned logits: the same softmax the library applies, without a
    * second scoring pass */
-  const uint32_t rows = o->last * hq;
-  for (uint32_t r = 0; r < rows; r++) {
-    const uint32_t visible = o->mask == KVQ_MASK_CAUSAL ? n - o->last + r / hq + 1 : n;
+  const uint64_t rows = (uint64_t)o->last * hq;
+  for (uint64_t r = 0; r < rows; r++) {
+    const uint32_t visible = o->mask == KVQ_MASK_CAUSAL ? n - o->last + (uint32_t)(r / hq) + 1 : n;
     const float *s = logits + (size_t)r * n;
     float *p = probs + (size_t)r * n;
     double max = -INFINITY, z = 0;
@@ -326,8 +329,8 @@ static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, 
     for (uint32_t t = 0; t < n; t++) p[t] = t < visible ? (float)(exp(s[t] - max) / z) : 0.0f;
   }
   double ip_num = 0, ip_den = 0, score_sum = 0, out_sum = 0, topk_sum = 0;
-  for (uint32_t r = 0; r < rows; r++) {
-    const uint32_t i = r / hq;
+  for (uint64_t r = 0; r < rows; r++) {
+    const uint32_t i = (uint32_t)(r / hq);
     const uint32_t visible = o->mask == KVQ_MASK_CAUSAL ? n - o->last + i + 1 : n;
     double worst = 0, on = 0, od = 0;
     for (uint32_t t = 0; t < visible; t++) {
@@ -372,9 +375,12 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
            r->bits, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error, r->topk_overlap,
            r->fixed_bytes / 1024.0);
   }
-  printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices stored once per layer.\n"
-         "window: %u tokens stay full precision after the flush (not in the bits).\n",
-         count ? (unsigned)rows[0].window_tokens : 0);
+  printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices stored once per layer.\n");
+  if (o->window)
+    printf("window: the newest %u tokens stay in full precision (not in the bits; they make the errors smaller).\n",
+           count ? (unsigned)rows[0].window_tokens : 0);
+  else
+    printf("every token is quantized (a flush after the append).\n");
 }
 
 static void print_json(const eval_options *o, const eval_data *x, const eval_row *rows, uint32_t count) {

@@ -117,7 +117,8 @@ typedef struct kvq_tensor {
   int64_t strides[KVQ_MAX_RANK];
 } kvq_tensor;
 
-/* A contiguous row-major host tensor over data (not copied). rank <= KVQ_MAX_RANK. Thread-safe. */
+/* A contiguous row-major host tensor over data (not copied). A rank above KVQ_MAX_RANK is clamped
+ * to it (and then refused by calls that expect rank 3). Thread-safe. */
 KVQ_API kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape);
 
 /* ---------------------------------------------------------------------------------------------
@@ -172,7 +173,8 @@ KVQ_API kvq_context_options kvq_context_options_default(void);
 KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out);
 
 /* Destroys a context. Caches created from it stay usable and the context is freed when the last of
- * them is destroyed. NULL is ignored. */
+ * them is destroyed (do not call kvq_context_last_error on a destroyed context: the caches' errors
+ * are still recorded there, but the caller no longer owns it). NULL is ignored. */
 KVQ_API void kvq_context_destroy(kvq_context *context);
 
 /* The backend a context runs on (never AUTO). */
@@ -220,7 +222,7 @@ typedef struct kvq_method_config {
 /*
  * The documented defaults of a method at a head_dim: exact fp16; QJL m = 2 * head_dim,
  * k = head_dim / 16, m_o = 2 * head_dim (256, 8, 256 at head_dim 128); uniform 2 bits, G = 32
- * (G = head_dim when head_dim is not a multiple of 32). Thread-safe.
+ * (G = 16 when head_dim is not a multiple of 32). Valid for every valid head_dim. Thread-safe.
  */
 KVQ_API kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim);
 
@@ -297,7 +299,8 @@ KVQ_API void kvq_cache_destroy(kvq_cache *cache);
  */
 KVQ_API kvq_status kvq_cache_get_config(const kvq_cache *cache, kvq_cache_config *config);
 
-/* Adds an empty sequence; *sequence receives its id. KVQ_ERROR_CAPACITY when max_sequences live. */
+/* Adds an empty sequence; *sequence receives its id. KVQ_ERROR_CAPACITY when max_sequences live.
+ * Ids carry a 16-bit generation: a freed id is refused until its slot has been reused 65535 times. */
 KVQ_API kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *sequence);
 
 /* Frees a sequence: its pages return to the pool and its id becomes invalid. */
@@ -309,6 +312,8 @@ typedef struct kvq_sequence_info {
   uint32_t pages;             /* pages in the sequence's page table (shared by all layers) */
 } kvq_sequence_info;
 
+/* The progress of one layer of a sequence (tokens appended, how many are in pages, the page
+ * table's length). */
 KVQ_API kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t sequence, uint32_t layer,
                                          kvq_sequence_info *info);
 
@@ -322,7 +327,9 @@ KVQ_API kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t sequen
 KVQ_API kvq_status kvq_append(kvq_cache *cache, uint32_t sequence, uint32_t layer,
                               const kvq_tensor *keys, const kvq_tensor *values);
 
-/* Quantizes the full-precision window of every layer of a sequence (see above). */
+/* Quantizes the full-precision window of every layer of a sequence (see above). KVQ_ERROR_CAPACITY
+ * when the pages it needs are not free (nothing changes). A device failure part way leaves earlier
+ * layers flushed, which is a valid state; flushing again completes it. */
 KVQ_API kvq_status kvq_flush(kvq_cache *cache, uint32_t sequence);
 
 /* ---------------------------------------------------------------------------------------------
@@ -349,8 +356,9 @@ typedef struct kvq_attention_request {
  * Attention of one layer for a batch of sequences, each with its block of queries: scaled logits
  * q.k / sqrt(head_dim) over the quantized pages and the full-precision window, a numerically
  * stable softmax, and the probability-weighted sum of values. GQA: query head h uses kv head
- * h / (query_heads / kv_heads). All requests are validated before any output is written. Queries
- * holding NaN or Inf, and results that overflow fp32, return KVQ_ERROR_NON_FINITE.
+ * h / (query_heads / kv_heads). All requests are validated before any output is written. A
+ * sequence without tokens in the layer is KVQ_ERROR_OUT_OF_RANGE. Queries holding NaN or Inf, and
+ * results that overflow fp32 or the output tensor's dtype, return KVQ_ERROR_NON_FINITE.
  */
 KVQ_API kvq_status kvq_attention(kvq_cache *cache, uint32_t layer,
                                  const kvq_attention_request *requests, size_t count);
@@ -362,7 +370,7 @@ typedef enum kvq_score_kind {
 
 /*
  * The scores of a block of queries against all n tokens of one layer of a sequence:
- * queries [nq, query_heads, head_dim] -> scores [nq, query_heads, n].
+ * queries [nq, query_heads, head_dim] -> scores [nq, query_heads, n]. Errors as kvq_attention.
  */
 KVQ_API kvq_status kvq_scores(kvq_cache *cache, uint32_t sequence, uint32_t layer,
                               const kvq_tensor *queries, kvq_mask mask, kvq_score_kind kind,
@@ -410,15 +418,19 @@ KVQ_API kvq_status kvq_cache_memory(const kvq_cache *cache, kvq_memory_report *r
 /* Exact size in bytes of the file kvq_cache_save() would write now. */
 KVQ_API kvq_status kvq_cache_save_size(kvq_cache *cache, uint64_t *bytes);
 
-/* Writes the cache (config, matrices, sequences, pages, windows) to `path` (replaced atomically). */
+/* Writes the cache (config, matrices, sequences, pages, windows) to `path`: the file is assembled in
+ * host memory (kvq_cache_save_size bytes), written to `path` + ".tmp-kvq", synced and renamed over
+ * `path`, so readers never see a partial file. Do not save two caches to one path concurrently. */
 KVQ_API kvq_status kvq_cache_save(kvq_cache *cache, const char *path);
 
 /* The same bytes into caller memory; KVQ_ERROR_BUFFER_TOO_SMALL if capacity < kvq_cache_save_size. */
 KVQ_API kvq_status kvq_cache_save_to_memory(kvq_cache *cache, void *buffer, size_t capacity, size_t *written);
 
 /*
- * Loads a saved cache onto a context (any backend). Truncated files return KVQ_ERROR_TRUNCATED,
- * corrupted ones KVQ_ERROR_CHECKSUM or KVQ_ERROR_BAD_FORMAT, other format versions KVQ_ERROR_VERSION.
+ * Loads a saved cache onto a context (any backend); the whole file is read into host memory first.
+ * Truncated files return KVQ_ERROR_TRUNCATED, corrupted ones KVQ_ERROR_CHECKSUM, other format
+ * versions KVQ_ERROR_VERSION, and files whose checksum is right but whose content kvq could not have
+ * written KVQ_ERROR_BAD_FORMAT. Sequence ids stay valid. *out is NULL on failure.
  */
 KVQ_API kvq_status kvq_cache_load(kvq_context *context, const char *path, kvq_cache **out);
 KVQ_API kvq_status kvq_cache_load_from_memory(kvq_context *context, const void *buffer, size_t size,

@@ -19,6 +19,7 @@ typedef struct golden_totals {
   uint32_t configurations, configurations_failed;
   uint64_t matrices, matrix_mismatches;
   uint64_t code_bytes, code_bytes_differing, near_ties, unexplained;
+  uint64_t implied;    /* sign bits that differ only because a proven outlier near-tie changed the mask */
   uint64_t side_values, side_one_ulp, side_beyond;
   uint64_t class3_values, class3_beyond;
   double class3_worst; /* largest |difference| / bound seen */

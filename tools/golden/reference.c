@@ -40,15 +40,16 @@ static double decode(const kvq_side_layout *s, const uint8_t *block, uint32_t i,
 
 /* Logit numerators (before 1/sqrt(d)) of one query head against the tokens of one page block:
  * value, absolute-value computation and operation count. */
-static void qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, const float *q, double *s, double *a,
-                     double *ops) {
+static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, const float *q, double *s, double *a,
+                    double *ops) {
   const kvq_side_layout *k = &L->keys;
   const uint32_t P = k->page_size, d = k->head_dim, m = k->sketch_dim, mo = k->outlier_sketch_dim, no = k->outliers;
   uint8_t outlier[KVQ_MAX_HEAD_DIM] = {0};
   const uint8_t *list = block + kvq_qjl_outliers_offset(P, m, mo, no);
   for (uint32_t j = 0; j < no; j++) outlier[list[j]] = 1;
-  double *in = malloc(sizeof(double) * (m + mo)), *out = in + m;
-  double in_abs = 0, out_abs = 0;
+  double *in = malloc(sizeof(double) * (m + mo));
+  if (!in) return -1;
+  double *out = in + m, in_abs = 0, out_abs = 0;
   for (uint32_t i = 0; i < m; i++) {
     in[i] = 0;
     for (uint32_t c = 0; c < d; c++) {
@@ -80,18 +81,20 @@ static void qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, c
   }
   *ops = d + (m > mo ? m : mo) + 8;
   free(in);
+  return 0;
 }
 
-void ref_attention(const ref_layer *L, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
-                   ref_result *r) {
+int ref_attention(const ref_layer *L, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
+                  ref_result *r) {
   const kvq_layer_config *cfg = L->config;
   const uint32_t d = cfg->head_dim, hq = cfg->query_heads, hkv = cfg->kv_heads, group = hq / hkv;
   const uint32_t n = seq->tokens, P = L->keys.page_size;
   const double inv_sqrt_d = 1.0 / sqrt((double)d);
   double *s = malloc(sizeof(double) * P), *a = malloc(sizeof(double) * P);
-  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n);
-  for (uint32_t qi = 0; qi < nq; qi++)
-    for (uint32_t h = 0; h < hq; h++) {
+  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n), *weight = malloc(sizeof(double) * d);
+  int rc = s && a && hi && lo && weight ? 0 : -1;
+  for (uint32_t qi = 0; qi < nq && rc == 0; qi++)
+    for (uint32_t h = 0; h < hq && rc == 0; h++) {
       const float *q = queries + ((size_t)qi * hq + h) * d;
       const uint32_t kvh = h / group;
       const uint32_t visible = mask == KVQ_MASK_CAUSAL ? n - nq + qi + 1 : n;
@@ -104,7 +107,10 @@ void ref_attention(const ref_layer *L, const ref_sequence *seq, const float *que
           count = seq->quantized - t0 < P ? seq->quantized - t0 : P;
           const uint8_t *block = head_block(&L->keys, seq->key_pages, t0, kvh);
           if (L->keys.method == KVQ_LAYOUT_QJL) {
-            qjl_page(L, block, count, q, s, a, &ops);
+            if (qjl_page(L, block, count, q, s, a, &ops) != 0) {
+              rc = -1;
+              break;
+            }
           } else {
             for (uint32_t i = 0; i < count; i++) {
               s[i] = a[i] = 0;
@@ -160,7 +166,6 @@ void ref_attention(const ref_layer *L, const ref_sequence *seq, const float *que
       /* outputs */
       double *o = r->out + ((size_t)qi * hq + h) * d, *ob = r->out_bound + ((size_t)qi * hq + h) * d;
       for (uint32_t c = 0; c < d; c++) o[c] = ob[c] = 0;
-      double *weight = malloc(sizeof(double) * d);
       for (uint32_t c = 0; c < d; c++) weight[c] = 0;
       for (uint32_t t = 0; t < visible; t++)
         for (uint32_t c = 0; c < d; c++) {
@@ -176,10 +181,11 @@ void ref_attention(const ref_layer *L, const ref_sequence *seq, const float *que
           weight[c] += (p[t] + pb[t]) * fabs(v);
         }
       for (uint32_t c = 0; c < d; c++) ob[c] += gamma_n(visible + 2) * weight[c] + u * fabs(o[c]) + 1e-45;
-      free(weight);
     }
   free(s);
   free(a);
   free(hi);
   free(lo);
+  free(weight);
+  return rc;
 }

@@ -7,8 +7,9 @@
  *   probability p^_t lies in [p_t lo_t / Z_hi, p_t hi_t / Z_lo] (1 +- 2u), hi/lo_t = exp(+-(B_t + e_t)),
  *              e_t = (3 + 2|x_t|) 2^-23 the loosest exp precision among the backends (Vulkan's),
  *              Z_hi/lo = sum_j p_j hi/lo_j (1 +- gamma(n));
- *   output     |o^_c - o_c| <= sum_t Bp_t |v_tc| + sum_t p_t e(v_tc) + gamma(n) sum_t (p_t + Bp_t)|v_tc| + u |o_c|,
- *              e(v) the decode rounding of a value.
+ *   output     |o^_c - o_c| <= sum_t Bp_t |v_tc| + sum_t p_t e(v_tc) + gamma(n + 2) sum_t (p_t + Bp_t)|v_tc|
+ *              + u |o_c|, e(v) the decode rounding of a value (2u(|min| + code scale) + 2 FLT_MIN for
+ *              uniform); every bound also gets 1e-45 so that a zero bound still admits an exact zero.
  */
 #ifndef KVQ_TOOLS_GOLDEN_REFERENCE_H
 #define KVQ_TOOLS_GOLDEN_REFERENCE_H
@@ -37,7 +38,8 @@ typedef struct ref_result { /* caller-allocated: [nq][Hq][n] and [nq][Hq][d] */
   double *out, *out_bound;
 } ref_result;
 
-void ref_attention(const ref_layer *layer, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
-                   ref_result *result);
+/* Returns 0, or -1 when host memory runs out. */
+int ref_attention(const ref_layer *layer, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
+                  ref_result *result);
 
 #endif

@@ -41,7 +41,14 @@ int golden_inputs_parse(const golden_file *g, golden_inputs *in, char *error, si
   in->steps /= 4;
   uint64_t total = 0;
   for (int s = 0; s < GOLDEN_SEQUENCES; s++)
-    total = in->sequences[2 * s] + in->sequences[2 * s + 1] > total ? in->sequences[2 * s] + in->sequences[2 * s + 1] : total;
+    total = (uint64_t)in->sequences[2 * s] + in->sequences[2 * s + 1] > total
+                ? (uint64_t)in->sequences[2 * s] + in->sequences[2 * s + 1]
+                : total;
+  if (total > ((uint64_t)1 << 24)) { /* golden files are small; refuse absurd streams before allocating */
+    snprintf(error, error_size, "sequences record out of range");
+    golden_inputs_free(in);
+    return -1;
+  }
   for (uint32_t l = 0; l < in->config.layer_count; l++) {
     const kvq_layer_config *L = &in->layers[l];
     const uint64_t floats = total * L->kv_heads * L->head_dim;
