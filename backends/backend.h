@@ -36,7 +36,7 @@ typedef struct kvq_buffer kvq_buffer;
 /* One side (keys or values) of one layer as jobs see it. */
 typedef struct kvq_side_desc {
   kvq_side_layout layout;
-  kvq_buffer *matrix[KVQ_SIDE_MATRICES]; /* QJL: S (m x d) and S_o (m_o x d), fp32 row-major; else NULL */
+  kvq_buffer *fixed[KVQ_SIDE_FIXED]; /* matrices and codebooks (core/config.h says which), fp32; or NULL */
   double qjl_constant;                   /* QJL: c_d for this head_dim */
 } kvq_side_desc;
 

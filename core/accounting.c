@@ -31,7 +31,7 @@ static void layer_sides(const kvq_layer_config *L, uint32_t P, kvq_side_layout *
 
 static uint64_t matrix_bytes(const kvq_side_layout *s) {
   uint64_t bytes = 0;
-  for (int i = 0; i < KVQ_SIDE_MATRICES; i++) bytes += (uint64_t)kvq_side_matrix_rows(s, i) * s->head_dim * 4;
+  for (int i = 0; i < KVQ_SIDE_FIXED; i++) bytes += kvq_side_fixed_floats(s, i) * 4;
   return bytes;
 }
 

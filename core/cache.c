@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codebook.h"
+#include "layout.h"
 #include "detmath.h"
 #include "internal.h"
 #include "matrix.h"
@@ -18,9 +20,9 @@ static void free_storage(kvq_cache *cache) {
     for (uint32_t l = 0; l < cache->config.layer_count; l++) {
       kvq_layer_storage *st = &cache->storage[l];
       for (int s = 0; s < 2; s++) {
-        for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
-          if (st->side[s].matrix[i]) be->ops->buffer_destroy(be, st->side[s].matrix[i]);
-          free(st->matrix_host[s][i]);
+        for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+          if (st->side[s].fixed[i]) be->ops->buffer_destroy(be, st->side[s].fixed[i]);
+          free(st->fixed_host[s][i]);
         }
         if (st->pages[s]) be->ops->buffer_destroy(be, st->pages[s]);
         if (st->ring[s]) be->ops->buffer_destroy(be, st->ring[s]);
@@ -47,23 +49,46 @@ static kvq_status create_buffer(kvq_cache *cache, uint64_t bytes, kvq_buffer **o
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, what);
 }
 
-kvq_status kvq_upload_matrices(kvq_cache *cache) {
+kvq_status kvq_upload_fixed(kvq_cache *cache) {
   kvq_backend *be = cache->ctx->backend;
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_layer_storage *st = &cache->storage[l];
     for (int s = 0; s < 2; s++)
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
-        uint32_t rows = kvq_side_matrix_rows(&st->side[s].layout, i);
-        if (!rows) continue;
-        uint64_t bytes = (uint64_t)rows * st->config.head_dim * sizeof(float);
-        kvq_status status = be->ops->buffer_write(be, st->side[s].matrix[i], 0, st->matrix_host[s][i], bytes);
-        if (status != KVQ_OK) return kvq_fail_backend(cache->ctx, status, "uploading a matrix");
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const uint64_t floats = kvq_side_fixed_floats(&st->side[s].layout, i);
+        if (!floats) continue;
+        kvq_status status = be->ops->buffer_write(be, st->side[s].fixed[i], 0, st->fixed_host[s][i], floats * sizeof(float));
+        if (status != KVQ_OK) return kvq_fail_backend(cache->ctx, status, "uploading matrices and codebooks");
       }
   }
   return KVQ_OK;
 }
 
-kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_matrices, kvq_cache **out) {
+/* Builds what the configuration alone determines: random matrices from the seed, offline
+ * codebooks from the method. Learned codebooks start at zero, not ready. */
+static int build_fixed(const kvq_cache_config *config, uint32_t layer, const kvq_side_layout *layout, int index,
+                       float *out) {
+  const uint32_t d = layout->head_dim;
+  switch (kvq_side_fixed_kind(layout, index)) {
+  case KVQ_FIXED_RANDOM:
+    if (layout->method == KVQ_LAYOUT_POLAR) {
+      if (layout->rotation == KVQ_ROTATION_DENSE)
+        return kvq_build_rotation(config->seed, layer, kvq_side_fixed_purpose(layout, index), d, out);
+      kvq_build_signs(config->seed, layer, kvq_side_fixed_purpose(layout, index), d, out);
+      return 0;
+    }
+    return kvq_build_sketch(config->seed, layer, kvq_side_fixed_purpose(layout, index),
+                            (uint32_t)(kvq_side_fixed_floats(layout, index) / d), d, out);
+  case KVQ_FIXED_COMPUTED:
+    kvq_polar_offline_tables(layout->levels, layout->level_bits, out);
+    return 0;
+  case KVQ_FIXED_LEARNED:
+  case KVQ_FIXED_NONE: break;
+  }
+  return 0;
+}
+
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_fixed, kvq_cache **out) {
   kvq_cache *cache = calloc(1, sizeof *cache);
   if (!cache) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
   cache->ctx = ctx;
@@ -107,23 +132,22 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
                       s == 0 ? "keys" : "values", ctx->backend->ops->name, kvq_method_name(methods[s]->method));
         goto fail;
       }
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
-        uint32_t rows = kvq_side_matrix_rows(&side->layout, i);
-        if (!rows) continue;
-        size_t count = (size_t)rows * lc->head_dim;
-        ls->matrix_host[s][i] = malloc(count * sizeof(float));
-        if (!ls->matrix_host[s][i]) {
-          st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory for matrices");
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const uint64_t floats = kvq_side_fixed_floats(&side->layout, i);
+        if (!floats) continue;
+        ls->fixed_host[s][i] = calloc((size_t)floats, sizeof(float));
+        if (!ls->fixed_host[s][i]) {
+          st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory for matrices and codebooks");
           goto fail;
         }
-        if (make_matrices && kvq_build_sketch(config->seed, l, kvq_side_matrix_purpose(&side->layout, i), rows,
-                                              lc->head_dim, ls->matrix_host[s][i]) != 0) {
+        if (make_fixed && build_fixed(config, l, &side->layout, i, ls->fixed_host[s][i]) != 0) {
           st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory building matrices");
           goto fail;
         }
-        st = create_buffer(cache, count * sizeof(float), &side->matrix[i], "allocating a matrix");
+        st = create_buffer(cache, floats * sizeof(float), &side->fixed[i], "allocating matrices and codebooks");
         if (st) goto fail;
       }
+      ls->learned[s] = !kvq_side_needs_learning(&side->layout);
       st = create_buffer(cache, side->layout.page_bytes * config->max_pages, &ls->pages[s], "allocating the page pool");
       if (st) goto fail;
       uint64_t ring = (uint64_t)config->max_sequences * cache->ring_capacity *
@@ -142,7 +166,7 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
   cache->staging_pages = config->max_pages < KVQ_STAGING_PAGES ? config->max_pages : KVQ_STAGING_PAGES;
   st = create_buffer(cache, (uint64_t)cache->staging_pages * P * token_bytes, &cache->staging, "allocating staging memory");
   if (st) goto fail;
-  if (make_matrices && (st = kvq_upload_matrices(cache)) != KVQ_OK) goto fail;
+  if (make_fixed && (st = kvq_upload_fixed(cache)) != KVQ_OK) goto fail;
   ctx->live_caches++;
   *out = cache;
   return KVQ_OK;

@@ -30,6 +30,9 @@ const char *kvq_method_name(kvq_method method) {
   case KVQ_METHOD_EXACT: return "exact";
   case KVQ_METHOD_QJL: return "qjl";
   case KVQ_METHOD_UNIFORM: return "uniform";
+  case KVQ_METHOD_KIVI: return "kivi";
+  case KVQ_METHOD_POLAR: return "polar";
+  case KVQ_METHOD_CQ: return "cq";
   }
   return "unknown method";
 }
@@ -51,8 +54,10 @@ static kvq_status fail(kvq_status status, char *message, size_t size, const char
 static int is_pow2(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
 static int valid_dtype(kvq_dtype d) { return d == KVQ_DTYPE_F32 || d == KVQ_DTYPE_F16 || d == KVQ_DTYPE_BF16; }
 
+static int valid_bits(uint32_t b) { return b == 1 || b == 2 || b == 3 || b == 4 || b == 8; }
+
 static kvq_status check_method(const kvq_method_config *mc, int is_keys, uint32_t layer, uint32_t head_dim,
-                               char *message, size_t size) {
+                               uint32_t page_size, char *message, size_t size) {
   const char *side = is_keys ? "keys" : "values";
   switch (mc->method) {
   case KVQ_METHOD_EXACT:
@@ -82,7 +87,7 @@ static kvq_status check_method(const kvq_method_config *mc, int is_keys, uint32_
   }
   case KVQ_METHOD_UNIFORM: {
     const kvq_uniform_config *u = &mc->uniform;
-    if (!(u->bits == 1 || u->bits == 2 || u->bits == 3 || u->bits == 4 || u->bits == 8))
+    if (!valid_bits(u->bits))
       return fail(KVQ_ERROR_OUT_OF_RANGE, message, size, "layers[%u].%s.uniform.bits = %u: must be 1, 2, 3, 4 or 8",
                   layer, side, u->bits);
     if (!is_pow2(u->group_size) || u->group_size < KVQ_MIN_UNIFORM_GROUP || u->group_size > head_dim ||
@@ -90,6 +95,53 @@ static kvq_status check_method(const kvq_method_config *mc, int is_keys, uint32_
       return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
                   "layers[%u].%s.uniform.group_size = %u: must be a power of two from 4 that divides head_dim (%u)",
                   layer, side, u->group_size, head_dim);
+    return KVQ_OK;
+  }
+  case KVQ_METHOD_KIVI: {
+    const kvq_kivi_config *k = &mc->kivi;
+    if (!valid_bits(k->bits))
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size, "layers[%u].%s.kivi.bits = %u: must be 1, 2, 3, 4 or 8", layer,
+                  side, k->bits);
+    if (k->group_tokens != 0 && (!is_pow2(k->group_tokens) || k->group_tokens < 4 || page_size % k->group_tokens))
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
+                  "layers[%u].%s.kivi.group_tokens = %u: must be 0 (the page) or a power of two from 4 dividing page_size (%u)",
+                  layer, side, k->group_tokens, page_size);
+    return KVQ_OK;
+  }
+  case KVQ_METHOD_POLAR: {
+    const kvq_polar_config *p = &mc->polar;
+    if (p->levels < 1 || p->levels > KVQ_MAX_POLAR_LEVELS || head_dim % (1u << p->levels))
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
+                  "layers[%u].%s.polar.levels = %u: must be from 1 to 8 with 2^levels dividing head_dim (%u)", layer, side,
+                  p->levels, head_dim);
+    for (uint32_t l = 0; l < p->levels; l++)
+      if (p->bits[l] < 1 || p->bits[l] > KVQ_MAX_POLAR_BITS)
+        return fail(KVQ_ERROR_OUT_OF_RANGE, message, size, "layers[%u].%s.polar.bits[%u] = %u: must be from 1 to 8", layer,
+                    side, l, p->bits[l]);
+    if (p->rotation != KVQ_ROTATION_DENSE && p->rotation != KVQ_ROTATION_HADAMARD)
+      return fail(KVQ_ERROR_INVALID_ARGUMENT, message, size, "layers[%u].%s.polar.rotation: unknown rotation %d", layer,
+                  side, (int)p->rotation);
+    if (p->rotation == KVQ_ROTATION_HADAMARD && !is_pow2(head_dim))
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
+                  "layers[%u].%s.polar.rotation: a Hadamard rotation needs a power-of-two head_dim (%u)", layer, side,
+                  head_dim);
+    if (p->codebook != KVQ_CODEBOOK_OFFLINE && p->codebook != KVQ_CODEBOOK_ONLINE)
+      return fail(KVQ_ERROR_INVALID_ARGUMENT, message, size, "layers[%u].%s.polar.codebook: unknown codebook source %d",
+                  layer, side, (int)p->codebook);
+    return KVQ_OK;
+  }
+  case KVQ_METHOD_CQ: {
+    const kvq_cq_config *c = &mc->cq;
+    if (!is_pow2(c->channels) || c->channels > KVQ_MAX_CQ_CHANNELS || head_dim % c->channels)
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
+                  "layers[%u].%s.cq.channels = %u: must be 1, 2, 4, 8 or 16 and divide head_dim (%u)", layer, side,
+                  c->channels, head_dim);
+    if (c->bits < 1 || c->bits > KVQ_MAX_CQ_BITS)
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size, "layers[%u].%s.cq.bits = %u: must be from 1 to 12", layer, side,
+                  c->bits);
+    if (c->iterations > 100000)
+      return fail(KVQ_ERROR_OUT_OF_RANGE, message, size, "layers[%u].%s.cq.iterations = %u: at most 100000", layer, side,
+                  c->iterations);
     return KVQ_OK;
   }
   }
@@ -134,12 +186,18 @@ kvq_status kvq_config_validate(const kvq_cache_config *c, char *message, size_t 
       return fail(KVQ_ERROR_OUT_OF_RANGE, message, size,
                   "layers[%u].query_heads = %u: must be a positive multiple of kv_heads (%u)", l, L->query_heads,
                   L->kv_heads);
-    kvq_status st = check_method(&L->keys, 1, l, L->head_dim, message, size);
+    kvq_status st = check_method(&L->keys, 1, l, L->head_dim, c->page_size, message, size);
     if (st) return st;
-    st = check_method(&L->values, 0, l, L->head_dim, message, size);
+    st = check_method(&L->values, 0, l, L->head_dim, c->page_size, message, size);
     if (st) return st;
   }
   return KVQ_OK;
+}
+
+static uint32_t pack_level_bits(const kvq_polar_config *p) {
+  uint32_t packed = 0;
+  for (uint32_t l = 0; l < p->levels; l++) packed |= p->bits[l] << (4 * l);
+  return packed;
 }
 
 void kvq_side_layout_init(kvq_side_layout *s, const kvq_method_config *mc, uint32_t P, uint32_t d, uint32_t hkv) {
@@ -160,20 +218,67 @@ void kvq_side_layout_init(kvq_side_layout *s, const kvq_method_config *mc, uint3
     s->group = mc->uniform.group_size;
     s->head_bytes = kvq_uniform_head_bytes(P, d, s->bits, s->group);
     break;
+  case KVQ_METHOD_KIVI:
+    s->bits = mc->kivi.bits;
+    s->group = mc->kivi.group_tokens ? mc->kivi.group_tokens : P;
+    s->head_bytes = kvq_kivi_head_bytes(P, d, s->bits, s->group);
+    break;
+  case KVQ_METHOD_POLAR:
+    s->levels = mc->polar.levels;
+    s->level_bits = pack_level_bits(&mc->polar);
+    s->rotation = (uint32_t)mc->polar.rotation;
+    s->codebook = (uint32_t)mc->polar.codebook;
+    s->head_bytes = kvq_polar_head_bytes(P, d, s->levels, s->level_bits);
+    break;
+  case KVQ_METHOD_CQ:
+    s->channels = mc->cq.channels;
+    s->code_bits = mc->cq.bits;
+    s->iterations = mc->cq.iterations;
+    s->head_bytes = kvq_cq_head_bytes(P, d, s->channels, s->code_bits);
+    break;
   }
   s->page_bytes = (uint64_t)s->head_bytes * hkv;
 }
 
-uint32_t kvq_side_matrix_rows(const kvq_side_layout *s, int index) {
-  if (s->method != KVQ_LAYOUT_QJL) return 0;
-  return index == 0 ? s->sketch_dim : s->outlier_sketch_dim;
+kvq_fixed_kind kvq_side_fixed_kind(const kvq_side_layout *s, int index) {
+  switch (s->method) {
+  case KVQ_LAYOUT_QJL: return index == 0 || s->outliers ? KVQ_FIXED_RANDOM : KVQ_FIXED_NONE;
+  case KVQ_LAYOUT_POLAR:
+    return index == 0 ? KVQ_FIXED_RANDOM : s->codebook == KVQ_CODEBOOK_ONLINE ? KVQ_FIXED_LEARNED : KVQ_FIXED_COMPUTED;
+  case KVQ_LAYOUT_CQ: return index == 1 ? KVQ_FIXED_LEARNED : KVQ_FIXED_NONE;
+  }
+  return KVQ_FIXED_NONE;
 }
 
-uint32_t kvq_side_matrix_purpose(const kvq_side_layout *s, int index) {
-  (void)s;
+uint64_t kvq_side_fixed_floats(const kvq_side_layout *s, int index) {
+  if (kvq_side_fixed_kind(s, index) == KVQ_FIXED_NONE) return 0;
+  switch (s->method) {
+  case KVQ_LAYOUT_QJL: return (uint64_t)(index == 0 ? s->sketch_dim : s->outlier_sketch_dim) * s->head_dim;
+  case KVQ_LAYOUT_POLAR:
+    if (index == 0) return s->rotation == KVQ_ROTATION_DENSE ? (uint64_t)s->head_dim * s->head_dim : s->head_dim;
+    return (uint64_t)(s->codebook == KVQ_CODEBOOK_ONLINE ? s->kv_heads : 1) * kvq_polar_table_floats(s->levels, s->level_bits);
+  case KVQ_LAYOUT_CQ: return (uint64_t)s->kv_heads * s->head_dim << s->code_bits;
+  }
+  return 0;
+}
+
+uint32_t kvq_side_fixed_purpose(const kvq_side_layout *s, int index) {
+  if (s->method == KVQ_LAYOUT_POLAR)
+    return s->rotation == KVQ_ROTATION_DENSE ? KVQ_PURPOSE_POLAR_ROTATION : KVQ_PURPOSE_POLAR_SIGNS;
   return index == 0 ? KVQ_PURPOSE_QJL_SKETCH : KVQ_PURPOSE_QJL_OUTLIER_SKETCH;
 }
 
+int kvq_side_needs_learning(const kvq_side_layout *s) {
+  for (int i = 0; i < KVQ_SIDE_FIXED; i++)
+    if (kvq_side_fixed_kind(s, i) == KVQ_FIXED_LEARNED) return 1;
+  return 0;
+}
+
 uint32_t kvq_prepared_floats(const kvq_side_layout *keys) {
-  return keys->method == KVQ_LAYOUT_QJL ? keys->sketch_dim : 0;
+  switch (keys->method) {
+  case KVQ_LAYOUT_QJL: return keys->sketch_dim;                    /* S q */
+  case KVQ_LAYOUT_POLAR: return keys->head_dim;                    /* R q */
+  case KVQ_LAYOUT_CQ: return (keys->head_dim / keys->channels) << keys->code_bits; /* <q_g, centroid> tables */
+  }
+  return 0;
 }

@@ -18,8 +18,15 @@ typedef struct kvq_side_layout {
   uint32_t sketch_dim;    /* QJL: m */
   uint32_t outliers;      /* QJL: k */
   uint32_t outlier_sketch_dim; /* QJL: m_o */
-  uint32_t bits;          /* UNIFORM: b */
-  uint32_t group;         /* UNIFORM: G */
+  uint32_t bits;          /* UNIFORM, KIVI: b */
+  uint32_t group;         /* UNIFORM: G channels; KIVI: Gt tokens */
+  uint32_t levels;        /* POLAR: L */
+  uint32_t level_bits;    /* POLAR: bits of level l in bits [4(l-1), 4l) */
+  uint32_t rotation;      /* POLAR: kvq_rotation */
+  uint32_t codebook;      /* POLAR: kvq_codebook_source */
+  uint32_t channels;      /* CQ: c */
+  uint32_t code_bits;     /* CQ: b */
+  uint32_t iterations;    /* CQ: Lloyd iterations */
   uint32_t head_bytes;    /* one kv head's block of a page */
   uint64_t page_bytes;    /* one page: kv_heads head blocks */
 } kvq_side_layout;
@@ -31,11 +38,25 @@ kvq_status kvq_config_validate(const kvq_cache_config *config, char *message, si
 void kvq_side_layout_init(kvq_side_layout *layout, const kvq_method_config *method, uint32_t page_size,
                           uint32_t head_dim, uint32_t kv_heads);
 
-/* Rows of the random matrices a side needs (0 when none): index 0 = S, 1 = S_o for QJL. */
-#define KVQ_SIDE_MATRICES 2
-uint32_t kvq_side_matrix_rows(const kvq_side_layout *layout, int index);
-/* The rng purpose of matrix `index` of a side. */
-uint32_t kvq_side_matrix_purpose(const kvq_side_layout *layout, int index);
+/* Fixed data of a side: built once per cache, shared by all its tokens, saved with it.
+ *   QJL:   0 = S (m x d), 1 = S_o (m_o x d), random
+ *   POLAR: 0 = rotation (d x d dense, or the d signs of the Hadamard form), random;
+ *          1 = angle codebook tables (one, or one per kv head when learned)
+ *   CQ:    1 = centroids (per kv head and channel group), learned
+ * All fp32. */
+#define KVQ_SIDE_FIXED 2
+typedef enum kvq_fixed_kind {
+  KVQ_FIXED_NONE = 0,
+  KVQ_FIXED_RANDOM = 1,   /* drawn from the cache's seed (matrix.h) */
+  KVQ_FIXED_COMPUTED = 2, /* computed from the configuration (offline codebooks) */
+  KVQ_FIXED_LEARNED = 3   /* learned from calibration data (kvq_codebooks_learn) or loaded */
+} kvq_fixed_kind;
+kvq_fixed_kind kvq_side_fixed_kind(const kvq_side_layout *layout, int index);
+uint64_t kvq_side_fixed_floats(const kvq_side_layout *layout, int index);
+/* The rng purpose of a random fixed array. */
+uint32_t kvq_side_fixed_purpose(const kvq_side_layout *layout, int index);
+/* Whether the side needs learned codebooks before it can store tokens. */
+int kvq_side_needs_learning(const kvq_side_layout *layout);
 
 /* Floats of prepared query (PREPARE_QUERY output) per query head that a key layout's SCORE reads:
  * QJL keeps S q (m floats); other layouts score the query itself (0). */

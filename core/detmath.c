@@ -38,3 +38,19 @@ double kvq_qjl_unbiased_constant(uint32_t d) {
   for (uint32_t j = 2; j + 2 <= d; j += 2) ratio = ratio * (double)(j + 1) / (double)j;
   return sqrt(pi) * ratio / sqrt((double)d);
 }
+
+/* sin x = x (1 - x^2/(2*3) (1 - x^2/(4*5) (1 - ...))), the nesting evaluated from k = 30 down. */
+double kvq_det_sin(double x) {
+  const double x2 = x * x;
+  double t = 1.0;
+  for (int k = 30; k >= 1; k--) t = 1.0 - x2 / ((double)(2 * k) * (double)(2 * k + 1)) * t;
+  return x * t;
+}
+
+/* cos x = 1 - x^2/(1*2) (1 - x^2/(3*4) (1 - ...)), likewise. */
+double kvq_det_cos(double x) {
+  const double x2 = x * x;
+  double t = 1.0;
+  for (int k = 30; k >= 1; k--) t = 1.0 - x2 / ((double)(2 * k - 1) * (double)(2 * k)) * t;
+  return t;
+}

@@ -34,7 +34,8 @@ enum { KVQ_SIDE_KEYS = 0, KVQ_SIDE_VALUES = 1 };
 typedef struct kvq_layer_storage {
   kvq_layer_config config;
   kvq_side_desc side[2];                            /* [KVQ_SIDE_*] */
-  float *matrix_host[2][KVQ_SIDE_MATRICES];         /* host copies of side[].matrix (for saving) */
+  float *fixed_host[2][KVQ_SIDE_FIXED];         /* host copies of side[].fixed (for saving) */
+  int learned[2];                                   /* learned codebooks present (or none needed) */
   kvq_buffer *pages[2];                             /* pool: max_pages * page_bytes */
   kvq_buffer *ring[2];                              /* windows: max_sequences * ring_capacity tokens */
 } kvq_layer_storage;
@@ -97,11 +98,11 @@ uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq);
 /* Byte offset of a sequence's window ring inside ring buffers of a layer. */
 uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot);
 
-/* Builds a cache's storage from a validated config (used by create and load). With make_matrices
- * the random matrices are built from the seed and uploaded; otherwise the caller (load) fills
- * matrix_host and uploads them with kvq_upload_matrices. */
-kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_matrices, kvq_cache **out);
-kvq_status kvq_upload_matrices(kvq_cache *cache);
+/* Builds a cache's storage from a validated config (used by create and load). With make_fixed the
+ * random matrices and offline codebooks are built and uploaded (learned codebooks start empty);
+ * otherwise the caller (load) fills fixed_host and uploads it with kvq_upload_fixed. */
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_fixed, kvq_cache **out);
+kvq_status kvq_upload_fixed(kvq_cache *cache);
 
 /* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner
  * remain) and appends them to a sequence's page table (capacity checked and reserved before). */

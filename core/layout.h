@@ -21,6 +21,9 @@
 #define KVQ_LAYOUT_EXACT 0u
 #define KVQ_LAYOUT_QJL 1u
 #define KVQ_LAYOUT_UNIFORM 2u
+#define KVQ_LAYOUT_KIVI 3u
+#define KVQ_LAYOUT_POLAR 4u
+#define KVQ_LAYOUT_CQ 5u
 
 /* Storage dtype ids (equal to the public kvq_dtype values). */
 #define KVQ_LAYOUT_F32 0u
@@ -39,6 +42,10 @@
 #define KVQ_MAX_OUTLIERS 32u
 #define KVQ_MAX_UNIFORM_BITS 8u
 #define KVQ_MIN_UNIFORM_GROUP 4u
+#define KVQ_MAX_POLAR_LEVELS 8u
+#define KVQ_MAX_POLAR_BITS 8u
+#define KVQ_MAX_CQ_BITS 12u
+#define KVQ_MAX_CQ_CHANNELS 16u
 
 /* Largest head block any layout can produce: the QJL block at the maxima (bytes). */
 #define KVQ_MAX_HEAD_BYTES                                                                         \
@@ -111,6 +118,68 @@ KVQ_SHARED_FN kvq_u32 kvq_uniform_params_offset(kvq_u32 P, kvq_u32 d, kvq_u32 b)
 }
 KVQ_SHARED_FN kvq_u32 kvq_uniform_head_bytes(kvq_u32 P, kvq_u32 d, kvq_u32 b, kvq_u32 G) {
   return kvq_align_up(kvq_uniform_params_offset(P, d, b) + P * (d / G) * 4u, KVQ_PAGE_ALIGN);
+}
+
+/* ---- Packed codes of any width ------------------------------------------------------------
+ * n codes of b bits, floor(32/b) per word, code i in bits [(i % cpw) b, (i % cpw) b + b) of word
+ * i / cpw; unused bits and codes are zero. UNIFORM, KIVI, PolarQuant and CQ all pack this way. */
+
+KVQ_SHARED_FN kvq_u32 kvq_codes_per_word(kvq_u32 b) { return 32u / b; }
+KVQ_SHARED_FN kvq_u32 kvq_code_words(kvq_u32 n, kvq_u32 b) {
+  return (n + kvq_codes_per_word(b) - 1u) / kvq_codes_per_word(b);
+}
+
+/* ---- KIVI (channel-wise asymmetric over groups of Gt tokens) -----------------------------------
+ * [codes]   the P*d codes token-major (i = t*d + c), packed as above.
+ * [params]  (P/Gt) * d words: word g*d + c holds the fp16 scale (bits 0..15) and minimum (16..31) of
+ *           channel c over tokens [g*Gt, (g+1)*Gt). The quantizer is UNIFORM's (quantize_math.h).
+ * ------------------------------------------------------------------------------------------- */
+
+KVQ_SHARED_FN kvq_u32 kvq_kivi_params_offset(kvq_u32 P, kvq_u32 d, kvq_u32 b) { return kvq_code_words(P * d, b) * 4u; }
+KVQ_SHARED_FN kvq_u32 kvq_kivi_head_bytes(kvq_u32 P, kvq_u32 d, kvq_u32 b, kvq_u32 Gt) {
+  return kvq_align_up(kvq_kivi_params_offset(P, d, b) + (P / Gt) * d * 4u, KVQ_PAGE_ALIGN);
+}
+
+/* ---- PolarQuant (L levels over blocks of 2^L rotated coordinates) ------------------------------
+ * Level l (1..L) has d >> l angles per token; their bit widths are packed 4 bits per level in one
+ * word (level l in bits [4(l-1), 4l)).
+ * [level 1 codes] .. [level L codes]  each the P * (d >> l) codes of the level, token-major
+ *                                     (i = t * (d >> l) + a), packed as above
+ * [radii]                             P * (d >> L) fp16 block radii, token-major
+ * Codebook tables (fixed data, fp32): per level, 2^b centroid (cos, sin) pairs, then 2^b boundary
+ * pairs: level 1 unused (its codes are nearest centroids by dot product), levels >= 2 hold
+ * (cos^2, sin^2) of the 2^b - 1 boundaries between consecutive centroids, the last pair zero.
+ * ------------------------------------------------------------------------------------------- */
+
+KVQ_SHARED_FN kvq_u32 kvq_polar_level_bits(kvq_u32 packed, kvq_u32 level) { return (packed >> (4u * (level - 1u))) & 15u; }
+KVQ_SHARED_FN kvq_u32 kvq_polar_angles(kvq_u32 d, kvq_u32 level) { return d >> level; }
+KVQ_SHARED_FN kvq_u32 kvq_polar_level_offset(kvq_u32 P, kvq_u32 d, kvq_u32 packed, kvq_u32 level) {
+  kvq_u32 offset = 0u;
+  for (kvq_u32 l = 1u; l < level; l++)
+    offset = offset + kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(packed, l)) * 4u;
+  return offset;
+}
+KVQ_SHARED_FN kvq_u32 kvq_polar_radius_offset(kvq_u32 P, kvq_u32 d, kvq_u32 L, kvq_u32 packed) {
+  return kvq_polar_level_offset(P, d, packed, L + 1u);
+}
+KVQ_SHARED_FN kvq_u32 kvq_polar_head_bytes(kvq_u32 P, kvq_u32 d, kvq_u32 L, kvq_u32 packed) {
+  return kvq_align_up(kvq_polar_radius_offset(P, d, L, packed) + P * (d >> L) * 2u, KVQ_PAGE_ALIGN);
+}
+KVQ_SHARED_FN kvq_u32 kvq_polar_table_level_offset(kvq_u32 packed, kvq_u32 level) {
+  kvq_u32 offset = 0u;
+  for (kvq_u32 l = 1u; l < level; l++) offset = offset + (4u << kvq_polar_level_bits(packed, l));
+  return offset;
+}
+KVQ_SHARED_FN kvq_u32 kvq_polar_table_floats(kvq_u32 L, kvq_u32 packed) { return kvq_polar_table_level_offset(packed, L + 1u); }
+
+/* ---- CQ (Coupled Quantization: c channels, one b-bit code) -------------------------------------
+ * [codes]  the P * d/c codes token-major (i = t * (d/c) + g), packed as above.
+ * Codebooks (fixed data, fp32): per kv head, per channel group g, 2^b centroids of c floats:
+ * centroid j of group g of head h at ((h * (d/c) + g) * 2^b + j) * c.
+ * ------------------------------------------------------------------------------------------- */
+
+KVQ_SHARED_FN kvq_u32 kvq_cq_head_bytes(kvq_u32 P, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
+  return kvq_align_up(kvq_code_words(P * (d / c), b) * 4u, KVQ_PAGE_ALIGN);
 }
 
 #endif /* KVQ_CORE_LAYOUT_H */

@@ -54,7 +54,9 @@ void kvq_householder_q(double *a, uint32_t n, uint32_t b, double *q, double *wor
       for (uint32_t i = 0; i < n; i++) q[(size_t)c * n + i] = -q[(size_t)c * n + i];
 }
 
-int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t rows, uint32_t d, float *out) {
+/* Blocks of d orthogonal rows from QR of Gaussian blocks, each row scaled by `scale`. */
+static int build_orthogonal(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t rows, uint32_t d, double scale,
+                            float *out) {
   size_t nd = (size_t)d * d;
   double *g = malloc(nd * sizeof *g);
   double *q = malloc(nd * sizeof *q);
@@ -67,7 +69,6 @@ int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t r
   }
   kvq_rng rng;
   kvq_rng_init(&rng, seed, layer, purpose);
-  const double scale = sqrt((double)d);
   for (uint32_t first = 0; first < rows; first += d) {
     uint32_t b = rows - first < d ? rows - first : d;
     for (size_t i = 0; i < (size_t)d * b; i++) g[i] = kvq_rng_gaussian(&rng);
@@ -79,4 +80,18 @@ int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t r
   free(q);
   free(work);
   return 0;
+}
+
+int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t rows, uint32_t d, float *out) {
+  return build_orthogonal(seed, layer, purpose, rows, d, sqrt((double)d), out);
+}
+
+int kvq_build_rotation(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t d, float *out) {
+  return build_orthogonal(seed, layer, purpose, d, d, 1.0, out);
+}
+
+void kvq_build_signs(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t d, float *out) {
+  kvq_rng rng;
+  kvq_rng_init(&rng, seed, layer, purpose);
+  for (uint32_t i = 0; i < d; i++) out[i] = (kvq_rng_u32(&rng) & 1u) ? -1.0f : 1.0f;
 }

@@ -24,4 +24,11 @@ void kvq_householder_q(double *a, uint32_t n, uint32_t b, double *q, double *wor
  */
 int kvq_build_sketch(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t rows, uint32_t d, float *out);
 
+/* A d x d random orthogonal matrix of stream (seed, layer, purpose): the sketch construction above
+ * with rows = d and row i = (float)Q[:, i] (orthonormal rows). Returns 0 or -1 (no memory). */
+int kvq_build_rotation(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t d, float *out);
+
+/* d random signs of stream (seed, layer, purpose): +1.0f or -1.0f, -1 when bit 0 of word i is 1. */
+void kvq_build_signs(uint64_t seed, uint32_t layer, uint32_t purpose, uint32_t d, float *out);
+
 #endif

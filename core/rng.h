@@ -21,6 +21,10 @@
 enum kvq_rng_purpose {
   KVQ_PURPOSE_QJL_SKETCH = 1,         /* S, the m x d inlier sketch of a layer */
   KVQ_PURPOSE_QJL_OUTLIER_SKETCH = 2, /* S_o, the m_o x d outlier sketch of a layer */
+  KVQ_PURPOSE_POLAR_ROTATION = 3,     /* PolarQuant's dense d x d rotation of a layer */
+  KVQ_PURPOSE_POLAR_SIGNS = 4,        /* PolarQuant's Hadamard signs of a layer */
+  KVQ_PURPOSE_KMEANS_KEYS = 5,        /* k-means++ seeding of a layer's key codebooks */
+  KVQ_PURPOSE_KMEANS_VALUES = 6,      /* k-means++ seeding of a layer's value codebooks */
   KVQ_PURPOSE_SYNTHETIC = 100,        /* the synthetic LLM-like data generator (core/synth.c) */
   KVQ_PURPOSE_TEST = 200              /* tests' own draws */
 };

@@ -30,6 +30,7 @@ enum {
   TAG_WIND = 0x444e4957u, /* "WIND" */
 };
 
+/* A method record: 23 u32 (docs/FORMAT.md), every method's parameters whatever the method. */
 static void put_method(kvq_writer *w, const kvq_method_config *m) {
   kvq_put_u32(w, (uint32_t)m->method);
   kvq_put_u32(w, (uint32_t)m->exact.dtype);
@@ -38,6 +39,15 @@ static void put_method(kvq_writer *w, const kvq_method_config *m) {
   kvq_put_u32(w, m->qjl.outlier_sketch_dim);
   kvq_put_u32(w, m->uniform.bits);
   kvq_put_u32(w, m->uniform.group_size);
+  kvq_put_u32(w, m->kivi.bits);
+  kvq_put_u32(w, m->kivi.group_tokens);
+  kvq_put_u32(w, m->polar.levels);
+  for (int l = 0; l < KVQ_POLAR_MAX_LEVELS; l++) kvq_put_u32(w, m->polar.bits[l]);
+  kvq_put_u32(w, (uint32_t)m->polar.rotation);
+  kvq_put_u32(w, (uint32_t)m->polar.codebook);
+  kvq_put_u32(w, m->cq.channels);
+  kvq_put_u32(w, m->cq.bits);
+  kvq_put_u32(w, m->cq.iterations);
 }
 
 static void get_method(kvq_reader *r, kvq_method_config *m) {
@@ -49,6 +59,15 @@ static void get_method(kvq_reader *r, kvq_method_config *m) {
   m->qjl.outlier_sketch_dim = kvq_get_u32(r);
   m->uniform.bits = kvq_get_u32(r);
   m->uniform.group_size = kvq_get_u32(r);
+  m->kivi.bits = kvq_get_u32(r);
+  m->kivi.group_tokens = kvq_get_u32(r);
+  m->polar.levels = kvq_get_u32(r);
+  for (int l = 0; l < KVQ_POLAR_MAX_LEVELS; l++) m->polar.bits[l] = kvq_get_u32(r);
+  m->polar.rotation = (kvq_rotation)kvq_get_u32(r);
+  m->polar.codebook = (kvq_codebook_source)kvq_get_u32(r);
+  m->cq.channels = kvq_get_u32(r);
+  m->cq.bits = kvq_get_u32(r);
+  m->cq.iterations = kvq_get_u32(r);
 }
 
 void kvq_put_config(kvq_writer *w, const kvq_cache_config *c) {
@@ -80,7 +99,7 @@ int kvq_get_config(kvq_reader *r, kvq_cache_config *c, kvq_layer_config **layers
   c->max_sequences = kvq_get_u32(r);
   c->seed = kvq_get_u64(r);
   if (r->short_read || c->layer_count == 0 || c->layer_count > 4096 ||
-      (uint64_t)c->layer_count * 17 * 4 > r->size - r->pos)
+      (uint64_t)c->layer_count * (3 + 2 * KVQ_METHOD_RECORD_WORDS) * 4 > r->size - r->pos)
     return -1;
   kvq_layer_config *L = calloc(c->layer_count, sizeof *L);
   if (!L) return -1;
@@ -148,27 +167,29 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
   section_end(w, at);
 
   at = section_begin(w, TAG_MATX);
-  uint32_t matrices = 0;
+  uint32_t arrays = 0;
   for (uint32_t l = 0; l < c->layer_count; l++)
     for (int s = 0; s < 2; s++)
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) matrices += kvq_side_matrix_rows(&cache->storage[l].side[s].layout, i) > 0;
-  kvq_put_u32(w, matrices);
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) arrays += kvq_side_fixed_floats(&cache->storage[l].side[s].layout, i) > 0;
+  kvq_put_u32(w, arrays);
   for (uint32_t l = 0; l < c->layer_count; l++)
     for (uint32_t s = 0; s < 2; s++)
-      for (uint32_t i = 0; i < KVQ_SIDE_MATRICES; i++) {
-        const uint32_t rows = kvq_side_matrix_rows(&cache->storage[l].side[s].layout, (int)i);
-        if (!rows) continue;
-        const uint32_t cols = cache->layers[l].head_dim;
-        const float *m = cache->storage[l].matrix_host[s][i];
+      for (uint32_t i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+        const uint64_t floats = kvq_side_fixed_floats(layout, (int)i);
+        if (!floats) continue;
+        const float *m = cache->storage[l].fixed_host[s][i];
         kvq_put_u32(w, l);
         kvq_put_u32(w, s);
         kvq_put_u32(w, i);
-        kvq_put_u32(w, rows);
-        kvq_put_u32(w, cols);
+        kvq_put_u32(w, (uint32_t)kvq_side_fixed_kind(layout, (int)i));
+        kvq_put_u32(w, kvq_side_fixed_kind(layout, (int)i) != KVQ_FIXED_LEARNED || cache->storage[l].learned[s]);
+        kvq_put_u32(w, 0);
+        kvq_put_u64(w, floats);
         uint8_t digest[32] = {0};
-        if (w->data) kvq_sha256_digest(m, (size_t)rows * cols * 4, digest);
+        if (w->data) kvq_sha256_digest(m, (size_t)floats * 4, digest);
         kvq_put_bytes(w, digest, 32);
-        kvq_put_f32s(w, m, (uint64_t)rows * cols);
+        kvq_put_f32s(w, m, floats);
       }
   section_end(w, at);
 
@@ -489,53 +510,57 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   const uint32_t L = config.layer_count;
   uint8_t *page_owner = NULL;
 
-  /* MATX: every matrix the layers need, once each, each with a matching SHA-256 */
+  /* MATX: every matrix and codebook the layers need, once each, each with a matching SHA-256 */
   if (!next_section(&file, TAG_MATX, &r)) {
     st = bad(ctx, "expected the matrix section");
     goto fail;
   }
-  uint32_t matrices = kvq_get_u32(&r), expected = 0;
-  uint8_t seen[4096][2][KVQ_SIDE_MATRICES];
+  uint32_t arrays = kvq_get_u32(&r), expected = 0;
+  uint8_t seen[4096][2][KVQ_SIDE_FIXED];
   memset(seen, 0, sizeof seen);
   for (uint32_t l = 0; l < L; l++)
     for (int s = 0; s < 2; s++)
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) expected += kvq_side_matrix_rows(&cache->storage[l].side[s].layout, i) > 0;
-  if (matrices != expected) {
-    st = bad(ctx, "wrong number of matrices for the config");
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) expected += kvq_side_fixed_floats(&cache->storage[l].side[s].layout, i) > 0;
+  if (arrays != expected) {
+    st = bad(ctx, "wrong number of matrices and codebooks for the config");
     goto fail;
   }
-  for (uint32_t k = 0; k < matrices; k++) {
-    uint32_t l = kvq_get_u32(&r), s = kvq_get_u32(&r), i = kvq_get_u32(&r), rows = kvq_get_u32(&r), cols = kvq_get_u32(&r);
+  for (uint32_t k = 0; k < arrays; k++) {
+    const uint32_t l = kvq_get_u32(&r), s = kvq_get_u32(&r), i = kvq_get_u32(&r), kind = kvq_get_u32(&r);
+    const uint32_t ready = kvq_get_u32(&r), reserved = kvq_get_u32(&r);
+    const uint64_t floats = kvq_get_u64(&r);
     const uint8_t *sha = kvq_get_bytes(&r, 32);
-    if (r.short_read || l >= L || s > 1 || i >= KVQ_SIDE_MATRICES || seen[l][s][i] ||
-        rows != kvq_side_matrix_rows(&cache->storage[l].side[s].layout, (int)i) || rows == 0 ||
-        cols != cache->layers[l].head_dim) {
-      st = bad(ctx, "a matrix does not match the config, or appears twice");
+    const kvq_side_layout *layout = l < L && s < 2 ? &cache->storage[l].side[s].layout : NULL;
+    if (r.short_read || !layout || i >= KVQ_SIDE_FIXED || seen[l][s][i] || reserved != 0 || ready > 1 ||
+        kind != (uint32_t)kvq_side_fixed_kind(layout, (int)i) || floats != kvq_side_fixed_floats(layout, (int)i) ||
+        floats == 0 || (!ready && kind != KVQ_FIXED_LEARNED)) {
+      st = bad(ctx, "a matrix or codebook does not match the config, or appears twice");
       goto fail;
     }
     seen[l][s][i] = 1;
-    float *m = cache->storage[l].matrix_host[s][i];
-    if (!kvq_get_f32s(&r, m, (uint64_t)rows * cols)) {
+    float *m = cache->storage[l].fixed_host[s][i];
+    if (!kvq_get_f32s(&r, m, floats)) {
       st = bad(ctx, "matrix section too short");
       goto fail;
     }
     uint8_t md[32];
-    kvq_sha256_digest(m, (size_t)rows * cols * 4, md);
+    kvq_sha256_digest(m, (size_t)floats * 4, md);
     if (memcmp(md, sha, 32) != 0) {
-      st = bad(ctx, "a matrix does not match its SHA-256");
+      st = bad(ctx, "a matrix or codebook does not match its SHA-256");
       goto fail;
     }
-    for (uint64_t e = 0; e < (uint64_t)rows * cols; e++)
+    for (uint64_t e = 0; e < floats; e++)
       if (!isfinite(m[e])) {
-        st = bad(ctx, "a matrix holds a non-finite number");
+        st = bad(ctx, "a matrix or codebook holds a non-finite number");
         goto fail;
       }
+    if (kind == KVQ_FIXED_LEARNED) cache->storage[l].learned[s] = (int)ready;
   }
   if (!finished(&r)) {
     st = bad(ctx, "matrix section has the wrong length");
     goto fail;
   }
-  if ((st = kvq_upload_matrices(cache)) != KVQ_OK) goto fail;
+  if ((st = kvq_upload_fixed(cache)) != KVQ_OK) goto fail;
 
   /* SEQS, PAGE */
   page_owner = calloc(config.max_pages, 1);

@@ -10,7 +10,8 @@
 #define KVQ_FILE_VERSION 1u
 #define KVQ_FILE_HEADER_BYTES 64u
 
-/* The config record: 8 u32/u64 fields, then 17 u32 per layer (docs/FORMAT.md). */
+/* The config record: 8 u32/u64 fields, then per layer 3 u32 and two method records (docs/FORMAT.md). */
+#define KVQ_METHOD_RECORD_WORDS 23
 void kvq_put_config(kvq_writer *w, const kvq_cache_config *config);
 /* Reads a config record; *layers is allocated (free() it). Returns 0, or -1 on a short read or
  * when layer_count is beyond the file's size or 4096. The config is not validated here. */

@@ -28,6 +28,7 @@ const char *kvq_status_string(kvq_status status) {
   case KVQ_ERROR_DEVICE_LOST: return "device lost";
   case KVQ_ERROR_DEVICE_MEMORY: return "out of device memory";
   case KVQ_ERROR_INTERNAL: return "internal error";
+  case KVQ_ERROR_NO_CODEBOOK: return "codebooks not learned";
   }
   return "unknown status";
 }

@@ -842,9 +842,9 @@ Test(config, kv_heads) { CHECK_LAYER(set_kv_heads, KVQ_ERROR_OUT_OF_RANGE, "kv_h
 Test(config, query_heads_not_a_multiple_of_kv_heads) {
   CHECK_LAYER(set_query_heads, KVQ_ERROR_OUT_OF_RANGE, "query_heads", 0, 1, 3, 5, 7, 1u << 31, UINT32_MAX, UINT32_MAX - 1);
 }
-Test(config, unknown_key_method) { CHECK_LAYER(set_key_method, KVQ_ERROR_INVALID_ARGUMENT, "keys.method", 3, 99, UINT32_MAX); }
+Test(config, unknown_key_method) { CHECK_LAYER(set_key_method, KVQ_ERROR_INVALID_ARGUMENT, "keys.method", 6, 99, UINT32_MAX); }
 Test(config, unknown_value_method) {
-  CHECK_LAYER(set_value_method, KVQ_ERROR_INVALID_ARGUMENT, "values.method", 3, 99, UINT32_MAX);
+  CHECK_LAYER(set_value_method, KVQ_ERROR_INVALID_ARGUMENT, "values.method", 6, 99, UINT32_MAX);
 }
 Test(config, qjl_for_values) { CHECK_LAYER(set_values_qjl, KVQ_ERROR_INVALID_ARGUMENT, "values.method", 0); }
 Test(config, exact_dtype) {

@@ -78,7 +78,7 @@ Test(layout, worked_example_bytes) {
   for (int i = 0; i < 128; i++)
     if (!(i < 12 || (i >= 64 && i < 76))) cr_assert_eq(vp[i], 0, "value byte %d", i);
   uint32_t s00;
-  memcpy(&s00, cache->storage[0].matrix_host[0][0], 4);
+  memcpy(&s00, cache->storage[0].fixed_host[0][0], 4);
   cr_assert_eq(s00, 0xbf2ba089u);
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);

@@ -17,7 +17,7 @@
 
 typedef struct qjl_fixture {
   kvq_side_desc side;
-  struct kvq_buffer matrix[2];
+  struct kvq_buffer fixed[2];
   uint8_t *block;
   float *prepared;
   double *dots;
@@ -33,12 +33,12 @@ static void fixture_init(qjl_fixture *f, uint32_t d, uint32_t m, uint32_t k, uin
   uint32_t rows[2] = {m, k ? m_o : 0};
   for (int i = 0; i < 2; i++) {
     if (!rows[i]) continue;
-    f->matrix[i].size = (uint64_t)rows[i] * d * 4;
-    f->matrix[i].data = malloc(f->matrix[i].size);
+    f->fixed[i].size = (uint64_t)rows[i] * d * 4;
+    f->fixed[i].data = malloc(f->fixed[i].size);
     cr_assert_eq(kvq_build_sketch(seed, stream, i == 0 ? KVQ_PURPOSE_QJL_SKETCH : KVQ_PURPOSE_QJL_OUTLIER_SKETCH,
-                                  rows[i], d, (float *)f->matrix[i].data),
+                                  rows[i], d, (float *)f->fixed[i].data),
                  0);
-    f->side.matrix[i] = &f->matrix[i];
+    f->side.fixed[i] = &f->fixed[i];
   }
   f->block = calloc(1, f->side.layout.head_bytes);
   f->prepared = malloc(sizeof(float) * m);
@@ -46,8 +46,8 @@ static void fixture_init(qjl_fixture *f, uint32_t d, uint32_t m, uint32_t k, uin
 }
 
 static void fixture_free(qjl_fixture *f) {
-  free(f->matrix[0].data);
-  free(f->matrix[1].data);
+  free(f->fixed[0].data);
+  free(f->fixed[1].data);
   free(f->block);
   free(f->prepared);
   free(f->dots);
@@ -200,7 +200,7 @@ Test(qjl, outlier_selection_and_sign_convention) {
   cr_assert(list[0] == 4 && list[1] == 7 && list[2] == 33 && list[3] == 60, "outliers %u %u %u %u", list[0], list[1],
             list[2], list[3]);
   /* sign bits: recompute S k_in for token 1 in the documented order and compare every bit */
-  const float *S = (const float *)f.matrix[0].data;
+  const float *S = (const float *)f.fixed[0].data;
   const uint8_t *signs = f.block + kvq_qjl_signs_offset() + 1 * 64 / 8;
   for (uint32_t i = 0; i < 64; i++) {
     float p = 0;

@@ -27,7 +27,7 @@ typedef struct cpu_backend {
 /* The view of one kv head's block of one page that method code works on. */
 typedef struct cpu_head {
   const kvq_side_desc *side;
-  const float *matrix[KVQ_SIDE_MATRICES]; /* host pointers of side->matrix[] (NULL if absent) */
+  const float *fixed[KVQ_SIDE_FIXED]; /* host pointers of side->fixed[] (NULL if absent) */
 } cpu_head;
 
 /*

@@ -18,7 +18,7 @@ const cpu_method *kvq_cpu_method(uint32_t layout_method) {
 
 cpu_head kvq_cpu_head(const kvq_side_desc *side) {
   cpu_head h = {.side = side};
-  for (int i = 0; i < KVQ_SIDE_MATRICES; i++) h.matrix[i] = side->matrix[i] ? (const float *)side->matrix[i]->data : NULL;
+  for (int i = 0; i < KVQ_SIDE_FIXED; i++) h.fixed[i] = side->fixed[i] ? (const float *)side->fixed[i]->data : NULL;
   return h;
 }
 

@@ -94,12 +94,12 @@ static void qjl_encode(const cpu_head *h, const float *x, uint64_t token_stride,
       k_in[c] = is_outlier[c] ? 0.0f : value;
       k_out[c] = is_outlier[c] ? value : 0.0f;
     }
-    sketch_signs(h->matrix[0], v.m, v.d, k_in, signs + (size_t)t * v.m / 8);
+    sketch_signs(h->fixed[0], v.m, v.d, k_in, signs + (size_t)t * v.m / 8);
     uint32_t hin = kvq_f32_to_f16_bits(norm_f32(k_in, v.d));
     norm_in[2 * t] = (uint8_t)hin;
     norm_in[2 * t + 1] = (uint8_t)(hin >> 8);
     if (v.k > 0) {
-      sketch_signs(h->matrix[1], v.mo, v.d, k_out, signs_out + (size_t)t * v.mo / 8);
+      sketch_signs(h->fixed[1], v.mo, v.d, k_out, signs_out + (size_t)t * v.mo / 8);
       uint32_t hout = kvq_f32_to_f16_bits(norm_f32(k_out, v.d));
       norm_out[2 * t] = (uint8_t)hout;
       norm_out[2 * t + 1] = (uint8_t)(hout >> 8);
@@ -113,7 +113,7 @@ static void qjl_prepare(const cpu_head *h, const float *q, float *prepared) {
   const qjl_view v = view_of(h);
   for (uint32_t i = 0; i < v.m; i++) {
     double sum = 0.0;
-    for (uint32_t c = 0; c < v.d; c++) sum += (double)h->matrix[0][(size_t)i * v.d + c] * q[c];
+    for (uint32_t c = 0; c < v.d; c++) sum += (double)h->fixed[0][(size_t)i * v.d + c] * q[c];
     prepared[i] = (float)sum;
   }
 }
@@ -121,7 +121,7 @@ static void qjl_prepare(const cpu_head *h, const float *q, float *prepared) {
 static void qjl_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
                          double *dots) {
   const qjl_view v = view_of(h);
-  const float *S = h->matrix[0], *So = h->matrix[1];
+  const float *S = h->fixed[0], *So = h->fixed[1];
   const uint8_t *list = block + kvq_qjl_outliers_offset(v.P, v.m, v.mo, v.k);
   double sq_in[KVQ_MAX_SKETCH_DIM], sq_out[KVQ_MAX_SKETCH_DIM];
   for (uint32_t i = 0; i < v.m; i++) {
@@ -164,10 +164,10 @@ static void qjl_decode(const cpu_head *h, const uint8_t *block, uint32_t t, floa
   for (uint32_t c = 0; c < v.d; c++) {
     double sum = 0.0;
     if (is_outlier[c]) {
-      for (uint32_t i = 0; i < v.mo; i++) sum += (sign_bit(bits_out, i) ? 1.0 : -1.0) * h->matrix[1][(size_t)i * v.d + c];
+      for (uint32_t i = 0; i < v.mo; i++) sum += (sign_bit(bits_out, i) ? 1.0 : -1.0) * h->fixed[1][(size_t)i * v.d + c];
       out[c] = (float)(c_d / v.mo * n_out * sum);
     } else {
-      for (uint32_t i = 0; i < v.m; i++) sum += (sign_bit(bits, i) ? 1.0 : -1.0) * h->matrix[0][(size_t)i * v.d + c];
+      for (uint32_t i = 0; i < v.m; i++) sum += (sign_bit(bits, i) ? 1.0 : -1.0) * h->fixed[0][(size_t)i * v.d + c];
       out[c] = (float)(c_d / v.m * n_in * sum);
     }
   }

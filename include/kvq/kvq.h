@@ -73,7 +73,8 @@ typedef enum kvq_status {
   KVQ_ERROR_VERSION = 15,            /* a file format version this library cannot read */
   KVQ_ERROR_DEVICE_LOST = 16,        /* the GPU device was lost; the cache must be recreated */
   KVQ_ERROR_DEVICE_MEMORY = 17,      /* GPU memory exhausted */
-  KVQ_ERROR_INTERNAL = 18            /* a bug in kvq; please report it with the message */
+  KVQ_ERROR_INTERNAL = 18,           /* a bug in kvq; please report it with the message */
+  KVQ_ERROR_NO_CODEBOOK = 19         /* the layer's method needs codebooks: learn or load them first */
 } kvq_status;
 
 /* A short English description of a status ("invalid argument"); never NULL. Thread-safe. */
@@ -193,7 +194,10 @@ KVQ_API const char *kvq_context_last_error(const kvq_context *context);
 typedef enum kvq_method {
   KVQ_METHOD_EXACT = 0,   /* full precision in exact.dtype: the baseline */
   KVQ_METHOD_QJL = 1,     /* 1-bit quantized JL sketch with outlier channels (keys only) */
-  KVQ_METHOD_UNIFORM = 2  /* token-wise asymmetric b-bit quantization in groups of channels */
+  KVQ_METHOD_UNIFORM = 2, /* token-wise asymmetric b-bit quantization in groups of channels */
+  KVQ_METHOD_KIVI = 3,    /* channel-wise asymmetric b-bit quantization over groups of tokens (KIVI's keys) */
+  KVQ_METHOD_POLAR = 4,   /* PolarQuant: random rotation, recursive polar transform, angle codebooks */
+  KVQ_METHOD_CQ = 5       /* Coupled Quantization: c channels share one b-bit code from learned codebooks */
 } kvq_method;
 
 typedef struct kvq_exact_config {
@@ -211,18 +215,56 @@ typedef struct kvq_uniform_config {
   uint32_t group_size;            /* G channels per scale/minimum; power of two, 4..256, divides head_dim */
 } kvq_uniform_config;
 
+typedef struct kvq_kivi_config {
+  uint32_t bits;                  /* 1, 2, 3, 4 or 8 */
+  uint32_t group_tokens;          /* tokens per scale/minimum of a channel: a power of two from 4 dividing
+                                     page_size, or 0 for the whole page */
+} kvq_kivi_config;
+
+typedef enum kvq_rotation {
+  KVQ_ROTATION_DENSE = 0,         /* a random orthogonal matrix (QR of a Gaussian matrix) */
+  KVQ_ROTATION_HADAMARD = 1       /* H D / sqrt(d): random signs, then a Walsh-Hadamard transform
+                                     (head_dim must be a power of two) */
+} kvq_rotation;
+
+typedef enum kvq_codebook_source {
+  KVQ_CODEBOOK_OFFLINE = 0,       /* Lloyd-Max on the analytic angle densities, built with the cache */
+  KVQ_CODEBOOK_ONLINE = 1         /* k-means++ on calibration angles (kvq_codebooks_learn), per kv head */
+} kvq_codebook_source;
+
+#define KVQ_POLAR_MAX_LEVELS 8
+
+typedef struct kvq_polar_config {
+  uint32_t levels;                       /* L: blocks of 2^L coordinates, 1..8; 2^L divides head_dim */
+  uint32_t bits[KVQ_POLAR_MAX_LEVELS];   /* bits of the angles of level 1 .. L (bits[0] is level 1): 1..8 */
+  kvq_rotation rotation;
+  kvq_codebook_source codebook;
+} kvq_polar_config;
+
+typedef struct kvq_cq_config {
+  uint32_t channels;              /* c contiguous channels share one code: 1, 2, 4, 8 or 16 */
+  uint32_t bits;                  /* b bits per code: 1..12 (2^b centroids per channel group) */
+  uint32_t iterations;            /* Lloyd iterations of kvq_codebooks_learn (at most; stops when stable) */
+} kvq_cq_config;
+
 /* One method and its parameters; only the member for `method` is read. */
 typedef struct kvq_method_config {
   kvq_method method;
   kvq_exact_config exact;
   kvq_qjl_config qjl;
   kvq_uniform_config uniform;
+  kvq_kivi_config kivi;
+  kvq_polar_config polar;
+  kvq_cq_config cq;
 } kvq_method_config;
 
 /*
  * The documented defaults of a method at a head_dim: exact fp16; QJL m = 2 * head_dim,
  * k = head_dim / 16, m_o = 2 * head_dim (256, 8, 256 at head_dim 128); uniform 2 bits, G = 32
- * (G = 16 when head_dim is not a multiple of 32). Valid for every valid head_dim. Thread-safe.
+ * (G = 16 when head_dim is not a multiple of 32); KIVI 2 bits over the whole page; PolarQuant
+ * L = 4 with 4, 2, 2, 2 bits (3.875 bits per number), dense rotation, offline codebooks; CQ 4
+ * channels with 8 bits (2 bits per number), 100 Lloyd iterations. Valid for every valid head_dim.
+ * Thread-safe.
  */
 KVQ_API kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim);
 
@@ -230,8 +272,8 @@ typedef struct kvq_layer_config {
   uint32_t query_heads;           /* Hq <= 65536; a multiple of kv_heads (query head h uses kv head h / (Hq/Hkv)) */
   uint32_t kv_heads;              /* Hkv, 1..1024 */
   uint32_t head_dim;              /* d: multiple of 16, 16..256 */
-  kvq_method_config keys;         /* QJL, UNIFORM or EXACT */
-  kvq_method_config values;       /* UNIFORM or EXACT */
+  kvq_method_config keys;         /* any method */
+  kvq_method_config values;       /* any method but QJL (an inner-product estimator) */
 } kvq_layer_config;
 
 typedef struct kvq_cache_config {

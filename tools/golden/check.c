@@ -364,11 +364,11 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
     kvq_layer_storage *ls = &cache->storage[l];
     const kvq_layer_config *L = &in.layers[l];
     for (int side = 0; side < 2; side++) {
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
-        uint32_t rows = kvq_side_matrix_rows(&ls->side[side].layout, i);
-        if (!rows) continue;
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const uint64_t floats = kvq_side_fixed_floats(&ls->side[side].layout, i);
+        if (!floats) continue;
         uint8_t digest[32];
-        kvq_sha256_digest(ls->matrix_host[side][i], (size_t)rows * L->head_dim * 4, digest);
+        kvq_sha256_digest(ls->fixed_host[side][i], (size_t)floats * 4, digest);
         golden_name(name, sizeof name, "matrix_sha256", (int)l, side, i);
         const golden_record *rec = golden_find(&g, name);
         ck->t->matrices++;
@@ -395,7 +395,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
         kvq_sequence_info_get(cache, ids[s], l, &info);
         const float *tokens = (side ? in.values_f32[l] : in.keys_f32[l]) + (uint64_t)in.sequences[2 * s] * L->kv_heads * L->head_dim;
         check_pages(ck, &ls->side[side].layout, rec->data, img, pages, (uint32_t)info.quantized_tokens, tokens,
-                    side ? NULL : ls->matrix_host[0][0], side ? NULL : ls->matrix_host[0][1]);
+                    side ? NULL : ls->fixed_host[0][0], side ? NULL : ls->fixed_host[0][1]);
         free(img);
       }
     }
@@ -433,7 +433,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       ref_result r = {malloc(sizeof(double) * ns), malloc(sizeof(double) * ns), malloc(sizeof(double) * ns),
                       malloc(sizeof(double) * ns), malloc(sizeof(double) * no), malloc(sizeof(double) * no)};
       uint8_t *kimg = NULL, *vimg = NULL;
-      ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout, {ls->matrix_host[0][0], ls->matrix_host[0][1]},
+      ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout, {ls->fixed_host[0][0], ls->fixed_host[0][1]},
                       ls->side[0].qjl_constant};
       uint32_t kp, vp;
       kvq_cache_read_pages(cache, ids[s], l, 0, NULL, &kp);

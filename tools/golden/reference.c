@@ -53,7 +53,7 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   for (uint32_t i = 0; i < m; i++) {
     in[i] = 0;
     for (uint32_t c = 0; c < d; c++) {
-      double term = (double)L->matrix[0][(size_t)i * d + c] * q[c];
+      double term = (double)L->fixed[0][(size_t)i * d + c] * q[c];
       if (!outlier[c]) in[i] += term;
       in_abs += fabs(term);
     }
@@ -61,7 +61,7 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   for (uint32_t i = 0; i < mo; i++) {
     out[i] = 0;
     for (uint32_t j = 0; j < no; j++) {
-      double term = (double)L->matrix[1][(size_t)i * d + list[j]] * q[list[j]];
+      double term = (double)L->fixed[1][(size_t)i * d + list[j]] * q[list[j]];
       out[i] += term;
       out_abs += fabs(term);
     }

@@ -22,7 +22,7 @@
 typedef struct ref_layer {
   const kvq_layer_config *config;
   kvq_side_layout keys, values;
-  const float *matrix[2]; /* keys' QJL S and S_o (host), NULL otherwise */
+  const float *fixed[2]; /* keys' QJL S and S_o (host), NULL otherwise */
   double qjl_constant;
 } ref_layer;
 

@@ -50,11 +50,11 @@ int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep
   for (uint32_t l = 0; l < in.config.layer_count && rc == 0; l++) {
     const kvq_layer_config *L = &in.layers[l];
     for (int side = 0; side < 2; side++) {
-      for (int i = 0; i < KVQ_SIDE_MATRICES; i++) {
-        uint32_t rows = kvq_side_matrix_rows(&cache->storage[l].side[side].layout, i);
-        if (!rows) continue;
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const uint64_t floats = kvq_side_fixed_floats(&cache->storage[l].side[side].layout, i);
+        if (!floats) continue;
         uint8_t digest[32];
-        kvq_sha256_digest(cache->storage[l].matrix_host[side][i], (size_t)rows * L->head_dim * 4, digest);
+        kvq_sha256_digest(cache->storage[l].fixed_host[side][i], (size_t)floats * 4, digest);
         golden_name(name, sizeof name, "matrix_sha256", (int)l, side, i);
         rc |= golden_add(g, name, GOLDEN_BYTES, digest, 32);
       }
