@@ -53,6 +53,26 @@ static kvq_status check_vector(kvq_context *ctx, const kvq_side_layout *s, const
                         (unsigned long long)token, head, g, (double)mn, (double)mx);
     }
     return KVQ_OK;
+  case KVQ_LAYOUT_KIVI:
+    /* A channel's scale spans several tokens, so bound every value: with |x| <= 32752 no group can
+     * reach an fp16 minimum or scale beyond 65504 (the range is at most 65504, the scale at most that). */
+    for (uint32_t c = 0; c < d; c++)
+      if (fabsf(x[c]) > 32752.0f)
+        return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                        "%s: token %llu, head %u, channel %u = %g: KIVI stores channel scales in fp16 and needs |x| <= 32752",
+                        side, (unsigned long long)token, head, c, (double)x[c]);
+    return KVQ_OK;
+  case KVQ_LAYOUT_POLAR: {
+    /* Block radii are fp16 and the rotation preserves the norm up to fp32 rounding (d 2^-24 relative,
+     * well inside the margin of 65440 against 65504). */
+    float sum = 0.0f;
+    for (uint32_t c = 0; c < d; c++) sum = sum + x[c] * x[c];
+    if (sqrtf(sum) > 65440.0f)
+      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u has norm %g, beyond PolarQuant's fp16 radii", side,
+                      (unsigned long long)token, head, sqrt((double)sum));
+    return KVQ_OK;
+  }
+  case KVQ_LAYOUT_CQ: return KVQ_OK; /* no side data: any finite value has a nearest centroid */
   }
   return kvq_fail(ctx, KVQ_ERROR_INTERNAL, "%s: unknown layout method %u", side, s->method);
 }

@@ -69,12 +69,23 @@ static double uniform_bound(const float *group, uint32_t G, uint32_t b) {
   return scale_h / 2 + fabs(mn - min_h) + L * (fabs(scale32 - scale_h) + 2 * u * scale32) + 4 * u * fmax(fabs(mn), fabs(mx));
 }
 
-/* Bound on |x^ - x| for element c of a token vector x[d] under a method. */
-static double element_bound(const kvq_method_config *m, const float *x, uint32_t d, uint32_t c) {
-  (void)d;
+/* Bound on |x^ - x| for element c of token t (kv head h) of `all` ([n][hkv][d]) under a method.
+ * KIVI's group is channel c over the token group of t within its page (every token is quantized
+ * when this is asked for keys; window tokens are exact and only over-bounded). */
+static double element_bound(const scenario *sc, const kvq_method_config *m, const float *all, uint32_t h, uint32_t t,
+                            uint32_t c) {
+  const uint32_t d = sc->d, hkv = sc->hkv;
+  const float *x = all + ((size_t)t * hkv + h) * d;
   if (m->method == KVQ_METHOD_UNIFORM) {
     uint32_t G = m->uniform.group_size;
     return uniform_bound(x + c / G * G, G, m->uniform.bits);
+  }
+  if (m->method == KVQ_METHOD_KIVI) {
+    const uint32_t Gt = m->kivi.group_tokens ? m->kivi.group_tokens : sc->P;
+    const uint32_t first = t / Gt * Gt, last = first + Gt < sc->n ? first + Gt : sc->n;
+    float group[256];
+    for (uint32_t u = first; u < last; u++) group[u - first] = all[((size_t)u * hkv + h) * d + c];
+    return uniform_bound(group, last - first, m->kivi.bits);
   }
   if (m->method == KVQ_METHOD_EXACT)
     return m->exact.dtype == KVQ_DTYPE_F32 ? 0.0 : fabs(x[c]) * (m->exact.dtype == KVQ_DTYPE_F16 ? 0x1p-11 : 0x1p-8);
@@ -162,7 +173,7 @@ static void run(const scenario *sc) {
           if (err / allowed > worst_a) worst_a = err / allowed;
         } else {
           double allowed = 0x1p-20 * fabs(s);
-          for (uint32_t c = 0; c < d; c++) allowed += fabs(qi[c]) * element_bound(&sc->keys, kt, d, c) / sqrt_d;
+          for (uint32_t c = 0; c < d; c++) allowed += fabs(qi[c]) * element_bound(sc, &sc->keys, k, h / group, t, c) / sqrt_d;
           cr_assert(err <= allowed, "%s A: logit (%u,%u,%u) error %g > %g", sc->name, i, h, t, err, allowed);
         }
         pairs++;
@@ -182,7 +193,7 @@ static void run(const scenario *sc) {
           const double vh = vd[((size_t)t * hkv + h / group) * d + c];
           weight += p_exact[si] * fabs(vt[c]);
           weight_hat += probs[si] * fabs(vh);
-          value_err += probs[si] * element_bound(&sc->values, vt, d, c);
+          value_err += probs[si] * element_bound(sc, &sc->values, v, h / group, t, c);
           weight_deq += p_deq[si] * fabs(vh);
         }
         const size_t oi = ((size_t)i * hq + h) * d + c;
@@ -231,6 +242,24 @@ Test(attention, qjl512_uniform4_gqa8_bf16_window, .timeout = 120) {
 Test(attention, uniform_keys_exact_values_gqa1_fp32, .timeout = 120) {
   scenario sc = {"u4 keys + fp16 values, gqa 1, fp32", 64, 4, 4, 150, 12, 16, 32, KVQ_DTYPE_F32, KVQ_MASK_CAUSAL, 1,
                  th_uniform(4, 32), th_exact(KVQ_DTYPE_F16)};
+  run(&sc);
+}
+
+static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_KIVI, 128);
+  c.kivi = (kvq_kivi_config){bits, group_tokens};
+  return c;
+}
+
+Test(attention, kivi_keys_uniform_values_gqa4_flushed, .timeout = 120) {
+  scenario sc = {"kivi 2-bit keys + u2 values, gqa 4, fp16, flushed", 64, 8, 2, 150, 10, 16, 0, KVQ_DTYPE_F16,
+                 KVQ_MASK_CAUSAL, 1, kivi(2, 0), th_uniform(2, 32)};
+  run(&sc);
+}
+
+Test(attention, kivi_keys_groups_of_8_kivi_values, .timeout = 120) {
+  scenario sc = {"kivi 4-bit keys in groups of 8 tokens + kivi values, gqa 1, fp32, partial", 32, 2, 2, 77, 6, 32, 0,
+                 KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, kivi(4, 8), kivi(3, 16)};
   run(&sc);
 }
 

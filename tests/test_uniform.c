@@ -175,3 +175,100 @@ Test(uniform, error_falls_with_bits) {
   }
   free(x);
 }
+
+/* ---- KIVI: the same quantizer over a channel's tokens ---------------------------------------- */
+
+static kvq_side_desc kivi_side(uint32_t P, uint32_t d, uint32_t bits, uint32_t group_tokens) {
+  kvq_side_desc side;
+  memset(&side, 0, sizeof side);
+  kvq_method_config mc = kvq_method_defaults(KVQ_METHOD_KIVI, d);
+  mc.kivi.bits = bits;
+  mc.kivi.group_tokens = group_tokens;
+  kvq_side_layout_init(&side.layout, &mc, P, d, 1);
+  return side;
+}
+
+/* The error bound of test_uniform's derivation, per (channel, token group), including partial groups
+ * of a flushed page. */
+Test(kivi, error_within_derived_bound_per_channel) {
+  kvq_rng rng;
+  kvq_rng_init(&rng, 6, 0, KVQ_PURPOSE_TEST);
+  const uint32_t P = 32, d = 48;
+  const uint32_t widths[] = {1, 2, 3, 4, 8}, groups[] = {0, 8, 16};
+  float x[32 * 48], out[48];
+  for (int w = 0; w < 5; w++)
+    for (int gi = 0; gi < 3; gi++) {
+      const uint32_t b = widths[w], L = kvq_uniform_levels(b), Gt = groups[gi] ? groups[gi] : P;
+      kvq_side_desc side = kivi_side(P, d, b, groups[gi]);
+      const cpu_head head = kvq_cpu_head(&side);
+      uint8_t *block = calloc(1, side.layout.head_bytes);
+      for (int trial = 0; trial < 20; trial++) {
+        const uint32_t n = trial % 3 == 0 ? 1 + kvq_rng_u32(&rng) % P : P; /* partial pages too */
+        for (uint32_t i = 0; i < P * d; i++) x[i] = (float)(((i % d) % 7) * 3.0 + kvq_rng_gaussian(&rng)); /* channel offsets */
+        memset(block, 0, side.layout.head_bytes);
+        kvq_cpu_kivi.encode(&head, x, d, n, block);
+        for (uint32_t t = 0; t < n; t++) {
+          kvq_cpu_kivi.decode(&head, block, t, out);
+          const uint32_t t0 = t / Gt * Gt, t1 = t0 + Gt < n ? t0 + Gt : n;
+          for (uint32_t c = 0; c < d; c++) {
+            float mn = x[t0 * d + c], mx = mn;
+            for (uint32_t u = t0; u < t1; u++) {
+              mn = x[u * d + c] < mn ? x[u * d + c] : mn;
+              mx = x[u * d + c] > mx ? x[u * d + c] : mx;
+            }
+            const double u = 0x1p-24;
+            const float scale32 = (mx - mn) * kvq_uniform_inv_levels(b);
+            const uint32_t params = kvq_uniform_params(mn, mx, b);
+            const double scale_h = kvq_uniform_param_scale(params), min_h = kvq_uniform_param_min(params);
+            const double bound = scale_h / 2 + fabs(mn - min_h) + L * (fabs(scale32 - scale_h) + 2 * u * scale32) +
+                                 4 * u * fmax(fabs(mn), fabs(mx));
+            const double err = fabs((double)x[t * d + c] - out[c]);
+            cr_assert(err <= bound, "b=%u Gt=%u n=%u token %u channel %u: error %g > %g", b, Gt, n, t, c, err, bound);
+          }
+        }
+        /* tokens and groups past n are all zero */
+        const uint32_t cpw = 32 / b;
+        for (uint32_t i = n * d; i < P * d; i++) {
+          const uint8_t *word = block + 4 * (i / cpw);
+          const uint32_t value = (uint32_t)word[0] | (uint32_t)word[1] << 8 | (uint32_t)word[2] << 16 | (uint32_t)word[3] << 24;
+          cr_assert_eq(value >> ((i % cpw) * b) & L, 0u);
+        }
+        const uint32_t groups_used = (n + Gt - 1) / Gt;
+        const uint8_t *params = block + kvq_kivi_params_offset(P, d, b);
+        for (uint32_t byte = groups_used * d * 4; byte < (P / Gt) * d * 4; byte++) cr_assert_eq(params[byte], 0);
+      }
+      free(block);
+    }
+}
+
+/* Per-channel scales follow the channels: a channel 1000 times larger than the others does not
+ * coarsen them (the point of KIVI's per-channel keys), whereas token-wise groups would. */
+Test(kivi, outlier_channel_does_not_coarsen_others) {
+  const uint32_t P = 16, d = 32;
+  kvq_side_desc kivi = kivi_side(P, d, 4, 0);
+  kvq_side_desc uni;
+  memset(&uni, 0, sizeof uni);
+  kvq_method_config mc = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
+  mc.uniform.bits = 4;
+  kvq_side_layout_init(&uni.layout, &mc, P, d, 1);
+  float x[16 * 32], out[32];
+  kvq_rng rng;
+  kvq_rng_init(&rng, 7, 0, KVQ_PURPOSE_TEST);
+  for (uint32_t i = 0; i < P * d; i++) x[i] = (float)((i % d == 5 ? 1000.0 : 1.0) * kvq_rng_gaussian(&rng));
+  double err[2] = {0, 0};
+  const kvq_side_desc *sides[2] = {&kivi, &uni};
+  const cpu_method *methods[2] = {&kvq_cpu_kivi, &kvq_cpu_uniform};
+  for (int m = 0; m < 2; m++) {
+    const cpu_head head = kvq_cpu_head(sides[m]);
+    uint8_t *block = calloc(1, sides[m]->layout.head_bytes);
+    methods[m]->encode(&head, x, d, P, block);
+    for (uint32_t t = 0; t < P; t++) {
+      methods[m]->decode(&head, block, t, out);
+      for (uint32_t c = 0; c < d; c++)
+        if (c != 5) err[m] += (x[t * d + c] - out[c]) * (x[t * d + c] - out[c]);
+    }
+    free(block);
+  }
+  cr_assert(err[0] * 100 < err[1], "per-channel error %g should be far below token-wise %g on the other channels", err[0],
+            err[1]);
+}

@@ -51,7 +51,8 @@ static const char *default_methods =
     "qjl-m256-k8/uniform-b2,qjl-m256-k0/uniform-b2,"
     "qjl-m512-k8/uniform-b4,qjl-m512-k0/uniform-b4,"
     "qjl-m256-k8/uniform-b4,"
-    "uniform-b4/uniform-b4,uniform-b2/uniform-b2";
+    "uniform-b4/uniform-b4,uniform-b2/uniform-b2,"
+    "kivi-b2/uniform-b2,kivi-b4/uniform-b4";
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -68,8 +69,9 @@ static void usage(FILE *f) {
           "evaluation:\n"
           "  --methods LIST      comma-separated KEYS/VALUES pairs (default: all of\n"
           "                      %s)\n"
-          "                      KEYS:   exact-f16|exact-bf16|exact-f32, qjl-m<M>-k<K>[-o<M_o>], uniform-b<B>[-g<G>]\n"
-          "                      VALUES: exact-f16|exact-bf16|exact-f32, uniform-b<B>[-g<G>]\n"
+          "                      KEYS:   exact-f16|exact-bf16|exact-f32, qjl-m<M>-k<K>[-o<M_o>], uniform-b<B>[-g<G>],\n"
+          "                              kivi-b<B>[-t<Gt>]\n"
+          "                      VALUES: the same but qjl\n"
           "  --last N            queries: the last N positions of every query head (default 64)\n"
           "  --mask causal|none  (default causal)\n"
           "  --page-size P       (default 32)\n"
@@ -112,6 +114,14 @@ static int parse_method(const char *spec, size_t len, uint32_t d, int values, kv
       uint32_t *field = part[0] == 'm' ? &m->qjl.sketch_dim : part[0] == 'k' ? &m->qjl.outlier_count
                         : part[0] == 'o'                    ? &m->qjl.outlier_sketch_dim
                                                             : NULL;
+      if (!field || parse_u32(part + 1, field) != 0) return -1;
+    }
+    return 0;
+  }
+  if (!strcmp(part, "kivi")) {
+    *m = kvq_method_defaults(KVQ_METHOD_KIVI, d);
+    while ((part = strtok(NULL, "-"))) {
+      uint32_t *field = part[0] == 'b' ? &m->kivi.bits : part[0] == 't' ? &m->kivi.group_tokens : NULL;
       if (!field || parse_u32(part + 1, field) != 0) return -1;
     }
     return 0;

@@ -50,6 +50,7 @@ typedef struct cpu_method {
 extern const cpu_method kvq_cpu_exact;
 extern const cpu_method kvq_cpu_qjl;
 extern const cpu_method kvq_cpu_uniform;
+extern const cpu_method kvq_cpu_kivi;
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method);
 cpu_head kvq_cpu_head(const kvq_side_desc *side);

@@ -25,7 +25,13 @@ static kvq_method_config exact(kvq_dtype dtype) {
 }
 #define LAYER(hq, hkv, d, k, v) {.query_heads = hq, .kv_heads = hkv, .head_dim = d, .keys = k, .values = v}
 
-static golden_case cases[12];
+static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_KIVI, 128);
+  c.kivi = (kvq_kivi_config){bits, group_tokens};
+  return c;
+}
+
+static golden_case cases[24];
 static uint32_t case_count;
 
 static void build_cases(void) {
@@ -42,6 +48,8 @@ static void build_cases(void) {
       {"uniform4-keys-u4-d128-f32-gqa8", KVQ_DTYPE_F32, 16, 0, 1, {LAYER(8, 1, 128, uni(4, 32), uni(4, 32))}, {35, 22}, 9},
       {"two-layers-qjl-m512-then-m256-f16-gqa4", KVQ_DTYPE_F16, 16, 16, 2,
        {LAYER(4, 1, 128, qjl(512, 8, 256), uni(4, 32)), LAYER(4, 1, 128, qjl(256, 8, 256), uni(2, 32))}, {50, 29}, 10},
+      {"kivi2-keys-u2-d64-f16-gqa4-window", KVQ_DTYPE_F16, 32, 32, 1, {LAYER(4, 1, 64, kivi(2, 0), uni(2, 32))}, {90, 45}, 11},
+      {"kivi4-g8-keys-kivi3-values-d128-bf16-gqa1", KVQ_DTYPE_BF16, 16, 0, 1, {LAYER(2, 2, 128, kivi(4, 8), kivi(3, 16))}, {41, 23}, 12},
   };
   case_count = sizeof all / sizeof all[0];
   for (uint32_t i = 0; i < case_count; i++) cases[i] = all[i];

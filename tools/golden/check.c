@@ -226,19 +226,26 @@ static void check_qjl_head(checker *ck, const page_ctx *pc, const uint8_t *g, co
   exact_bytes(ck, g, b, out_at + k, s->head_bytes, "padding", page, h);
 }
 
+/* Where the (scale, minimum) word of code (t, c) is, for the two uniform quantizers: token-wise
+ * groups of channels (UNIFORM) or channel-wise groups of tokens (KIVI). */
+static uint32_t param_word(const kvq_side_layout *s, uint32_t t, uint32_t c) {
+  return s->method == KVQ_LAYOUT_KIVI ? (t / s->group) * s->head_dim + c : t * (s->head_dim / s->group) + c / s->group;
+}
+
 static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page,
                                uint32_t h) {
   const kvq_side_layout *s = pc->s;
-  const uint32_t P = s->page_size, d = s->head_dim, bits = s->bits, G = s->group, cpw = kvq_uniform_codes_per_word(bits);
-  const uint32_t words = kvq_uniform_code_words(P, d, bits), params_at = kvq_uniform_params_offset(P, d, bits);
-  for (uint32_t t = 0; t < pc->valid; t++)
-    for (uint32_t grp = 0; grp < d / G; grp++) {
-      const uint32_t off = params_at + 4 * (t * (d / G) + grp);
-      side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
-      side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
-    }
-  exact_bytes(ck, g, b, params_at + 4 * pc->valid * (d / G), params_at + 4 * P * (d / G), "parameters of a padding token",
-              page, h);
+  const int kivi = s->method == KVQ_LAYOUT_KIVI;
+  const uint32_t P = s->page_size, d = s->head_dim, bits = s->bits, G = s->group, cpw = kvq_codes_per_word(bits);
+  const uint32_t words = kvq_code_words(P * d, bits), params_at = kvq_uniform_params_offset(P, d, bits);
+  const uint32_t params = kivi ? (P / G) * d : P * (d / G);
+  const uint32_t valid_params = kivi ? (pc->valid + G - 1) / G * d : pc->valid * (d / G);
+  for (uint32_t p = 0; p < valid_params; p++) {
+    const uint32_t off = params_at + 4 * p;
+    side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
+    side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
+  }
+  exact_bytes(ck, g, b, params_at + 4 * valid_params, params_at + 4 * params, "parameters past the valid tokens", page, h);
   for (uint32_t w = 0; w < words; w++) {
     const uint32_t gw = rd32(g + 4 * w), bw = rd32(b + 4 * w);
     ck->t->code_bytes += 4;
@@ -262,12 +269,12 @@ static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g
       /* A code may differ by one step only: when the backend's parameters differ from the golden
        * ones by the ulp class 2 allows and its code follows from them, or when the value or the
        * threshold between the two codes is subnormal (flushed to zero on some GPUs). */
-      const uint32_t pw = rd32(b + params_at + 4 * (t * (d / G) + c / G));
+      const uint32_t pw = rd32(b + params_at + 4 * param_word(s, t, c));
       const float x = token(pc, t, h)[c], mn = kvq_uniform_param_min(pw), sc = kvq_uniform_param_scale(pw);
       const uint32_t lo = gc < bc ? gc : bc;
       const float between = kvq_uniform_threshold(mn, sc, lo + 1);
       const int adjacent = (gc > bc ? gc - bc : bc - gc) == 1;
-      const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(g + params_at + 4 * (t * (d / G) + c / G));
+      const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(g + params_at + 4 * param_word(s, t, c));
       const int flushed = (fabsf(x) < FLT_MIN && bc == kvq_uniform_code(0.0f, mn, sc, bits)) || fabsf(between) < FLT_MIN;
       if (adjacent && (own || flushed)) {
         ck->t->near_ties++;
@@ -277,7 +284,7 @@ static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g
       }
     }
   }
-  exact_bytes(ck, g, b, params_at + P * (d / G) * 4, s->head_bytes, "padding", page, h);
+  exact_bytes(ck, g, b, params_at + params * 4, s->head_bytes, "padding", page, h);
 }
 
 static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page, uint32_t h) {
@@ -309,7 +316,7 @@ static void check_pages(checker *ck, const kvq_side_layout *s, const uint8_t *g,
       page_ctx pc = {s, tokens + (uint64_t)j * s->page_size * s->kv_heads * s->head_dim,
                      quantized - j * s->page_size < s->page_size ? quantized - j * s->page_size : s->page_size, S, So};
       if (s->method == KVQ_LAYOUT_QJL) check_qjl_head(ck, &pc, g + at, b + at, j, h);
-      else if (s->method == KVQ_LAYOUT_UNIFORM) check_uniform_head(ck, &pc, g + at, b + at, j, h);
+      else if (s->method == KVQ_LAYOUT_UNIFORM || s->method == KVQ_LAYOUT_KIVI) check_uniform_head(ck, &pc, g + at, b + at, j, h);
       else check_exact_head(ck, &pc, g + at, b + at, j, h);
     }
 }

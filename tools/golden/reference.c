@@ -29,9 +29,10 @@ static double decode(const kvq_side_layout *s, const uint8_t *block, uint32_t i,
     if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(rd32(p));
     return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(rd16(p)) : kvq_bf16_bits_to_f32(rd16(p));
   }
-  /* UNIFORM: min + code * scale, two fp32 roundings */
+  /* UNIFORM and KIVI: min + code * scale, two fp32 roundings */
   const uint32_t d = s->head_dim, b = s->bits, cpw = kvq_uniform_codes_per_word(b), idx = i * d + c;
-  uint32_t params = rd32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * (i * (d / s->group) + c / s->group));
+  const uint32_t word = s->method == KVQ_LAYOUT_KIVI ? (i / s->group) * d + c : i * (d / s->group) + c / s->group;
+  uint32_t params = rd32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * word);
   uint32_t code = (rd32(block + 4 * (idx / cpw)) >> ((idx % cpw) * b)) & kvq_uniform_levels(b);
   double mn = kvq_uniform_param_min(params), scale = kvq_uniform_param_scale(params);
   *err = 2 * u * (fabs(mn) + code * fabs(scale)) + 2 * FLT_MIN;
