@@ -82,9 +82,11 @@ typedef struct kvq_job_dequantize {
 } kvq_job_dequantize;
 
 /* Query preprocessing: rows fp32 vectors of head_dim at queries/q_offset -> rows vectors of
- * kvq_prepared_floats(side) floats at out/out_offset. */
+ * kvq_prepared_floats(side) floats at out/out_offset. Rows are [position][query head]: row r belongs
+ * to query head r % query_heads, whose kv head is that / (query_heads / kv_heads). */
 typedef struct kvq_job_prepare {
   const kvq_side_desc *keys;
+  uint32_t query_heads;
   uint32_t rows;
   kvq_buffer *queries;
   uint64_t q_offset;

@@ -16,6 +16,20 @@ kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim) {
    * not divide head_dim (every valid head_dim is a multiple of 16). */
   m.uniform.bits = 2;
   m.uniform.group_size = head_dim % 32 == 0 ? 32 : 16;
+  /* KIVI: 2 bits, each channel's scale over the whole page. */
+  m.kivi.bits = 2;
+  m.kivi.group_tokens = 0;
+  /* PolarQuant: the paper's L = 4 with 4, 2, 2, 2 bits (3.875 bits per number); fewer levels where
+   * 16 does not divide head_dim (every valid head_dim is a multiple of 16, so 4 always fits). */
+  m.polar.levels = 4;
+  m.polar.bits[0] = 4;
+  m.polar.bits[1] = m.polar.bits[2] = m.polar.bits[3] = 2;
+  m.polar.rotation = KVQ_ROTATION_DENSE;
+  m.polar.codebook = KVQ_CODEBOOK_OFFLINE;
+  /* CQ: 4 channels per 8-bit code (2 bits per number), 100 Lloyd iterations. */
+  m.cq.channels = 4;
+  m.cq.bits = 8;
+  m.cq.iterations = 100;
   return m;
 }
 

@@ -64,8 +64,8 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "uploading queries");
   }
   if (pf) {
-    kvq_job_prepare prep = {.keys = &ls->side[KVQ_SIDE_KEYS], .rows = b->rows * L->query_heads, .queries = queries,
-                            .out = prepared};
+    kvq_job_prepare prep = {.keys = &ls->side[KVQ_SIDE_KEYS], .query_heads = L->query_heads,
+                            .rows = b->rows * L->query_heads, .queries = queries, .out = prepared};
     if ((st = be->ops->prepare_queries(be, &prep)) != KVQ_OK) return kvq_fail_backend(ctx, st, "preparing queries");
   }
   kvq_job_attention job = {

@@ -1,5 +1,6 @@
 #include "codebook.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "detmath.h"
@@ -18,16 +19,37 @@ static double density(double psi, uint32_t n) {
   return result;
 }
 
-/* Simpson's rule with `panels` (even) panels: the integral of psi^moment * density over [a, b]. */
-static double integrate(double a, double b, uint32_t n, int moment, uint32_t panels) {
-  const double h = (b - a) / panels;
-  double sum = 0.0;
-  for (uint32_t i = 0; i <= panels; i++) {
-    const double x = a + i * h;
-    const double w = (i == 0 || i == panels) ? 1.0 : (i % 2 ? 4.0 : 2.0);
-    sum = sum + w * (moment ? x : 1.0) * density(x, n);
+/* Cumulative integrals of the density w and of psi * w on a grid of GRID cells over [0, pi/2]
+ * (trapezoids, summed in order), so that a bin's moments cost two lookups. */
+#define GRID 65536u
+
+typedef struct moments {
+  double *m0, *m1; /* GRID + 1 values each */
+  double h;
+} moments;
+
+static int moments_init(moments *m, uint32_t n) {
+  m->m0 = malloc(sizeof(double) * (GRID + 1));
+  m->m1 = malloc(sizeof(double) * (GRID + 1));
+  if (!m->m0 || !m->m1) return -1;
+  m->h = pi / 2.0 / GRID;
+  double w_prev = density(0.0, n), x_prev = 0.0;
+  m->m0[0] = m->m1[0] = 0.0;
+  for (uint32_t i = 1; i <= GRID; i++) {
+    const double x = i * m->h, w = density(x, n);
+    m->m0[i] = m->m0[i - 1] + (w_prev + w) * m->h / 2.0;
+    m->m1[i] = m->m1[i - 1] + (x_prev * w_prev + x * w) * m->h / 2.0;
+    w_prev = w;
+    x_prev = x;
   }
-  return sum * h / 3.0;
+  return 0;
+}
+
+/* A cumulative value at x, linear between grid points. */
+static double at(const double *cumulative, double h, double x) {
+  const double cell = x / h;
+  const uint32_t i = cell <= 0.0 ? 0 : cell >= GRID ? GRID - 1 : (uint32_t)cell;
+  return cumulative[i] + (cumulative[i + 1] - cumulative[i]) * (cell - i);
 }
 
 void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *c) {
@@ -39,15 +61,28 @@ void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *c) {
   const uint32_t n = (1u << (level - 1)) - 1u;
   const double top = pi / 2.0;
   for (uint32_t j = 0; j < K; j++) c[j] = (j + 0.5) * top / K;
-  for (int iteration = 0; iteration < 200; iteration++) {
-    double lo = 0.0;
+  moments m;
+  if (moments_init(&m, n) != 0) { /* no memory: the evenly spaced start is still a valid codebook */
+    free(m.m0);
+    free(m.m1);
+    return;
+  }
+  /* Lloyd's iteration converges linearly, slowly for many bins: stop when no centroid moves by
+   * 1e-12, after at most 200000 steps. The sequence is deterministic, so is where it stops. */
+  for (int iteration = 0; iteration < 200000; iteration++) {
+    double lo = 0.0, moved = 0.0;
     for (uint32_t j = 0; j < K; j++) {
       const double hi = j + 1 < K ? (c[j] + c[j + 1]) / 2.0 : top;
-      const double m0 = integrate(lo, hi, n, 0, 64), m1 = integrate(lo, hi, n, 1, 64);
-      c[j] = m0 > 0.0 ? m1 / m0 : (lo + hi) / 2.0;
+      const double m0 = at(m.m0, m.h, hi) - at(m.m0, m.h, lo), m1 = at(m.m1, m.h, hi) - at(m.m1, m.h, lo);
+      const double next = m0 > 0.0 ? m1 / m0 : (lo + hi) / 2.0;
+      moved = fabs(next - c[j]) > moved ? fabs(next - c[j]) : moved;
+      c[j] = next;
       lo = hi;
     }
+    if (moved < 1e-12) break;
   }
+  free(m.m0);
+  free(m.m1);
 }
 
 void kvq_polar_fill_level(uint32_t level, uint32_t bits, const double *c, float *table) {

@@ -11,8 +11,9 @@
 /* Lloyd-Max centroids (ascending, radians) of the angle at PolarQuant level `level` for 2^bits
  * levels, from its density after a random rotation (docs/FORMAT.md, polarquant-math.md):
  * level 1 uniform on [0, 2 pi) (centroids (j + 1/2) 2 pi / K); level l >= 2 on [0, pi/2] with density
- * proportional to sin(2 psi)^(2^(l-1) - 1). Deterministic: kvq's own sin, Simpson quadrature with
- * 64 panels per bin, 200 Lloyd iterations from evenly spaced centroids. */
+ * proportional to sin(2 psi)^(2^(l-1) - 1). Deterministic: kvq's own sin, cumulative trapezoid
+ * moments on 65536 cells (linear between them), Lloyd iterations from evenly spaced centroids until
+ * none moves by 1e-12 (at most 200000). */
 void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *centroids);
 
 /* Fills one level's table (4 * 2^bits floats, layout.h) from ascending centroids (radians):

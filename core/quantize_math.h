@@ -63,4 +63,46 @@ KVQ_SHARED_FN kvq_f32 kvq_uniform_value(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 
   return v;
 }
 
+/* ---- PolarQuant ---------------------------------------------------------------------------
+ * Rotation: dense y_i = sum_c R[i][c] x_c (c increasing, product then sum), or Hadamard: z = signs * x,
+ * the in-place Walsh-Hadamard butterflies (for len = 1, 2, .. d/2: for each block of 2 len, for j
+ * in its first half: a = z[j], b = z[j + len]; z[j] = a + b; z[j + len] = a - b), then
+ * y = z * kvq_hadamard_scale(d), the fp32 value of 1/sqrt(d) given by its bits below.
+ * Level 1 code of a pair (x, y): the centroid j maximizing x cos_j + y sin_j (each product rounded,
+ * then the sum; strictly greater wins, so ties keep the lower index).
+ * Level l >= 2 code: with squared radii s_a (first half) and s_b (second half) of the sub-block, the
+ * number of boundaries j with s_b * cos^2(beta_j) >= s_a * sin^2(beta_j). Squared radii: level 1
+ * x*x + y*y, level l the sum of its two halves'. The block radius sqrt(s_L) is stored in fp16.
+ * ------------------------------------------------------------------------------------------- */
+
+KVQ_SHARED_FN kvq_f32 kvq_hadamard_scale(kvq_u32 d) {
+  kvq_u32 u = 0x3e800000u;           /* 1/sqrt(16) */
+  if (d == 32u) u = 0x3e3504f3u;     /* fp32(1/sqrt(32)) */
+  if (d == 64u) u = 0x3e000000u;
+  if (d == 128u) u = 0x3db504f3u;    /* fp32(1/sqrt(128)) */
+  if (d == 256u) u = 0x3d800000u;
+  return kvq_bits_to_f32(u);
+}
+
+KVQ_SHARED_FN kvq_f32 kvq_polar_pair_dot(kvq_f32 x, kvq_f32 y, kvq_f32 c, kvq_f32 s) {
+  KVQ_PRECISE kvq_f32 a = KVQ_FMUL(x, c);
+  KVQ_PRECISE kvq_f32 b = KVQ_FMUL(y, s);
+  KVQ_PRECISE kvq_f32 dot = KVQ_FADD(a, b);
+  return dot;
+}
+
+KVQ_SHARED_FN kvq_f32 kvq_polar_pair_square(kvq_f32 x, kvq_f32 y) {
+  KVQ_PRECISE kvq_f32 a = KVQ_FMUL(x, x);
+  KVQ_PRECISE kvq_f32 b = KVQ_FMUL(y, y);
+  KVQ_PRECISE kvq_f32 s = KVQ_FADD(a, b);
+  return s;
+}
+
+/* Whether the angle atan(sqrt(s_b / s_a)) is at or past a boundary with (cos^2, sin^2) = (c2, s2). */
+KVQ_SHARED_FN kvq_u32 kvq_polar_past(kvq_f32 s_a, kvq_f32 s_b, kvq_f32 c2, kvq_f32 s2) {
+  KVQ_PRECISE kvq_f32 lhs = KVQ_FMUL(s_b, c2);
+  KVQ_PRECISE kvq_f32 rhs = KVQ_FMUL(s_a, s2);
+  return lhs >= rhs ? 1u : 0u;
+}
+
 #endif /* KVQ_CORE_QUANTIZE_MATH_H */

@@ -19,5 +19,9 @@ void main() {
   uint params = kvq_uniform_params(x, x + 1.0f, data[8]);
   acc += kvq_uniform_code(x, kvq_uniform_param_min(params), kvq_uniform_param_scale(params), data[8]);
   acc += floatBitsToUint(kvq_uniform_value(x, x, data[9]));
+  acc += floatBitsToUint(kvq_hadamard_scale(data[1]) + kvq_polar_pair_dot(x, x, x, x) + kvq_polar_pair_square(x, x));
+  acc += kvq_polar_past(x, x, x, x) + kvq_polar_head_bytes(data[0], data[1], data[2], data[3]) +
+         kvq_kivi_head_bytes(data[0], data[1], data[2], data[3]) + kvq_cq_head_bytes(data[0], data[1], data[2], data[3]) +
+         kvq_polar_table_floats(data[2], data[3]);
   data[10] = acc;
 }

@@ -28,6 +28,7 @@ typedef struct cpu_backend {
 typedef struct cpu_head {
   const kvq_side_desc *side;
   const float *fixed[KVQ_SIDE_FIXED]; /* host pointers of side->fixed[] (NULL if absent) */
+  uint32_t kv_head;                   /* which kv head's block the call works on (per-head codebooks) */
 } cpu_head;
 
 /*
@@ -45,12 +46,16 @@ typedef struct cpu_method {
    * generic path decodes each key and takes the dot product. */
   void (*dot_page)(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
                    double *dots);
+  /* Optional: methods that decode into a rotated space map a decoded vector back (in place is not
+   * allowed); applied once per output row of a weighted sum and to dequantized tokens. */
+  void (*unrotate)(const cpu_head *h, const float *in, float *out);
 } cpu_method;
 
 extern const cpu_method kvq_cpu_exact;
 extern const cpu_method kvq_cpu_qjl;
 extern const cpu_method kvq_cpu_uniform;
 extern const cpu_method kvq_cpu_kivi;
+extern const cpu_method kvq_cpu_polar;
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method);
 cpu_head kvq_cpu_head(const kvq_side_desc *side);

@@ -72,7 +72,7 @@ static kvq_status no_memory(kvq_backend *b, const char *what) {
 kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
   const kvq_side_layout *ks = &job->keys->layout;
   const cpu_method *method = kvq_cpu_method(ks->method);
-  const cpu_head head = kvq_cpu_head(job->keys);
+  cpu_head head = kvq_cpu_head(job->keys);
   const uint32_t d = ks->head_dim, P = ks->page_size, group = job->query_heads / ks->kv_heads;
   const uint32_t pf = kvq_prepared_floats(ks);
   double *dots = malloc(sizeof(double) * P);
@@ -89,6 +89,7 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
     const kvq_attention_seq *seq = &job->seqs[si];
     const uint64_t n = seq_tokens(seq);
     for (uint32_t kvh = 0; kvh < ks->kv_heads; kvh++) {
+      head.kv_head = kvh;
       for (uint64_t t = 0; t < n;) {
         const token_block blk = block_at(job, seq, ks, job->key_pages, job->key_ring, kvh, (uint32_t)t);
         /* QJL scores a page from its codes directly (the paper's estimator); everything else is
@@ -136,14 +137,18 @@ kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
 
 kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
   const kvq_side_layout *vs = &job->values->layout;
-  const cpu_head head = kvq_cpu_head(job->values);
+  const cpu_method *method = kvq_cpu_method(vs->method);
+  cpu_head head = kvq_cpu_head(job->values);
   const uint32_t d = vs->head_dim, P = vs->page_size, group = job->query_heads / vs->kv_heads;
   const float *scores = (const float *)job->scores->data;
   float *output = (float *)job->output->data;
   uint32_t max_rows = 0;
   for (uint32_t si = 0; si < job->seq_count; si++)
     max_rows = job->seqs[si].query_count > max_rows ? job->seqs[si].query_count : max_rows;
-  double *acc = malloc(sizeof(double) * (size_t)max_rows * group * d); /* [row][head in group][channel] */
+  /* [row][head in group][channel], for page tokens and for window tokens: methods that decode into
+   * a rotated space sum pages there and rotate back once, while the window holds plain vectors */
+  const size_t acc_size = (size_t)max_rows * group * d;
+  double *acc = malloc(sizeof(double) * acc_size * 2);
   float *values = malloc(sizeof(float) * P * d);
   if (!acc || !values) {
     free(acc);
@@ -154,14 +159,16 @@ kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
     const kvq_attention_seq *seq = &job->seqs[si];
     const uint64_t n = seq_tokens(seq);
     for (uint32_t kvh = 0; kvh < vs->kv_heads; kvh++) {
-      memset(acc, 0, sizeof(double) * (size_t)seq->query_count * group * d);
+      head.kv_head = kvh;
+      memset(acc, 0, sizeof(double) * acc_size * 2);
       for (uint64_t t = 0; t < n;) {
         const token_block blk = block_at(job, seq, vs, job->value_pages, job->value_ring, kvh, (uint32_t)t);
         decode_block(job, &head, &blk, values);
+        double *target = blk.page ? acc : acc + acc_size;
         for (uint32_t r = 0; r < seq->query_count; r++)
           for (uint32_t g = 0; g < group; g++) {
             const float *p = scores + seq->score_offset + ((uint64_t)r * job->query_heads + kvh * group + g) * n + t;
-            double *a = acc + ((size_t)r * group + g) * d;
+            double *a = target + ((size_t)r * group + g) * d;
             for (uint32_t i = 0; i < blk.count; i++) {
               if (p[i] == 0.0f) continue; /* masked (or underflowed) tokens add nothing */
               for (uint32_t c = 0; c < d; c++) a[c] += (double)p[i] * values[(size_t)i * d + c];
@@ -172,7 +179,13 @@ kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
       for (uint32_t r = 0; r < seq->query_count; r++)
         for (uint32_t g = 0; g < group; g++) {
           float *o = output + ((uint64_t)(seq->query_first + r) * job->query_heads + kvh * group + g) * d;
-          for (uint32_t c = 0; c < d; c++) o[c] = (float)acc[((size_t)r * group + g) * d + c];
+          const double *pages = acc + ((size_t)r * group + g) * d, *window = pages + acc_size;
+          float rotated[KVQ_MAX_HEAD_DIM], plain[KVQ_MAX_HEAD_DIM];
+          for (uint32_t c = 0; c < d; c++) rotated[c] = (float)pages[c];
+          if (method->unrotate) method->unrotate(&head, rotated, plain);
+          else
+            for (uint32_t c = 0; c < d; c++) plain[c] = rotated[c];
+          for (uint32_t c = 0; c < d; c++) o[c] = (float)((double)plain[c] + window[c]);
         }
     }
   }

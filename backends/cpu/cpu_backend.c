@@ -13,6 +13,7 @@ const cpu_method *kvq_cpu_method(uint32_t layout_method) {
   case KVQ_LAYOUT_QJL: return &kvq_cpu_qjl;
   case KVQ_LAYOUT_UNIFORM: return &kvq_cpu_uniform;
   case KVQ_LAYOUT_KIVI: return &kvq_cpu_kivi;
+  case KVQ_LAYOUT_POLAR: return &kvq_cpu_polar;
   }
   return NULL;
 }

@@ -19,7 +19,7 @@ static int in_buffer(const kvq_buffer *buf, uint64_t offset, uint64_t bytes) {
 kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
   const kvq_side_layout *s = &job->side->layout;
   const cpu_method *method = kvq_cpu_method(s->method);
-  const cpu_head head = kvq_cpu_head(job->side);
+  cpu_head head = kvq_cpu_head(job->side);
   const uint64_t per_token = (uint64_t)s->kv_heads * s->head_dim;
   const uint32_t esize = job->input_dtype == KVQ_DTYPE_F32 ? 4 : 2;
   float *x = ((cpu_backend *)b)->page_workspace; /* one kv head of one page, [tokens][head_dim] */
@@ -34,6 +34,7 @@ kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
     uint8_t *page = job->dst->data + it->dst_offset;
     memset(page, 0, (size_t)s->page_bytes); /* padding and tokens past the valid count are zero */
     for (uint32_t h = 0; h < s->kv_heads; h++) {
+      head.kv_head = h;
       for (uint32_t t = 0; t < it->tokens; t++)
         kvq_convert_to_f32(job->input_dtype, it->src->data + it->src_offset + (t * per_token + (uint64_t)h * s->head_dim) * esize,
                            x + (size_t)t * s->head_dim, s->head_dim);
@@ -46,7 +47,7 @@ kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
 kvq_status kvq_cpu_dequantize(kvq_backend *b, const kvq_job_dequantize *job) {
   const kvq_side_layout *s = &job->side->layout;
   const cpu_method *method = kvq_cpu_method(s->method);
-  const cpu_head head = kvq_cpu_head(job->side);
+  cpu_head head = kvq_cpu_head(job->side);
   const uint64_t page_floats = (uint64_t)s->page_size * s->kv_heads * s->head_dim;
   if (!in_buffer(job->out, job->out_offset, page_floats * 4 * job->count)) return bad_range(b, "dequantize output");
   float *out = (float *)(job->out->data + job->out_offset);
@@ -55,9 +56,14 @@ kvq_status kvq_cpu_dequantize(kvq_backend *b, const kvq_job_dequantize *job) {
     if (!in_buffer(job->pages, offset, s->page_bytes)) return bad_range(b, "a dequantized page");
     const uint8_t *page = job->pages->data + offset;
     for (uint32_t t = 0; t < s->page_size; t++)
-      for (uint32_t h = 0; h < s->kv_heads; h++)
-        method->decode(&head, page + (size_t)h * s->head_bytes, t,
-                       out + ((i * (uint64_t)s->page_size + t) * s->kv_heads + h) * s->head_dim);
+      for (uint32_t h = 0; h < s->kv_heads; h++) {
+        float *token = out + ((i * (uint64_t)s->page_size + t) * s->kv_heads + h) * s->head_dim;
+        float decoded[KVQ_MAX_HEAD_DIM];
+        head.kv_head = h;
+        method->decode(&head, page + (size_t)h * s->head_bytes, t, decoded);
+        if (method->unrotate) method->unrotate(&head, decoded, token);
+        else memcpy(token, decoded, sizeof(float) * s->head_dim);
+      }
   }
   return KVQ_OK;
 }
@@ -70,9 +76,13 @@ kvq_status kvq_cpu_prepare(kvq_backend *b, const kvq_job_prepare *job) {
   if (!in_buffer(job->queries, job->q_offset, (uint64_t)job->rows * s->head_dim * 4) ||
       !in_buffer(job->out, job->out_offset, (uint64_t)job->rows * pf * 4))
     return bad_range(b, "a query preparation");
-  const cpu_head head = kvq_cpu_head(job->keys);
+  cpu_head head = kvq_cpu_head(job->keys);
   const float *q = (const float *)(job->queries->data + job->q_offset);
   float *out = (float *)(job->out->data + job->out_offset);
-  for (uint32_t r = 0; r < job->rows; r++) method->prepare(&head, q + (size_t)r * s->head_dim, out + (size_t)r * pf);
+  const uint32_t group = job->query_heads / s->kv_heads;
+  for (uint32_t r = 0; r < job->rows; r++) {
+    head.kv_head = (r % job->query_heads) / group; /* rows are [position][query head] */
+    method->prepare(&head, q + (size_t)r * s->head_dim, out + (size_t)r * pf);
+  }
   return KVQ_OK;
 }
