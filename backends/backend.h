@@ -50,6 +50,8 @@ typedef enum kvq_job_kind {
   KVQ_JOB_SOFTMAX = 4,       /* masked, numerically stable softmax of logit rows */
   KVQ_JOB_WEIGHTED_SUM = 5,  /* probabilities times values */
   KVQ_JOB_ATTENTION = 6,     /* fused score + softmax + weighted sum (optional) */
+  KVQ_JOB_KMEANS_ASSIGN = 7, /* nearest centroid of every point (codebook learning) */
+  KVQ_JOB_KMEANS_UPDATE = 8, /* weighted mean of every cluster's points */
   KVQ_JOB_KIND_COUNT
 } kvq_job_kind;
 
@@ -128,6 +130,20 @@ typedef struct kvq_job_attention {
   kvq_buffer *queries, *prepared, *scores, *output;
 } kvq_job_attention;
 
+/* Independent k-means problems of the same size, for codebook learning. ASSIGN writes, for every
+ * point, the index of its nearest centroid (squared Euclidean distance summed over dims in order,
+ * each difference and square rounded on its own; ties go to the lower index) and that distance.
+ * UPDATE replaces every centroid by the weighted mean of its points; a centroid without points (or
+ * with zero total weight) stays as it is. */
+typedef struct kvq_job_kmeans {
+  uint32_t problems, points, dims, clusters;
+  kvq_buffer *data;       /* fp32 [problems][points][dims] */
+  kvq_buffer *weights;    /* fp32 [points], shared by the problems; NULL for weight 1 */
+  kvq_buffer *centroids;  /* fp32 [problems][clusters][dims] */
+  kvq_buffer *assignment; /* u32 [problems][points] */
+  kvq_buffer *distance;   /* fp32 [problems][points] (ASSIGN; may be NULL) */
+} kvq_job_kmeans;
+
 /* ---- The table ------------------------------------------------------------------------------- */
 
 typedef struct kvq_backend_ops {
@@ -156,6 +172,8 @@ typedef struct kvq_backend_ops {
   kvq_status (*softmax)(kvq_backend *backend, const kvq_job_attention *job);
   kvq_status (*weighted_sum)(kvq_backend *backend, const kvq_job_attention *job);
   kvq_status (*attention)(kvq_backend *backend, const kvq_job_attention *job); /* NULL if not fused */
+  kvq_status (*kmeans_assign)(kvq_backend *backend, const kvq_job_kmeans *job);
+  kvq_status (*kmeans_update)(kvq_backend *backend, const kvq_job_kmeans *job);
 
   kvq_status (*finish)(kvq_backend *backend);
 } kvq_backend_ops;

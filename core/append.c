@@ -117,6 +117,11 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
       return kvq_fail(ctx, KVQ_ERROR_DTYPE_MISMATCH, "kvq_append: %s are %s, the cache's input dtype is %s",
                       s ? "values" : "keys", kvq_dtype_name(tensors[s]->dtype), kvq_dtype_name(cache->config.input_dtype));
 
+  for (int s = 0; s < 2; s++)
+    if (!cache->storage[layer].learned[s])
+      return kvq_fail(ctx, KVQ_ERROR_NO_CODEBOOK,
+                      "kvq_append: layer %u's %s need codebooks: kvq_codebooks_learn or kvq_codebooks_load first", layer,
+                      s ? "values" : "keys");
   kvq_seq_layer *state = &seq->layers[layer];
   const uint32_t P = cache->config.page_size, R = cache->config.residual_window;
   const uint64_t max_tokens = (uint64_t)cache->config.max_pages * P + R + P;

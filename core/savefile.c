@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "page_check.h"
 #include "sha256.h"
 #include "token_check.h"
@@ -28,6 +29,7 @@ enum {
   TAG_SEQS = 0x53514553u, /* "SEQS" */
   TAG_PAGE = 0x45474150u, /* "PAGE" */
   TAG_WIND = 0x444e4957u, /* "WIND" */
+  TAG_CODE = 0x45444f43u, /* "CODE" */
 };
 
 /* A method record: 23 u32 (docs/FORMAT.md), every method's parameters whatever the method. */
@@ -117,6 +119,40 @@ int kvq_get_config(kvq_reader *r, kvq_cache_config *c, kvq_layer_config **layers
 
 /* ---- Writing ------------------------------------------------------------------------------------ */
 
+/* The fixed arrays of a cache (all of them, or only learned codebooks): u32 count, then per array
+ * u32 layer, side, index, kind, ready, 0, u64 floats, SHA-256 of the floats, the floats. */
+static void put_fixed(kvq_writer *w, const kvq_cache *cache, int learned_only) {
+  const kvq_cache_config *c = &cache->config;
+  uint32_t arrays = 0;
+  for (uint32_t l = 0; l < c->layer_count; l++)
+    for (int s = 0; s < 2; s++)
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+        arrays += kvq_side_fixed_floats(layout, i) > 0 && (!learned_only || kvq_side_fixed_kind(layout, i) == KVQ_FIXED_LEARNED);
+      }
+  kvq_put_u32(w, arrays);
+  for (uint32_t l = 0; l < c->layer_count; l++)
+    for (uint32_t s = 0; s < 2; s++)
+      for (uint32_t i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+        const uint64_t floats = kvq_side_fixed_floats(layout, (int)i);
+        const kvq_fixed_kind kind = kvq_side_fixed_kind(layout, (int)i);
+        if (!floats || (learned_only && kind != KVQ_FIXED_LEARNED)) continue;
+        const float *m = cache->storage[l].fixed_host[s][i];
+        kvq_put_u32(w, l);
+        kvq_put_u32(w, s);
+        kvq_put_u32(w, i);
+        kvq_put_u32(w, (uint32_t)kind);
+        kvq_put_u32(w, kind != KVQ_FIXED_LEARNED || cache->storage[l].learned[s]);
+        kvq_put_u32(w, 0);
+        kvq_put_u64(w, floats);
+        uint8_t digest[32] = {0};
+        if (w->data) kvq_sha256_digest(m, (size_t)floats * 4, digest);
+        kvq_put_bytes(w, digest, 32);
+        kvq_put_f32s(w, m, floats);
+      }
+}
+
 static uint64_t section_begin(kvq_writer *w, uint32_t tag) {
   kvq_put_u32(w, tag);
   kvq_put_u32(w, 0);
@@ -167,30 +203,7 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
   section_end(w, at);
 
   at = section_begin(w, TAG_MATX);
-  uint32_t arrays = 0;
-  for (uint32_t l = 0; l < c->layer_count; l++)
-    for (int s = 0; s < 2; s++)
-      for (int i = 0; i < KVQ_SIDE_FIXED; i++) arrays += kvq_side_fixed_floats(&cache->storage[l].side[s].layout, i) > 0;
-  kvq_put_u32(w, arrays);
-  for (uint32_t l = 0; l < c->layer_count; l++)
-    for (uint32_t s = 0; s < 2; s++)
-      for (uint32_t i = 0; i < KVQ_SIDE_FIXED; i++) {
-        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
-        const uint64_t floats = kvq_side_fixed_floats(layout, (int)i);
-        if (!floats) continue;
-        const float *m = cache->storage[l].fixed_host[s][i];
-        kvq_put_u32(w, l);
-        kvq_put_u32(w, s);
-        kvq_put_u32(w, i);
-        kvq_put_u32(w, (uint32_t)kvq_side_fixed_kind(layout, (int)i));
-        kvq_put_u32(w, kvq_side_fixed_kind(layout, (int)i) != KVQ_FIXED_LEARNED || cache->storage[l].learned[s]);
-        kvq_put_u32(w, 0);
-        kvq_put_u64(w, floats);
-        uint8_t digest[32] = {0};
-        if (w->data) kvq_sha256_digest(m, (size_t)floats * 4, digest);
-        kvq_put_bytes(w, digest, 32);
-        kvq_put_f32s(w, m, floats);
-      }
+  put_fixed(w, cache, 0);
   section_end(w, at);
 
   at = section_begin(w, TAG_SEQS);
@@ -296,6 +309,31 @@ kvq_status kvq_cache_save_to_memory(kvq_cache *cache, void *buffer, size_t capac
   return KVQ_OK;
 }
 
+/* Writes data to path + ".tmp-kvq", syncs it and renames it over path: readers never see a partial
+ * file. `who` names the caller in messages. */
+static kvq_status write_atomically(kvq_context *ctx, const char *path, const uint8_t *data, uint64_t size, const char *who) {
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 16);
+  if (!tmp) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "%s: out of host memory", who);
+  snprintf(tmp, plen + 16, "%s.tmp-kvq", path);
+  kvq_status st = KVQ_OK;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    st = kvq_fail(ctx, KVQ_ERROR_IO, "%s: cannot create %s: %s", who, tmp, strerror(errno));
+  } else {
+    int ok = fwrite(data, 1, (size_t)size, f) == (size_t)size;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok; /* the data is on disk before the rename makes it the file */
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+      st = kvq_fail(ctx, KVQ_ERROR_IO, "%s: cannot write %s: %s", who, path, strerror(errno));
+      remove(tmp);
+    }
+  }
+  free(tmp);
+  return st;
+}
+
 kvq_status kvq_cache_save(kvq_cache *cache, const char *path) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_context *ctx = cache->ctx;
@@ -309,27 +347,7 @@ kvq_status kvq_cache_save(kvq_cache *cache, const char *path) {
                              (unsigned long long)size);
   kvq_writer w = {data, 0};
   st = write_file(cache, &w);
-  /* Write a temporary file beside the target and rename it: readers never see a partial file. */
-  size_t plen = strlen(path);
-  char *tmp = st == KVQ_OK ? malloc(plen + 16) : NULL;
-  if (st == KVQ_OK && !tmp) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_save: out of host memory");
-  if (st == KVQ_OK) {
-    snprintf(tmp, plen + 16, "%s.tmp-kvq", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-      st = kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_save: cannot create %s: %s", tmp, strerror(errno));
-    } else {
-      int ok = fwrite(data, 1, (size_t)size, f) == (size_t)size;
-      ok = fflush(f) == 0 && ok;
-      ok = fsync(fileno(f)) == 0 && ok; /* the data is on disk before the rename makes it the file */
-      ok = fclose(f) == 0 && ok;
-      if (!ok || rename(tmp, path) != 0) {
-        st = kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_save: cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-      }
-    }
-  }
-  free(tmp);
+  if (st == KVQ_OK) st = write_atomically(ctx, path, data, size, "kvq_cache_save");
   free(data);
   return st;
 }
@@ -355,6 +373,55 @@ static int next_section(kvq_reader *file, uint32_t tag, kvq_reader *out) {
 
 /* A section must be consumed to its last byte. */
 static int finished(const kvq_reader *r) { return !r->short_read && r->pos == r->size; }
+
+/* Reads a fixed-array section (put_fixed) into dest[(layer * 2 + side) * KVQ_SIDE_FIXED + index],
+ * arrays sized as the cache's; ready[layer * 2 + side] receives learned codebooks' readiness. Every
+ * array the cache needs (or, with learned_only, every learned one) must appear exactly once, with
+ * the cache's kind and size, finite values and a matching SHA-256. */
+static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader *r, int learned_only, float **dest,
+                            int *ready) {
+  const uint32_t L = cache->config.layer_count;
+  uint32_t expected = 0;
+  for (uint32_t l = 0; l < L; l++)
+    for (int s = 0; s < 2; s++)
+      for (int i = 0; i < KVQ_SIDE_FIXED; i++) {
+        const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+        expected += kvq_side_fixed_floats(layout, i) > 0 && (!learned_only || kvq_side_fixed_kind(layout, i) == KVQ_FIXED_LEARNED);
+      }
+  if (kvq_get_u32(r) != expected) return bad(ctx, "wrong number of matrices and codebooks for the config");
+  uint8_t *seen = calloc((size_t)L * 2 * KVQ_SIDE_FIXED, 1);
+  if (!seen) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory");
+  kvq_status st = KVQ_OK;
+  for (uint32_t k = 0; k < expected && st == KVQ_OK; k++) {
+    const uint32_t l = kvq_get_u32(r), s = kvq_get_u32(r), i = kvq_get_u32(r), kind = kvq_get_u32(r);
+    const uint32_t is_ready = kvq_get_u32(r), reserved = kvq_get_u32(r);
+    const uint64_t floats = kvq_get_u64(r);
+    const uint8_t *sha = kvq_get_bytes(r, 32);
+    const kvq_side_layout *layout = l < L && s < 2 ? &cache->storage[l].side[s].layout : NULL;
+    const size_t slot = ((size_t)l * 2 + s) * KVQ_SIDE_FIXED + i;
+    if (r->short_read || !layout || i >= KVQ_SIDE_FIXED || seen[slot] || reserved != 0 || is_ready > 1 ||
+        kind != (uint32_t)kvq_side_fixed_kind(layout, (int)i) || floats != kvq_side_fixed_floats(layout, (int)i) ||
+        floats == 0 || (!is_ready && kind != KVQ_FIXED_LEARNED) || (learned_only && kind != KVQ_FIXED_LEARNED)) {
+      st = bad(ctx, "a matrix or codebook does not match the config, or appears twice");
+      break;
+    }
+    seen[slot] = 1;
+    float *m = dest[slot];
+    uint8_t md[32];
+    if (!kvq_get_f32s(r, m, floats)) {
+      st = bad(ctx, "matrix section too short");
+      break;
+    }
+    kvq_sha256_digest(m, (size_t)floats * 4, md);
+    if (memcmp(md, sha, 32) != 0) st = bad(ctx, "a matrix or codebook does not match its SHA-256");
+    for (uint64_t e = 0; e < floats && st == KVQ_OK; e++)
+      if (!isfinite(m[e])) st = bad(ctx, "a matrix or codebook holds a non-finite number");
+    if (kind == KVQ_FIXED_LEARNED) ready[l * 2 + s] = (int)is_ready;
+  }
+  free(seen);
+  if (st == KVQ_OK && !finished(r)) st = bad(ctx, "matrix section has the wrong length");
+  return st;
+}
 
 /* Reads the sequence records into the cache: the invariants every later call relies on. */
 static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_owner) {
@@ -515,50 +582,21 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
     st = bad(ctx, "expected the matrix section");
     goto fail;
   }
-  uint32_t arrays = kvq_get_u32(&r), expected = 0;
-  uint8_t seen[4096][2][KVQ_SIDE_FIXED];
-  memset(seen, 0, sizeof seen);
-  for (uint32_t l = 0; l < L; l++)
-    for (int s = 0; s < 2; s++)
-      for (int i = 0; i < KVQ_SIDE_FIXED; i++) expected += kvq_side_fixed_floats(&cache->storage[l].side[s].layout, i) > 0;
-  if (arrays != expected) {
-    st = bad(ctx, "wrong number of matrices and codebooks for the config");
-    goto fail;
-  }
-  for (uint32_t k = 0; k < arrays; k++) {
-    const uint32_t l = kvq_get_u32(&r), s = kvq_get_u32(&r), i = kvq_get_u32(&r), kind = kvq_get_u32(&r);
-    const uint32_t ready = kvq_get_u32(&r), reserved = kvq_get_u32(&r);
-    const uint64_t floats = kvq_get_u64(&r);
-    const uint8_t *sha = kvq_get_bytes(&r, 32);
-    const kvq_side_layout *layout = l < L && s < 2 ? &cache->storage[l].side[s].layout : NULL;
-    if (r.short_read || !layout || i >= KVQ_SIDE_FIXED || seen[l][s][i] || reserved != 0 || ready > 1 ||
-        kind != (uint32_t)kvq_side_fixed_kind(layout, (int)i) || floats != kvq_side_fixed_floats(layout, (int)i) ||
-        floats == 0 || (!ready && kind != KVQ_FIXED_LEARNED)) {
-      st = bad(ctx, "a matrix or codebook does not match the config, or appears twice");
-      goto fail;
-    }
-    seen[l][s][i] = 1;
-    float *m = cache->storage[l].fixed_host[s][i];
-    if (!kvq_get_f32s(&r, m, floats)) {
-      st = bad(ctx, "matrix section too short");
-      goto fail;
-    }
-    uint8_t md[32];
-    kvq_sha256_digest(m, (size_t)floats * 4, md);
-    if (memcmp(md, sha, 32) != 0) {
-      st = bad(ctx, "a matrix or codebook does not match its SHA-256");
-      goto fail;
-    }
-    for (uint64_t e = 0; e < floats; e++)
-      if (!isfinite(m[e])) {
-        st = bad(ctx, "a matrix or codebook holds a non-finite number");
-        goto fail;
+  {
+    float **dest = malloc(sizeof(float *) * L * 2 * KVQ_SIDE_FIXED);
+    int *ready = malloc(sizeof(int) * L * 2);
+    if (!dest || !ready) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory");
+    for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+      for (int s = 0; s < 2; s++) {
+        ready[l * 2 + s] = cache->storage[l].learned[s];
+        for (int i = 0; i < KVQ_SIDE_FIXED; i++) dest[(l * 2 + s) * KVQ_SIDE_FIXED + i] = cache->storage[l].fixed_host[s][i];
       }
-    if (kind == KVQ_FIXED_LEARNED) cache->storage[l].learned[s] = (int)ready;
-  }
-  if (!finished(&r)) {
-    st = bad(ctx, "matrix section has the wrong length");
-    goto fail;
+    if (st == KVQ_OK) st = get_fixed(ctx, cache, &r, 0, dest, ready);
+    for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+      for (int s = 0; s < 2; s++) cache->storage[l].learned[s] = ready[l * 2 + s];
+    free(dest);
+    free(ready);
+    if (st != KVQ_OK) goto fail;
   }
   if ((st = kvq_upload_fixed(cache)) != KVQ_OK) goto fail;
 
@@ -621,13 +659,10 @@ fail:
   return st;
 }
 
-kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
-  if (out) *out = NULL;
-  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
-  if (!path || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path or out is NULL");
-  if (!*path) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path is empty");
+/* Reads a whole file into a malloc'ed buffer. */
+static kvq_status read_whole_file(kvq_context *ctx, const char *path, uint8_t **out, size_t *out_size, const char *who) {
   FILE *f = fopen(path, "rb");
-  if (!f) return kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_load: cannot open %s: %s", path, strerror(errno));
+  if (!f) return kvq_fail(ctx, KVQ_ERROR_IO, "%s: cannot open %s: %s", who, path, strerror(errno));
   uint8_t *data = NULL;
   size_t size = 0, capacity = 0;
   kvq_status st = KVQ_OK;
@@ -636,7 +671,7 @@ kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
       size_t grown = capacity ? capacity * 2 : 1 << 16;
       uint8_t *p = grown > capacity ? realloc(data, grown) : NULL;
       if (!p) {
-        st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory reading %s", path);
+        st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "%s: out of host memory reading %s", who, path);
         break;
       }
       data = p;
@@ -645,12 +680,222 @@ kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
     size_t got = fread(data + size, 1, capacity - size, f);
     size += got;
     if (got == 0) {
-      if (ferror(f)) st = kvq_fail(ctx, KVQ_ERROR_IO, "kvq_cache_load: cannot read %s", path);
+      if (ferror(f)) st = kvq_fail(ctx, KVQ_ERROR_IO, "%s: cannot read %s", who, path);
       break;
     }
   }
   fclose(f);
+  if (st != KVQ_OK) {
+    free(data);
+    data = NULL;
+  }
+  *out = data;
+  *out_size = size;
+  return st;
+}
+
+kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
+  if (out) *out = NULL;
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!path || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path or out is NULL");
+  if (!*path) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: path is empty");
+  uint8_t *data = NULL;
+  size_t size = 0;
+  kvq_status st = read_whole_file(ctx, path, &data, &size, "kvq_cache_load");
   if (st == KVQ_OK) st = kvq_cache_load_from_memory(ctx, data, size, out);
+  free(data);
+  return st;
+}
+
+/* ---- Codebook files ------------------------------------------------------------------------------ */
+
+#define KVQ_CODEBOOK_MAGIC "KVQCODEB"
+
+/* Header as for caches (magic KVQCODEB, version 1, two sections), CONF (the cache's config record,
+ * to check compatibility), CODE (the learned codebooks, put_fixed with learned_only), SHA-256. */
+static void write_codebooks(kvq_cache *cache, kvq_writer *w) {
+  kvq_put_bytes(w, KVQ_CODEBOOK_MAGIC, 8);
+  kvq_put_u32(w, KVQ_FILE_VERSION);
+  kvq_put_u32(w, KVQ_FILE_HEADER_BYTES);
+  const uint64_t file_bytes_at = w->pos;
+  kvq_put_u64(w, 0);
+  kvq_put_u32(w, 0);
+  kvq_put_u32(w, 2);
+  kvq_put_zeros(w, 32);
+  uint64_t at = section_begin(w, TAG_CONF);
+  kvq_put_config(w, &cache->config);
+  section_end(w, at);
+  at = section_begin(w, TAG_CODE);
+  put_fixed(w, cache, 1);
+  section_end(w, at);
+  if (w->data) {
+    kvq_writer patch = {w->data, file_bytes_at};
+    kvq_put_u64(&patch, w->pos + 32);
+    uint8_t digest[32];
+    kvq_sha256_digest(w->data, (size_t)w->pos, digest);
+    kvq_put_bytes(w, digest, 32);
+  } else {
+    kvq_put_zeros(w, 32);
+  }
+}
+
+kvq_status kvq_codebooks_save_size(kvq_cache *cache, uint64_t *bytes) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!bytes) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_save_size: bytes is NULL");
+  kvq_writer w = {NULL, 0};
+  write_codebooks(cache, &w);
+  *bytes = w.pos;
+  return KVQ_OK;
+}
+
+kvq_status kvq_codebooks_save_to_memory(kvq_cache *cache, void *buffer, size_t capacity, size_t *written) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!buffer || !written)
+    return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_save_to_memory: buffer or written is NULL");
+  uint64_t size;
+  kvq_codebooks_save_size(cache, &size);
+  if (size > capacity)
+    return kvq_fail(cache->ctx, KVQ_ERROR_BUFFER_TOO_SMALL, "kvq_codebooks_save_to_memory: needs %llu bytes, got %zu",
+                    (unsigned long long)size, capacity);
+  kvq_writer w = {buffer, 0};
+  write_codebooks(cache, &w);
+  *written = (size_t)w.pos;
+  return KVQ_OK;
+}
+
+kvq_status kvq_codebooks_save(kvq_cache *cache, const char *path) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!path || !*path) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_save: path is empty");
+  uint64_t size;
+  kvq_codebooks_save_size(cache, &size);
+  uint8_t *data = size <= SIZE_MAX ? malloc((size_t)size) : NULL;
+  if (!data) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_save: out of host memory");
+  kvq_writer w = {data, 0};
+  write_codebooks(cache, &w);
+  kvq_status st = write_atomically(cache->ctx, path, data, size, "kvq_codebooks_save");
+  free(data);
+  return st;
+}
+
+/* Whether a file's layer config learns the same codebooks as the cache's: same method, shape and,
+ * for PolarQuant, the same rotation (its angles were measured after it), hence the same seed. */
+static int same_codebooks(const kvq_cache_config *file, const kvq_cache *cache, uint32_t l, int s) {
+  const kvq_layer_config *a = &file->layers[l];
+  kvq_side_layout x, y;
+  kvq_side_layout_init(&x, s ? &a->values : &a->keys, cache->config.page_size, a->head_dim, a->kv_heads);
+  y = cache->storage[l].side[s].layout;
+  if (kvq_side_needs_learning(&x) != kvq_side_needs_learning(&y)) return 0;
+  if (!kvq_side_needs_learning(&y)) return 1;
+  if (x.method != y.method || x.head_dim != y.head_dim || x.kv_heads != y.kv_heads ||
+      kvq_side_fixed_floats(&x, 1) != kvq_side_fixed_floats(&y, 1) || x.level_bits != y.level_bits ||
+      x.levels != y.levels || x.channels != y.channels || x.code_bits != y.code_bits)
+    return 0;
+  return y.method != KVQ_LAYOUT_POLAR || (x.rotation == y.rotation && file->seed == cache->config.seed);
+}
+
+kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, size_t size) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_context *ctx = cache->ctx;
+  if (!buffer) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: buffer is NULL");
+  const uint8_t *data = buffer;
+  if (size < 8 || memcmp(data, KVQ_CODEBOOK_MAGIC, 8) != 0)
+    return size < 8 && memcmp(data, KVQ_CODEBOOK_MAGIC, size) == 0
+               ? kvq_fail(ctx, KVQ_ERROR_TRUNCATED, "kvq_codebooks_load: %zu bytes, the header alone has 64", size)
+               : kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: not a kvq codebook file");
+  if (size < KVQ_FILE_HEADER_BYTES)
+    return kvq_fail(ctx, KVQ_ERROR_TRUNCATED, "kvq_codebooks_load: %zu bytes, the header alone has 64", size);
+  kvq_reader h = {data, size, 8, 0};
+  const uint32_t version = kvq_get_u32(&h), header_bytes = kvq_get_u32(&h);
+  const uint64_t file_bytes = kvq_get_u64(&h);
+  const uint32_t flags = kvq_get_u32(&h), sections = kvq_get_u32(&h);
+  if (version != KVQ_FILE_VERSION)
+    return kvq_fail(ctx, KVQ_ERROR_VERSION, "kvq_codebooks_load: format version %u, this kvq reads %u", version, KVQ_FILE_VERSION);
+  if (header_bytes != KVQ_FILE_HEADER_BYTES || file_bytes < KVQ_FILE_HEADER_BYTES + 32)
+    return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: inconsistent header");
+  if (size < file_bytes)
+    return kvq_fail(ctx, KVQ_ERROR_TRUNCATED, "kvq_codebooks_load: %zu bytes of a %llu-byte file", size,
+                    (unsigned long long)file_bytes);
+  if (size > file_bytes) return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: trailing bytes");
+  uint8_t digest[32];
+  kvq_sha256_digest(data, (size_t)file_bytes - 32, digest);
+  if (memcmp(digest, data + file_bytes - 32, 32) != 0)
+    return kvq_fail(ctx, KVQ_ERROR_CHECKSUM, "kvq_codebooks_load: SHA-256 mismatch: the file is corrupted");
+  for (uint32_t i = 32; i < 64; i++)
+    if (data[i]) return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: reserved header bytes are not zero");
+  if (flags != 0 || sections != 2) return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: unknown flags or sections");
+  kvq_reader file = {data, file_bytes - 32, KVQ_FILE_HEADER_BYTES, 0}, r;
+  kvq_cache_config config;
+  kvq_layer_config *layers = NULL;
+  if (!next_section(&file, TAG_CONF, &r) || kvq_get_config(&r, &config, &layers) != 0 || !finished(&r)) {
+    free(layers);
+    return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: malformed config section");
+  }
+  kvq_status st = KVQ_OK;
+  const uint32_t L = cache->config.layer_count;
+  if (config.layer_count != L) st = kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: the file is for %u layers, the cache has %u",
+                                             config.layer_count, L);
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+    for (int s = 0; s < 2 && st == KVQ_OK; s++)
+      if (!same_codebooks(&config, cache, l, s))
+        st = kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT,
+                      "kvq_codebooks_load: layer %u's %s codebooks have another shape or rotation than this cache's", l,
+                      s ? "value" : "key");
+  free(layers);
+  if (st != KVQ_OK) return st;
+  /* read into fresh arrays; change the cache only when all of them are good */
+  float **dest = calloc((size_t)L * 2 * KVQ_SIDE_FIXED, sizeof(float *));
+  int *ready = calloc((size_t)L * 2, sizeof(int));
+  if (!dest || !ready) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_load: out of host memory");
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+      const kvq_side_layout *layout = &cache->storage[l].side[s].layout;
+      if (kvq_side_fixed_kind(layout, 1) != KVQ_FIXED_LEARNED) continue;
+      dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1] = malloc(sizeof(float) * kvq_side_fixed_floats(layout, 1));
+      if (!dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_load: out of host memory");
+    }
+  if (st == KVQ_OK && !next_section(&file, TAG_CODE, &r)) st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: expected the codebook section");
+  if (st == KVQ_OK) st = get_fixed(ctx, cache, &r, 1, dest, ready);
+  if (st == KVQ_OK && file.pos != file.size) st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: bytes after the last section");
+  /* a layer holding tokens keeps its codebooks unless the new ones are the very same */
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++) {
+    int busy = 0;
+    for (uint32_t i = 0; i < cache->config.max_sequences; i++) busy |= cache->seqs[i].live && cache->seqs[i].layers[l].tokens > 0;
+    for (int s = 0; s < 2 && st == KVQ_OK && busy; s++) {
+      const float *fresh = dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1];
+      if (fresh && (!cache->storage[l].learned[s] ||
+                    memcmp(fresh, cache->storage[l].fixed_host[s][1], kvq_side_fixed_floats(&cache->storage[l].side[s].layout, 1) * 4)))
+        st = kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT,
+                      "kvq_codebooks_load: layer %u holds tokens coded with other codebooks; free those sequences first", l);
+    }
+  }
+  kvq_backend *be = ctx->backend;
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+      const float *fresh = dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1];
+      if (!fresh) continue;
+      const uint64_t floats = kvq_side_fixed_floats(&cache->storage[l].side[s].layout, 1);
+      st = be->ops->buffer_write(be, cache->storage[l].side[s].fixed[1], 0, fresh, floats * 4);
+      if (st != KVQ_OK) {
+        st = kvq_fail_backend(ctx, st, "uploading codebooks");
+        break;
+      }
+      memcpy(cache->storage[l].fixed_host[s][1], fresh, floats * 4);
+      cache->storage[l].learned[s] = ready[l * 2 + s];
+    }
+  for (size_t i = 0; dest && i < (size_t)L * 2 * KVQ_SIDE_FIXED; i++) free(dest[i]);
+  free(dest);
+  free(ready);
+  if (st == KVQ_OK) kvq_clear_error(ctx);
+  return st;
+}
+
+kvq_status kvq_codebooks_load(kvq_cache *cache, const char *path) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!path || !*path) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: path is empty");
+  uint8_t *data = NULL;
+  size_t size = 0;
+  kvq_status st = read_whole_file(cache->ctx, path, &data, &size, "kvq_codebooks_load");
+  if (st == KVQ_OK) st = kvq_codebooks_load_from_memory(cache, data, size);
   free(data);
   return st;
 }

@@ -23,6 +23,13 @@
  *    sketch and the fp32 reconstruction each round relative 2^-24 on sums bounded by c_d |q||k|:
  *    |S q|_1 <= m |q| and |S^T sign|_2 <= m for rows of norm sqrt(d) in orthogonal blocks), and
  *    outputs then within (e^2tau - 1 + 2^-22) sum p |v^| + 2^-24 |o|.
+ *    Methods that work in a rotated space (PolarQuant) or through lookup tables (CQ) apply R or the
+ *    tables at another point than dequantization does: each fp32 application of a d x d
+ *    orthogonal matrix errs by at most gamma(d) ||R_i||_2 ||y||_2 <= 2 d u ||y|| per entry, so tau
+ *    gets 4 d u |q| |k^| / sqrt(d) and every output 4 d u sum p ||v^||.
+ * For PolarQuant and CQ, whose errors have no simple per-element bound, A and B use the measured
+ * error |x^ - x| of the dequantized tokens plus that rounding margin: the inequalities of A and B
+ * hold for the true errors.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -69,11 +76,12 @@ static double uniform_bound(const float *group, uint32_t G, uint32_t b) {
   return scale_h / 2 + fabs(mn - min_h) + L * (fabs(scale32 - scale_h) + 2 * u * scale32) + 4 * u * fmax(fabs(mn), fabs(mx));
 }
 
-/* Bound on |x^ - x| for element c of token t (kv head h) of `all` ([n][hkv][d]) under a method.
- * KIVI's group is channel c over the token group of t within its page (every token is quantized
- * when this is asked for keys; window tokens are exact and only over-bounded). */
-static double element_bound(const scenario *sc, const kvq_method_config *m, const float *all, uint32_t h, uint32_t t,
-                            uint32_t c) {
+/* Bound on |x^ - x| for element c of token t (kv head h) of `all` ([n][hkv][d]) under a method;
+ * `dequantized` holds the same tokens as the cache decodes them. KIVI's group is channel c over
+ * the token group of t within its page (every token is quantized when this is asked for keys;
+ * window tokens are exact and only over-bounded). */
+static double element_bound(const scenario *sc, const kvq_method_config *m, const float *all, const float *dequantized,
+                            uint32_t h, uint32_t t, uint32_t c) {
   const uint32_t d = sc->d, hkv = sc->hkv;
   const float *x = all + ((size_t)t * hkv + h) * d;
   if (m->method == KVQ_METHOD_UNIFORM) {
@@ -86,6 +94,10 @@ static double element_bound(const scenario *sc, const kvq_method_config *m, cons
     float group[256];
     for (uint32_t u = first; u < last; u++) group[u - first] = all[((size_t)u * hkv + h) * d + c];
     return uniform_bound(group, last - first, m->kivi.bits);
+  }
+  if (m->method == KVQ_METHOD_POLAR || m->method == KVQ_METHOD_CQ) {
+    const float *xh = dequantized + ((size_t)t * hkv + h) * d;
+    return fabs((double)xh[c] - x[c]) + 4 * d * 0x1p-24 * norm(xh, d);
   }
   if (m->method == KVQ_METHOD_EXACT)
     return m->exact.dtype == KVQ_DTYPE_F32 ? 0.0 : fabs(x[c]) * (m->exact.dtype == KVQ_DTYPE_F16 ? 0x1p-11 : 0x1p-8);
@@ -136,6 +148,8 @@ static void run(const scenario *sc) {
   th_exact_attention(ql, kd, vd, nq, n, hq, hkv, d, causal, o_deq, p_deq);
 
   const int qjl = sc->keys.method == KVQ_METHOD_QJL;
+  const int rotating_keys = sc->keys.method == KVQ_METHOD_POLAR || sc->keys.method == KVQ_METHOD_CQ;
+  const int rotating_values = sc->values.method == KVQ_METHOD_POLAR || sc->values.method == KVQ_METHOD_CQ;
   /* eps of the weaker of the two sketches bounds both parts of the estimator */
   const double delta = 0.01;
   const double eps = !qjl ? 0
@@ -173,12 +187,14 @@ static void run(const scenario *sc) {
           if (err / allowed > worst_a) worst_a = err / allowed;
         } else {
           double allowed = 0x1p-20 * fabs(s);
-          for (uint32_t c = 0; c < d; c++) allowed += fabs(qi[c]) * element_bound(sc, &sc->keys, k, h / group, t, c) / sqrt_d;
+          for (uint32_t c = 0; c < d; c++) allowed += fabs(qi[c]) * element_bound(sc, &sc->keys, k, kd, h / group, t, c) / sqrt_d;
           cr_assert(err <= allowed, "%s A: logit (%u,%u,%u) error %g > %g", sc->name, i, h, t, err, allowed);
         }
         pairs++;
         /* C: logits against the dequantized keys */
+        const float *kdt = kd + ((size_t)t * hkv + h / group) * d;
         double tau = (qjl ? 8 * 0x1p-24 * c_d * norm(qi, d) * norm(kt, d) / sqrt_d : 4 * 0x1p-24 * norm(qi, d) * norm(kt, d) / sqrt_d) +
+                     (rotating_keys ? 4 * d * 0x1p-24 * norm(qi, d) * norm(kdt, d) / sqrt_d : 0) +
                      0x1p-24 * fabs(logits[si]);
         cr_assert(fabs(logits[si] - sd) <= tau, "%s C: logit (%u,%u,%u) %g vs dequantized %g (tau %g)", sc->name, i, h, t,
                   (double)logits[si], sd, tau);
@@ -186,21 +202,22 @@ static void run(const scenario *sc) {
       }
       /* B and C on the outputs */
       for (uint32_t c = 0; c < d; c++) {
-        double weight = 0, weight_hat = 0, value_err = 0, weight_deq = 0;
+        double weight = 0, weight_hat = 0, value_err = 0, weight_deq = 0, weight_rot = 0;
         for (uint32_t t = 0; t < visible; t++) {
           const size_t si = ((size_t)i * hq + h) * n + t;
           const float *vt = v + ((size_t)t * hkv + h / group) * d;
           const double vh = vd[((size_t)t * hkv + h / group) * d + c];
           weight += p_exact[si] * fabs(vt[c]);
           weight_hat += probs[si] * fabs(vh);
-          value_err += probs[si] * element_bound(sc, &sc->values, v, h / group, t, c);
+          value_err += probs[si] * element_bound(sc, &sc->values, v, vd, h / group, t, c);
+          if (rotating_values) weight_rot += p_deq[si] * norm(vd + ((size_t)t * hkv + h / group) * d, d);
           weight_deq += p_deq[si] * fabs(vh);
         }
         const size_t oi = ((size_t)i * hq + h) * d + c;
         double bound_b = expm1(2 * D) * weight + value_err + 0x1p-22 * weight_hat + 1e-30;
         cr_assert(fabs(out[oi] - o_exact[oi]) <= bound_b, "%s B: output (%u,%u,%u) %g vs exact %g, bound %g (D=%g)",
                   sc->name, i, h, c, (double)out[oi], o_exact[oi], bound_b, D);
-        double bound_c = (expm1(2 * tau_max) + 0x1p-22) * weight_deq + 0x1p-24 * fabs(o_deq[oi]) + 1e-30;
+        double bound_c = (expm1(2 * tau_max) + 0x1p-22) * weight_deq + 0x1p-24 * fabs(o_deq[oi]) + 4 * d * 0x1p-24 * weight_rot + 1e-30;
         cr_assert(fabs(out[oi] - o_deq[oi]) <= bound_c, "%s C: output (%u,%u,%u) %g vs dequantized %g, bound %g",
                   sc->name, i, h, c, (double)out[oi], o_deq[oi], bound_c);
       }
@@ -260,6 +277,25 @@ Test(attention, kivi_keys_uniform_values_gqa4_flushed, .timeout = 120) {
 Test(attention, kivi_keys_groups_of_8_kivi_values, .timeout = 120) {
   scenario sc = {"kivi 4-bit keys in groups of 8 tokens + kivi values, gqa 1, fp32, partial", 32, 2, 2, 77, 6, 32, 0,
                  KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, kivi(4, 8), kivi(3, 16)};
+  run(&sc);
+}
+
+static kvq_method_config polar(uint32_t l1, kvq_rotation rotation) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_POLAR, 128);
+  c.polar.bits[0] = l1;
+  c.polar.rotation = rotation;
+  return c;
+}
+
+Test(attention, polar_keys_and_values_gqa4_window, .timeout = 120) {
+  scenario sc = {"polar 4,2,2,2 keys and values (dense), gqa 4, fp16, window 32", 128, 8, 2, 140, 8, 32, 32,
+                 KVQ_DTYPE_F16, KVQ_MASK_CAUSAL, 0, polar(4, KVQ_ROTATION_DENSE), polar(4, KVQ_ROTATION_DENSE)};
+  run(&sc);
+}
+
+Test(attention, polar_hadamard_values_qjl_keys_flushed, .timeout = 120) {
+  scenario sc = {"qjl keys + polar 2,2,2,2 values (Hadamard), gqa 8, bf16, flushed", 64, 8, 1, 90, 5, 16, 0,
+                 KVQ_DTYPE_BF16, KVQ_MASK_NONE, 1, th_qjl(256, 4, 128), polar(2, KVQ_ROTATION_HADAMARD)};
   run(&sc);
 }
 

@@ -49,6 +49,10 @@ typedef struct cpu_method {
   /* Optional: methods that decode into a rotated space map a decoded vector back (in place is not
    * allowed); applied once per output row of a weighted sum and to dequantized tokens. */
   void (*unrotate)(const cpu_head *h, const float *in, float *out);
+  /* Optional (values summed by code): add the first n tokens' probabilities p[t] into a per-code
+   * mass of kvq_code_mass_size() doubles, and turn a mass into the output vector. */
+  void (*gather)(const cpu_head *h, const uint8_t *block, uint32_t n, const float *p, double *mass);
+  void (*spread)(const cpu_head *h, const double *mass, double *out);
 } cpu_method;
 
 extern const cpu_method kvq_cpu_exact;
@@ -56,6 +60,7 @@ extern const cpu_method kvq_cpu_qjl;
 extern const cpu_method kvq_cpu_uniform;
 extern const cpu_method kvq_cpu_kivi;
 extern const cpu_method kvq_cpu_polar;
+extern const cpu_method kvq_cpu_cq;
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method);
 cpu_head kvq_cpu_head(const kvq_side_desc *side);
@@ -67,6 +72,14 @@ kvq_status kvq_cpu_prepare(kvq_backend *b, const kvq_job_prepare *job);
 kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job);
 kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job);
 kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job);
+
+kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job);
+kvq_status kvq_cpu_kmeans_update(kvq_backend *b, const kvq_job_kmeans *job);
+
+/* The nearest of `clusters` centroids (ties: the lower index) by squared distance summed over dims
+ * in order, each difference and square rounded on its own; its distance in *distance if not NULL.
+ * CQ's encoder decides its codes with it. */
+uint32_t kvq_cpu_nearest(const float *x, const float *centroids, uint32_t clusters, uint32_t dims, float *distance);
 
 kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size);
 

@@ -135,9 +135,55 @@ kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
   return KVQ_OK;
 }
 
+/* Values summed by code (CQ): for one query row and head at a time, the probability mass of every
+ * (group, code) over the pages, spread over the centroids once; window tokens are added as vectors. */
+static kvq_status weighted_sum_by_code(kvq_backend *b, const kvq_job_attention *job) {
+  const kvq_side_layout *vs = &job->values->layout;
+  const cpu_method *method = kvq_cpu_method(vs->method);
+  cpu_head head = kvq_cpu_head(job->values);
+  const uint32_t d = vs->head_dim, group = job->query_heads / vs->kv_heads;
+  const size_t mass_size = (size_t)(d / vs->channels) << vs->code_bits;
+  double *mass = malloc(sizeof(double) * mass_size), *spread = malloc(sizeof(double) * d);
+  float *value = malloc(sizeof(float) * d);
+  if (!mass || !spread || !value) {
+    free(mass), free(spread), free(value);
+    return no_memory(b, "the weighted sum");
+  }
+  const float *scores = (const float *)job->scores->data;
+  float *output = (float *)job->output->data;
+  for (uint32_t si = 0; si < job->seq_count; si++) {
+    const kvq_attention_seq *seq = &job->seqs[si];
+    const uint64_t n = seq_tokens(seq);
+    for (uint32_t r = 0; r < seq->query_count; r++)
+      for (uint32_t h = 0; h < job->query_heads; h++) {
+        const uint32_t kvh = h / group;
+        head.kv_head = kvh;
+        const float *p = scores + seq->score_offset + ((uint64_t)r * job->query_heads + h) * n;
+        double window[KVQ_MAX_HEAD_DIM] = {0};
+        memset(mass, 0, sizeof(double) * mass_size);
+        for (uint64_t t = 0; t < n;) {
+          const token_block blk = block_at(job, seq, vs, job->value_pages, job->value_ring, kvh, (uint32_t)t);
+          if (blk.page) {
+            method->gather(&head, blk.page, blk.count, p + t, mass);
+          } else if (p[t] != 0.0f) {
+            decode_block(job, &head, &blk, value);
+            for (uint32_t c = 0; c < d; c++) window[c] += (double)p[t] * value[c];
+          }
+          t += blk.count;
+        }
+        method->spread(&head, mass, spread);
+        float *o = output + ((uint64_t)(seq->query_first + r) * job->query_heads + h) * d;
+        for (uint32_t c = 0; c < d; c++) o[c] = (float)(spread[c] + window[c]);
+      }
+  }
+  free(mass), free(spread), free(value);
+  return KVQ_OK;
+}
+
 kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
   const kvq_side_layout *vs = &job->values->layout;
   const cpu_method *method = kvq_cpu_method(vs->method);
+  if (method->gather) return weighted_sum_by_code(b, job);
   cpu_head head = kvq_cpu_head(job->values);
   const uint32_t d = vs->head_dim, P = vs->page_size, group = job->query_heads / vs->kv_heads;
   const float *scores = (const float *)job->scores->data;

@@ -14,6 +14,7 @@ const cpu_method *kvq_cpu_method(uint32_t layout_method) {
   case KVQ_LAYOUT_UNIFORM: return &kvq_cpu_uniform;
   case KVQ_LAYOUT_KIVI: return &kvq_cpu_kivi;
   case KVQ_LAYOUT_POLAR: return &kvq_cpu_polar;
+  case KVQ_LAYOUT_CQ: return &kvq_cpu_cq;
   }
   return NULL;
 }
@@ -117,6 +118,8 @@ static const kvq_backend_ops cpu_ops = {
     .softmax = kvq_cpu_softmax,
     .weighted_sum = kvq_cpu_weighted_sum,
     .attention = NULL, /* the reference runs the unfused jobs, one step at a time */
+    .kmeans_assign = kvq_cpu_kmeans_assign,
+    .kmeans_update = kvq_cpu_kmeans_update,
     .finish = cpu_finish,
 };
 

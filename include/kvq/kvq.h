@@ -375,6 +375,42 @@ KVQ_API kvq_status kvq_append(kvq_cache *cache, uint32_t sequence, uint32_t laye
 KVQ_API kvq_status kvq_flush(kvq_cache *cache, uint32_t sequence);
 
 /* ---------------------------------------------------------------------------------------------
+ * Codebooks (PolarQuant with KVQ_CODEBOOK_ONLINE, CQ)
+ *
+ * Such a layer needs codebooks before it can store tokens: appending to it returns
+ * KVQ_ERROR_NO_CODEBOOK until they are learned or loaded. Codebooks are data: learned once (on any
+ * backend), saved with the cache or on their own, and shared; they are not required to agree between
+ * backends, but the codes computed with given codebooks are.
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Learns the codebooks of one layer from calibration keys and values [tokens, kv_heads, head_dim]
+ * (any float dtype; the side that needs no codebook may be NULL), with optional per-token weights
+ * (`weights`, one non-negative float per calibration token, for Fisher-weighted learning; NULL for
+ * equal weights). PolarQuant: per kv head and level, 1-D k-means++ on the angles of the rotated
+ * calibration tokens, then Lloyd iterations (100 at most). CQ: per kv head and channel group,
+ * k-means++ on the groups' c-dimensional vectors, then Lloyd iterations (cq.iterations at most; both
+ * stop when no assignment changes). Seeded from the cache's seed, so the same data give the same
+ * codebooks on one backend. Refused (nothing changes) while any sequence holds tokens in the layer.
+ */
+KVQ_API kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tensor *keys,
+                                       const kvq_tensor *values, const float *weights);
+
+/* Codebooks on their own: a small versioned, checksummed file (docs/FORMAT.md) holding every
+ * learned codebook of the cache (none when no layer learns any). Sizes and statuses as for caches. */
+KVQ_API kvq_status kvq_codebooks_save_size(kvq_cache *cache, uint64_t *bytes);
+KVQ_API kvq_status kvq_codebooks_save_to_memory(kvq_cache *cache, void *buffer, size_t capacity, size_t *written);
+KVQ_API kvq_status kvq_codebooks_save(kvq_cache *cache, const char *path);
+
+/*
+ * Loads codebooks into a cache whose learned codebooks have the same shapes (same methods,
+ * head_dim, kv heads and bits in the layers that learn). A layer whose sequences hold tokens keeps
+ * its codebooks unless the file's are identical (codes would change meaning): KVQ_ERROR_INVALID_ARGUMENT.
+ */
+KVQ_API kvq_status kvq_codebooks_load(kvq_cache *cache, const char *path);
+KVQ_API kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, size_t size);
+
+/* ---------------------------------------------------------------------------------------------
  * Attention
  * ------------------------------------------------------------------------------------------- */
 

@@ -1,0 +1,103 @@
+/*
+ * Coupled Quantization (Zhang et al., "KV cache is 1 bit per channel: efficient large language model
+ * inference with coupled quantization", ../shared/papers/004): c contiguous channels share one b-bit
+ * code, the index of the nearest of 2^b centroids learned for that (kv head, channel group). Keys are
+ * scored through lookup tables of <q_group, centroid> built once per query; values are summed by
+ * code: the probability mass of every (group, code) is gathered first, then multiplied by the
+ * centroids once.
+ */
+#include <string.h>
+
+#include "core/layout.h"
+#include "cpu.h"
+
+static uint32_t read_word(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void or_word(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
+}
+
+/* The 2^b centroids of channel group g of the call's kv head. */
+static const float *centroids(const cpu_head *h, uint32_t g) {
+  const kvq_side_layout *s = &h->side->layout;
+  return h->fixed[1] + ((size_t)(h->kv_head * (s->head_dim / s->channels) + g) << s->code_bits) * s->channels;
+}
+
+static uint32_t code_of(const kvq_side_layout *s, const uint8_t *block, uint32_t t, uint32_t g) {
+  const uint32_t b = s->code_bits, cpw = kvq_codes_per_word(b), i = t * (s->head_dim / s->channels) + g;
+  return (read_word(block + 4 * (i / cpw)) >> ((i % cpw) * b)) & ((1u << b) - 1u);
+}
+
+static void cq_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t c = s->channels, groups = s->head_dim / c, b = s->code_bits, cpw = kvq_codes_per_word(b);
+  for (uint32_t t = 0; t < n; t++)
+    for (uint32_t g = 0; g < groups; g++) {
+      const uint32_t code = kvq_cpu_nearest(x + t * token_stride + g * c, centroids(h, g), 1u << b, c, NULL);
+      const uint32_t i = t * groups + g;
+      or_word(block + 4 * (i / cpw), code << ((i % cpw) * b));
+    }
+}
+
+static void cq_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t c = s->channels;
+  for (uint32_t g = 0; g < s->head_dim / c; g++)
+    memcpy(out + g * c, centroids(h, g) + (size_t)code_of(s, block, t, g) * c, sizeof(float) * c);
+}
+
+/* The lookup tables: prepared[g * 2^b + j] = <q_g, centroid j of group g>. */
+static void cq_prepare(const cpu_head *h, const float *q, float *prepared) {
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t c = s->channels, K = 1u << s->code_bits;
+  for (uint32_t g = 0; g < s->head_dim / c; g++) {
+    const float *mu = centroids(h, g);
+    for (uint32_t j = 0; j < K; j++) {
+      double dot = 0.0;
+      for (uint32_t i = 0; i < c; i++) dot += (double)q[g * c + i] * mu[(size_t)j * c + i];
+      prepared[(size_t)g * K + j] = (float)dot;
+    }
+  }
+}
+
+static void cq_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
+                        double *dots) {
+  (void)q;
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t groups = s->head_dim / s->channels, K = 1u << s->code_bits;
+  for (uint32_t t = 0; t < n; t++) {
+    double dot = 0.0;
+    for (uint32_t g = 0; g < groups; g++) dot += prepared[(size_t)g * K + code_of(s, block, t, g)];
+    dots[t] = dot;
+  }
+}
+
+/* Adds each token's probability to the mass of its code in every group: mass[g * 2^b + code]. */
+static void cq_gather(const cpu_head *h, const uint8_t *block, uint32_t n, const float *p, double *mass) {
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t groups = s->head_dim / s->channels, K = 1u << s->code_bits;
+  for (uint32_t t = 0; t < n; t++)
+    if (p[t] != 0.0f)
+      for (uint32_t g = 0; g < groups; g++) mass[(size_t)g * K + code_of(s, block, t, g)] += p[t];
+}
+
+/* out = sum over (group, code) of mass times centroid. */
+static void cq_spread(const cpu_head *h, const double *mass, double *out) {
+  const kvq_side_layout *s = &h->side->layout;
+  const uint32_t c = s->channels, K = 1u << s->code_bits;
+  for (uint32_t g = 0; g < s->head_dim / c; g++) {
+    const float *mu = centroids(h, g);
+    for (uint32_t i = 0; i < c; i++) out[g * c + i] = 0.0;
+    for (uint32_t j = 0; j < K; j++)
+      if (mass[(size_t)g * K + j] != 0.0)
+        for (uint32_t i = 0; i < c; i++) out[g * c + i] += mass[(size_t)g * K + j] * mu[(size_t)j * c + i];
+  }
+}
+
+const cpu_method kvq_cpu_cq = {.encode = cq_encode,
+                               .decode = cq_decode,
+                               .prepare = cq_prepare,
+                               .dot_page = cq_dot_page,
+                               .gather = cq_gather,
+                               .spread = cq_spread};
