@@ -104,6 +104,10 @@ static double element_bound(const scenario *sc, const kvq_method_config *m, cons
   return INFINITY;
 }
 
+static int needs_codebooks(const kvq_method_config *m) {
+  return m->method == KVQ_METHOD_CQ || (m->method == KVQ_METHOD_POLAR && m->polar.codebook == KVQ_CODEBOOK_ONLINE);
+}
+
 static void run(const scenario *sc) {
   const uint32_t d = sc->d, hq = sc->hq, hkv = sc->hkv, n = sc->n, nq = sc->nq, group = hq / hkv;
   kvq_layer_config layer = th_layer(hq, hkv, d, sc->keys, sc->values);
@@ -117,6 +121,11 @@ static void run(const scenario *sc) {
   kvq_synth_generate(&syn, k, v, q);
   th_round_to_dtype(k, (size_t)n * hkv * d, sc->input);
   th_round_to_dtype(v, (size_t)n * hkv * d, sc->input);
+  if (needs_codebooks(&sc->keys) || needs_codebooks(&sc->values)) { /* calibrate on the data itself */
+    int64_t shape[3] = {n, hkv, d};
+    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(ctx, kvq_codebooks_learn(cache, 0, &kt, &vt, NULL));
+  }
   uint32_t seq;
   KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
   for (uint32_t t = 0; t < n;) { /* uneven chunks */
@@ -302,5 +311,27 @@ Test(attention, polar_hadamard_values_qjl_keys_flushed, .timeout = 120) {
 Test(attention, qjl_uniform8_gqa7_window_partial, .timeout = 120) {
   scenario sc = {"qjl256/k4 + u8, gqa 7, fp32, window 32, partial page", 64, 7, 1, 97, 5, 16, 32, KVQ_DTYPE_F32,
                  KVQ_MASK_CAUSAL, 1, th_qjl(256, 4, 128), th_uniform(8, 64)};
+  run(&sc);
+}
+
+static kvq_method_config cq(uint32_t channels, uint32_t bits) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_CQ, 64);
+  c.cq.channels = channels;
+  c.cq.bits = bits;
+  c.cq.iterations = 20;
+  return c;
+}
+
+Test(attention, cq_keys_and_values_gqa4_window, .timeout = 120) {
+  scenario sc = {"cq 4c8b keys + 2c4b values, gqa 4, fp16, window 16", 64, 8, 2, 120, 6, 16, 16, KVQ_DTYPE_F16,
+                 KVQ_MASK_CAUSAL, 0, cq(4, 8), cq(2, 4)};
+  run(&sc);
+}
+
+Test(attention, polar_online_keys_cq_values_flushed, .timeout = 120) {
+  kvq_method_config keys = polar(4, KVQ_ROTATION_HADAMARD);
+  keys.polar.codebook = KVQ_CODEBOOK_ONLINE;
+  scenario sc = {"polar online 4,2,2,2 keys (Hadamard) + cq 8c8b values, gqa 2, fp32, flushed", 64, 4, 2, 100, 5, 16,
+                 0, KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, keys, cq(8, 8)};
   run(&sc);
 }
