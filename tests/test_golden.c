@@ -17,7 +17,9 @@
 #include "core/matrix.h"
 #include "core/rng.h"
 #include "golden/container.h"
+#include "core/internal.h"
 #include "golden/golden.h"
+#include "golden/polar_ref.h"
 
 static char *make_temp_dir(void) {
   char *dir = strdup("/tmp/kvq-golden-XXXXXX");
@@ -294,6 +296,16 @@ Test(golden, every_kind_of_byte_is_compared, .timeout = 120) {
       {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/0/0", 7, 0x10, "a sign bit of a valid token"},
       /* a uniform code of a valid token moved by two steps */
       {"qjl-d128-m256-k0-u3-f32-gqa1", "pages/0/1/0", 0, 0x02, "a 3-bit code two steps away"},
+      /* PolarQuant 4,2,2,2, d 128, P 16: head block 992 bytes (level codes at 0, 512, 640, 704, radii at
+       * 736); sequence 1 has 30 tokens, flushed: page 1 holds 14 */
+      {"polar-4222-dense-d128-f16-gqa4-window", "pages/0/0/1", 992 + 15 * 32 + 1, 0x01, "a level-1 code of a padding token"},
+      {"polar-4222-dense-d128-f16-gqa4-window", "pages/0/1/1", 992 + 736 + 2 * 15 * 8, 0x01, "a radius of a padding token"},
+      {"polar-4222-dense-d128-f16-gqa4-window", "pages/0/1/1", 992 + 704 + 2, 0x03, "a level-4 code two steps away"},
+      /* CQ 4c6b keys, d 128, P 16: 103 code words (5 codes each, bits 30-31 unused), head block 416
+       * bytes; sequence 1 has 40 tokens, flushed: page 2 holds 8 */
+      {"cq-4c6b-keys-1c3b-values-d128-f16-gqa4-window", "pages/0/0/1", 2 * 416 + 205, 0x01, "a CQ code of a padding token"},
+      {"cq-4c6b-keys-1c3b-values-d128-f16-gqa4-window", "pages/0/0/1", 2 * 416 + 3, 0x80, "the unused top bits of a 6-bit code word"},
+      {"cq-4c6b-keys-1c3b-values-d128-f16-gqa4-window", "pages/0/0/1", 2 * 416 + 414, 0x01, "block padding"},
   };
   for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
     golden_totals t;
@@ -302,4 +314,133 @@ Test(golden, every_kind_of_byte_is_compared, .timeout = 120) {
     cr_assert_geq(t.unexplained, 1u, "%s: must be unexplained", changes[i].what);
     cr_assert_eq(t.near_ties, 0u, "%s: no near-tie may be claimed", changes[i].what);
   }
+}
+
+/* Sets packed code `index` (layout.h packing) of a code array to `code`. */
+static void set_code(uint8_t *words, uint32_t index, uint32_t bits, uint32_t code) {
+  const uint32_t cpw = kvq_codes_per_word(bits), shift = (index % cpw) * bits;
+  uint8_t *p = words + 4 * (index / cpw);
+  uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  w = (w & ~(((1u << bits) - 1u) << shift)) | code << shift;
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(w >> (8 * i));
+}
+
+static double cq_dist(const float *x, const float *mu, uint32_t c) {
+  double s = 0;
+  for (uint32_t i = 0; i < c; i++) s += ((double)x[i] - mu[i]) * ((double)x[i] - mu[i]);
+  return s;
+}
+
+/* Learning 256 centroids from fewer points repeats some (core/learn.c): the nearest-centroid rule
+ * then keeps the first of equal copies. */
+static int same(const float *mu, uint32_t a, uint32_t b, uint32_t c) { return memcmp(mu + a * c, mu + b * c, 4 * c) == 0; }
+static uint32_t first_copy(const float *mu, uint32_t j, uint32_t c) {
+  uint32_t i = 0;
+  while (!same(mu, i, j, c)) i++;
+  return i;
+}
+
+/*
+ * The near-tie provers of PolarQuant and CQ accept true ties and nothing else. In the fp32 case with
+ * online PolarQuant keys (Hadamard, L 3, 3 bits at level 1) and CQ 8c8b values:
+ *   - key token 0 is rebuilt so that its first rotated pair lies on the bisector of two level-1
+ *     centroids (x = R^T y in double, rounded to fp32): its golden code is set to the centroid the
+ *     CPU did not pick, which must be a proven near-tie;
+ *   - value token 1's first channel group is set to the midpoint of two centroids (the pair whose
+ *     rounding to fp32 moves the distances least): the same;
+ *   - key token 2's first code and value token 3's first code are set to the farthest centroid:
+ *     unexplained.
+ */
+Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
+  const char *case_name = "polar-online-322-hadamard-keys-cq-8c8b-values-d64-f32-gqa2";
+  char path[1024], error[512] = "";
+  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  golden_file g;
+  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
+  drop_results(&g);
+  kvq_context *ctx = NULL;
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_CPU;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  kvq_cache *cache = NULL;
+  cr_assert_eq(kvq_golden_record_results(&g, ctx, &cache, error, sizeof error), 0, "%s", error);
+  drop_results(&g);
+  const kvq_layer_storage *ls = &cache->storage[0];
+  const kvq_side_layout *ks = &ls->side[0].layout, *vs = &ls->side[1].layout;
+  const uint32_t d = 64, hkv = 2, K1 = 8, c = 8, K = 256;
+  cr_assert(ks->method == KVQ_LAYOUT_POLAR && vs->method == KVQ_LAYOUT_CQ && vs->channels == c && vs->code_bits == 8);
+  float *keys = (float *)find_mut(&g, "keys/0")->data, *values = (float *)find_mut(&g, "values/0")->data;
+  /* key token 0, head 0: the first pair on the bisector of its two best centroids */
+  const float *table1 = golden_polar_table(ks, ls->fixed_host[0][1], 0, 1);
+  double y[64], err[64];
+  golden_polar_rotate(ks, ls->fixed_host[0][0], keys, y, err);
+  uint32_t best = 0, second = 1;
+  for (uint32_t j = 0; j < K1; j++) {
+    const double dot = y[0] * table1[2 * j] + y[1] * table1[2 * j + 1];
+    if (dot > y[0] * table1[2 * best] + y[1] * table1[2 * best + 1]) second = best, best = j;
+    else if (j != best && (second == best || dot > y[0] * table1[2 * second] + y[1] * table1[2 * second + 1])) second = j;
+  }
+  const double r = hypot(y[0], y[1]);
+  double bx = (double)table1[2 * best] + table1[2 * second], by = (double)table1[2 * best + 1] + table1[2 * second + 1];
+  const double bn = hypot(bx, by);
+  y[0] = r * bx / bn, y[1] = r * by / bn;
+  for (uint32_t col = 0; col < d; col++) { /* x = R^T y */
+    double x = 0;
+    for (uint32_t i = 0; i < d; i++) x += golden_polar_entry(ks, ls->fixed_host[0][0], i, col) * y[i];
+    keys[col] = (float)x;
+  }
+  /* value token 1, head 0, group 0: the midpoint of a centroid pair that are its two nearest, the
+   * pair least disturbed by rounding */
+  const float *mu = ls->fixed_host[1][1]; /* head 0, group 0 */
+  float *v1 = values + (size_t)1 * hkv * d;
+  uint32_t pa = 0, pb = 1;
+  double best_ratio = INFINITY;
+  for (uint32_t a = 0; a < K; a++)
+    for (uint32_t b = a + 1; b < K; b++) {
+      if (first_copy(mu, a, c) != a || first_copy(mu, b, c) != b || same(mu, a, b, c)) continue;
+      float mid[8];
+      for (uint32_t i = 0; i < c; i++) mid[i] = (float)(((double)mu[a * c + i] + mu[b * c + i]) / 2);
+      const double da = cq_dist(mid, mu + a * c, c), db = cq_dist(mid, mu + b * c, c);
+      int nearest = da > 0;
+      for (uint32_t j = 0; j < K && nearest; j++) /* a and b must be the two nearest, clearly */
+        nearest = first_copy(mu, j, c) == a || first_copy(mu, j, c) == b || cq_dist(mid, mu + j * c, c) > 1.001 * (da > db ? da : db);
+      if (nearest && fabs(da - db) / (da + db) < best_ratio) best_ratio = fabs(da - db) / (da + db), pa = a, pb = b;
+    }
+  cr_assert_lt(best_ratio, 0x1p-24, "some centroid pair must have a midpoint within rounding (best %g)", best_ratio);
+  for (uint32_t i = 0; i < c; i++) v1[i] = (float)(((double)mu[pa * c + i] + mu[pb * c + i]) / 2);
+  kvq_cache_destroy(cache);
+  cr_assert_eq(kvq_golden_record_results(&g, ctx, NULL, error, sizeof error), 0, "%s", error);
+  kvq_context_destroy(ctx);
+  /* the golden file now says what a backend deciding the other way would write */
+  uint8_t *kpage = find_mut(&g, "pages/0/0/0")->data, *vpage = find_mut(&g, "pages/0/1/0")->data;
+  const uint32_t angles1 = d / 2, groups = d / c;
+  const uint32_t k0 = golden_packed_code(kpage, 0, 3), v1c = golden_packed_code(vpage, 1 * groups, 8);
+  cr_assert(k0 == best || k0 == second, "the CPU picks one of the two tied centroids (%u)", k0);
+  cr_assert(v1c == pa || v1c == pb, "the CPU picks one of the two tied centroids (%u)", v1c);
+  set_code(kpage, 0, 3, k0 == best ? second : best);
+  set_code(vpage, 1 * groups, 8, v1c == pa ? pb : pa);
+  const uint32_t k2 = golden_packed_code(kpage, 2 * angles1, 3);
+  set_code(kpage, 2 * angles1, 3, (k2 + K1 / 2) % K1); /* the opposite centroid */
+  const float *v3 = values + (size_t)3 * hkv * d;
+  uint32_t far = 0;
+  for (uint32_t j = 1; j < K; j++)
+    if (cq_dist(v3, mu + j * c, c) > cq_dist(v3, mu + far * c, c)) far = j;
+  set_code(vpage, 3 * groups, 8, far);
+  char *dir = make_temp_dir(), out_path[1024];
+  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
+  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
+  golden_free(&g);
+  copy_saved_files(dir);
+  golden_totals t;
+  FILE *out = tmpfile();
+  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, &t);
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+  cr_assert_eq(rc, 1, "the check must fail");
+  cr_assert_eq(t.near_ties, 2u, "the two tied codes are proven near-ties (got %llu)", (unsigned long long)t.near_ties);
+  cr_assert_eq(t.unexplained, 2u, "the two far codes are unexplained (got %llu)", (unsigned long long)t.unexplained);
+  remove_dir(dir);
+  free(dir);
 }

@@ -31,6 +31,27 @@ static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
   return c;
 }
 
+/* PolarQuant with levels 1..L of the given bits (level 1 first). */
+static kvq_method_config polar(kvq_rotation rotation, kvq_codebook_source codebook, uint32_t levels, uint32_t b1,
+                               uint32_t b_rest) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_POLAR, 128);
+  c.polar.levels = levels;
+  for (uint32_t l = 0; l < levels; l++) c.polar.bits[l] = l ? b_rest : b1;
+  c.polar.rotation = rotation;
+  c.polar.codebook = codebook;
+  return c;
+}
+static kvq_method_config cq(uint32_t channels, uint32_t bits) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_CQ, 128);
+  c.cq.channels = channels;
+  c.cq.bits = bits;
+  return c;
+}
+#define DENSE KVQ_ROTATION_DENSE
+#define HADAMARD KVQ_ROTATION_HADAMARD
+#define OFFLINE KVQ_CODEBOOK_OFFLINE
+#define ONLINE KVQ_CODEBOOK_ONLINE
+
 static golden_case cases[24];
 static uint32_t case_count;
 
@@ -50,6 +71,14 @@ static void build_cases(void) {
        {LAYER(4, 1, 128, qjl(512, 8, 256), uni(4, 32)), LAYER(4, 1, 128, qjl(256, 8, 256), uni(2, 32))}, {50, 29}, 10},
       {"kivi2-keys-u2-d64-f16-gqa4-window", KVQ_DTYPE_F16, 32, 32, 1, {LAYER(4, 1, 64, kivi(2, 0), uni(2, 32))}, {90, 45}, 11},
       {"kivi4-g8-keys-kivi3-values-d128-bf16-gqa1", KVQ_DTYPE_BF16, 16, 0, 1, {LAYER(2, 2, 128, kivi(4, 8), kivi(3, 16))}, {41, 23}, 12},
+      {"polar-4222-dense-d128-f16-gqa4-window", KVQ_DTYPE_F16, 16, 16, 1,
+       {LAYER(4, 1, 128, polar(DENSE, OFFLINE, 4, 4, 2), polar(DENSE, OFFLINE, 4, 4, 2))}, {45, 30}, 13},
+      {"polar-2222-hadamard-values-qjl-keys-d64-bf16-gqa8", KVQ_DTYPE_BF16, 16, 0, 1,
+       {LAYER(8, 1, 64, qjl(128, 4, 64), polar(HADAMARD, OFFLINE, 4, 2, 2))}, {40, 27}, 14},
+      {"polar-online-322-hadamard-keys-cq-8c8b-values-d64-f32-gqa2", KVQ_DTYPE_F32, 16, 0, 1,
+       {LAYER(4, 2, 64, polar(HADAMARD, ONLINE, 3, 3, 2), cq(8, 8))}, {90, 35}, 15},
+      {"cq-4c6b-keys-1c3b-values-d128-f16-gqa4-window", KVQ_DTYPE_F16, 16, 16, 1, {LAYER(4, 1, 128, cq(4, 6), cq(1, 3))},
+       {80, 40}, 16},
   };
   case_count = sizeof all / sizeof all[0];
   for (uint32_t i = 0; i < case_count; i++) cases[i] = all[i];

@@ -13,6 +13,7 @@
 #include "core/quantize_math.h"
 #include "core/sha256.h"
 #include "golden.h"
+#include "polar_ref.h"
 #include "reference.h"
 #include "replay.h"
 
@@ -79,7 +80,7 @@ typedef struct page_ctx {
   const kvq_side_layout *s;
   const float *tokens; /* token 0 of the page, head 0; token stride kv_heads * head_dim */
   uint32_t valid;
-  const float *S, *So;
+  const float *fixed[KVQ_SIDE_FIXED]; /* the side's fixed arrays: QJL S and S_o, PolarQuant R and tables, CQ centroids */
 } page_ctx;
 
 static const float *token(const page_ctx *pc, uint32_t t, uint32_t h) {
@@ -178,7 +179,7 @@ static void check_qjl_head(checker *ck, const page_ctx *pc, const uint8_t *g, co
   for (uint32_t part = 0; part < parts; part++) {
     const uint32_t rows = part ? mo : m;
     const uint32_t at = part ? kvq_qjl_signs_out_offset(P, m) : kvq_qjl_signs_offset();
-    const float *M = part ? pc->So : pc->S;
+    const float *M = pc->fixed[part];
     exact_bytes(ck, g, b, at + pc->valid * rows / 8, at + P * rows / 8, "sign bits of a padding token", page, h);
     for (uint32_t t = 0; t < pc->valid; t++)
       for (uint32_t byte = 0; byte < rows / 8; byte++) {
@@ -226,26 +227,16 @@ static void check_qjl_head(checker *ck, const page_ctx *pc, const uint8_t *g, co
   exact_bytes(ck, g, b, out_at + k, s->head_bytes, "padding", page, h);
 }
 
-/* Where the (scale, minimum) word of code (t, c) is, for the two uniform quantizers: token-wise
- * groups of channels (UNIFORM) or channel-wise groups of tokens (KIVI). */
-static uint32_t param_word(const kvq_side_layout *s, uint32_t t, uint32_t c) {
-  return s->method == KVQ_LAYOUT_KIVI ? (t / s->group) * s->head_dim + c : t * (s->head_dim / s->group) + c / s->group;
-}
+/* Packed code words (layout.h: codes_per_word codes of `bits` bits per little-endian u32, unused
+ * top bits zero): every differing code must be at a valid position and pass `tie`, the proof that
+ * the backend's code is also a correct decision for the data; codes_per_token relates code index
+ * and token for the failure lines. */
+typedef int (*code_tie)(void *arg, uint32_t index, uint32_t golden, uint32_t got);
 
-static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page,
-                               uint32_t h) {
-  const kvq_side_layout *s = pc->s;
-  const int kivi = s->method == KVQ_LAYOUT_KIVI;
-  const uint32_t P = s->page_size, d = s->head_dim, bits = s->bits, G = s->group, cpw = kvq_codes_per_word(bits);
-  const uint32_t words = kvq_code_words(P * d, bits), params_at = kvq_uniform_params_offset(P, d, bits);
-  const uint32_t params = kivi ? (P / G) * d : P * (d / G);
-  const uint32_t valid_params = kivi ? (pc->valid + G - 1) / G * d : pc->valid * (d / G);
-  for (uint32_t p = 0; p < valid_params; p++) {
-    const uint32_t off = params_at + 4 * p;
-    side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
-    side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
-  }
-  exact_bytes(ck, g, b, params_at + 4 * valid_params, params_at + 4 * params, "parameters past the valid tokens", page, h);
+static void compare_codes(checker *ck, const uint8_t *g, const uint8_t *b, uint32_t codes, uint32_t bits,
+                          uint32_t valid_codes, uint32_t codes_per_token, code_tie tie, void *arg, const char *what,
+                          uint32_t page, uint32_t h) {
+  const uint32_t cpw = kvq_codes_per_word(bits), words = kvq_code_words(codes, bits), mask = (1u << bits) - 1u;
   for (uint32_t w = 0; w < words; w++) {
     const uint32_t gw = rd32(g + 4 * w), bw = rd32(b + 4 * w);
     ck->t->code_bytes += 4;
@@ -254,37 +245,193 @@ static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g
     const uint32_t used_bits = cpw * bits;
     if (used_bits < 32 && (gw >> used_bits) != (bw >> used_bits)) {
       ck->t->unexplained++;
-      report(ck, "class 1: padding bits of code word %u (page %u head %u) differ", w, page, h);
+      report(ck, "class 1: padding bits of %s word %u (page %u head %u) differ", what, w, page, h);
     }
     for (uint32_t slot = 0; slot < cpw; slot++) {
       const uint32_t i = w * cpw + slot;
-      const uint32_t gc = gw >> (slot * bits) & kvq_uniform_levels(bits), bc = bw >> (slot * bits) & kvq_uniform_levels(bits);
+      const uint32_t gc = gw >> (slot * bits) & mask, bc = bw >> (slot * bits) & mask;
       if (gc == bc) continue;
-      const uint32_t t = i / d, c = i % d;
-      if (t >= pc->valid) {
+      if (i >= valid_codes) {
         ck->t->unexplained++;
-        report(ck, "class 1: a code past the valid tokens (word %u, page %u head %u) is not zero", w, page, h);
-        continue;
-      }
-      /* A code may differ by one step only: when the backend's parameters differ from the golden
-       * ones by the ulp class 2 allows and its code follows from them, or when the value or the
-       * threshold between the two codes is subnormal (flushed to zero on some GPUs). */
-      const uint32_t pw = rd32(b + params_at + 4 * param_word(s, t, c));
-      const float x = token(pc, t, h)[c], mn = kvq_uniform_param_min(pw), sc = kvq_uniform_param_scale(pw);
-      const uint32_t lo = gc < bc ? gc : bc;
-      const float between = kvq_uniform_threshold(mn, sc, lo + 1);
-      const int adjacent = (gc > bc ? gc - bc : bc - gc) == 1;
-      const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(g + params_at + 4 * param_word(s, t, c));
-      const int flushed = (fabsf(x) < FLT_MIN && bc == kvq_uniform_code(0.0f, mn, sc, bits)) || fabsf(between) < FLT_MIN;
-      if (adjacent && (own || flushed)) {
+        report(ck, "class 1: a %s past the valid tokens (word %u, page %u head %u) is not zero", what, w, page, h);
+      } else if (tie(arg, i, gc, bc)) {
         ck->t->near_ties++;
       } else {
         ck->t->unexplained++;
-        report(ck, "class 1: code of token %u channel %u (page %u head %u) is %u, golden %u", t, c, page, h, bc, gc);
+        report(ck, "class 1: %s %u of token %u (page %u head %u) is %u, golden %u, and no near-tie", what,
+               i % codes_per_token, i / codes_per_token, page, h, bc, gc);
       }
     }
   }
+}
+
+/* Where the (scale, minimum) word of code (t, c) is, for the two uniform quantizers: token-wise
+ * groups of channels (UNIFORM) or channel-wise groups of tokens (KIVI). */
+static uint32_t param_word(const kvq_side_layout *s, uint32_t t, uint32_t c) {
+  return s->method == KVQ_LAYOUT_KIVI ? (t / s->group) * s->head_dim + c : t * (s->head_dim / s->group) + c / s->group;
+}
+
+typedef struct uniform_tie_arg {
+  const page_ctx *pc;
+  const uint8_t *g, *b;
+  uint32_t h;
+} uniform_tie_arg;
+
+/* A uniform code may differ by one step only: when the backend's parameters differ from the golden
+ * ones by the ulp class 2 allows and its code follows from them, or when the value or the
+ * threshold between the two codes is subnormal (flushed to zero on some GPUs). */
+static int uniform_tie(void *arg, uint32_t i, uint32_t gc, uint32_t bc) {
+  const uniform_tie_arg *u = arg;
+  const kvq_side_layout *s = u->pc->s;
+  const uint32_t d = s->head_dim, bits = s->bits, t = i / d, c = i % d;
+  const uint32_t params_at = kvq_uniform_params_offset(s->page_size, d, bits);
+  const uint32_t pw = rd32(u->b + params_at + 4 * param_word(s, t, c));
+  const float x = token(u->pc, t, u->h)[c], mn = kvq_uniform_param_min(pw), sc = kvq_uniform_param_scale(pw);
+  const uint32_t lo = gc < bc ? gc : bc;
+  const float between = kvq_uniform_threshold(mn, sc, lo + 1);
+  const int adjacent = (gc > bc ? gc - bc : bc - gc) == 1;
+  const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(u->g + params_at + 4 * param_word(s, t, c));
+  const int flushed = (fabsf(x) < FLT_MIN && bc == kvq_uniform_code(0.0f, mn, sc, bits)) || fabsf(between) < FLT_MIN;
+  return adjacent && (own || flushed);
+}
+
+static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page,
+                               uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const int kivi = s->method == KVQ_LAYOUT_KIVI;
+  const uint32_t P = s->page_size, d = s->head_dim, bits = s->bits, G = s->group;
+  const uint32_t params_at = kvq_uniform_params_offset(P, d, bits);
+  const uint32_t params = kivi ? (P / G) * d : P * (d / G);
+  const uint32_t valid_params = kivi ? (pc->valid + G - 1) / G * d : pc->valid * (d / G);
+  for (uint32_t p = 0; p < valid_params; p++) {
+    const uint32_t off = params_at + 4 * p;
+    side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
+    side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
+  }
+  exact_bytes(ck, g, b, params_at + 4 * valid_params, params_at + 4 * params, "parameters past the valid tokens", page, h);
+  uniform_tie_arg arg = {pc, g, b, h};
+  compare_codes(ck, g, b, P * d, bits, pc->valid * d, d, uniform_tie, &arg, "code of channel", page, h);
   exact_bytes(ck, g, b, params_at + params * 4, s->head_bytes, "padding", page, h);
+}
+
+/* PolarQuant: the codes of each level are decided from the rotated token y = R x (an fp32
+ * evaluation lands within err of the double one, polar_ref.h). Level 1 picks the centroid with the
+ * largest x cos + y sin: another code is a near-tie when, with every dot product widened by what
+ * the rotation error and the two fp32 roundings can move it, it could still be the largest. Level
+ * l >= 2 counts the boundaries with s_b cos^2 >= s_a sin^2: each boundary between the two codes
+ * must be undecidable within the error of the squared radii (squares and l - 1 sums of inputs
+ * known within err) and the two fp32 products. */
+typedef struct polar_tie_arg {
+  const page_ctx *pc;
+  uint32_t h, level, cached; /* cached: the token whose rotation is in y, or ~0 */
+  double y[KVQ_MAX_HEAD_DIM], err[KVQ_MAX_HEAD_DIM];
+} polar_tie_arg;
+
+/* Squared radius of coordinates [first, first + count) and its error bound. */
+static void polar_square(const polar_tie_arg *p, uint32_t first, uint32_t count, double *s, double *e) {
+  *s = *e = 0;
+  double abs_sum = 0;
+  for (uint32_t i = first; i < first + count; i++) {
+    const double y = fabs(p->y[i]), err = p->err[i];
+    *s += y * y;
+    *e += 2 * y * err + err * err;
+    abs_sum += (y + err) * (y + err);
+  }
+  *e += gamma_n(p->level + 1) * abs_sum + 2 * count * FLT_MIN;
+}
+
+/* The range of an fp32 x cos + y sin for pair a of the rotated token. */
+static void pair_dot_range(const polar_tie_arg *p, uint32_t a, double c, double sn, double *lo, double *hi) {
+  const double x = p->y[2 * a], y = p->y[2 * a + 1], ex = p->err[2 * a], ey = p->err[2 * a + 1];
+  const double dot = x * c + y * sn;
+  const double tol = ex * fabs(c) + ey * fabs(sn) + gamma_n(2) * ((fabs(x) + ex) * fabs(c) + (fabs(y) + ey) * fabs(sn)) +
+                     2 * FLT_MIN;
+  *lo = dot - tol;
+  *hi = dot + tol;
+}
+
+static int polar_tie(void *arg, uint32_t i, uint32_t gc, uint32_t bc) {
+  polar_tie_arg *p = arg;
+  const kvq_side_layout *s = p->pc->s;
+  const uint32_t d = s->head_dim, angles = kvq_polar_angles(d, p->level), t = i / angles, a = i % angles;
+  const uint32_t K = 1u << kvq_polar_level_bits(s->level_bits, p->level);
+  if (p->cached != t) {
+    golden_polar_rotate(s, p->pc->fixed[0], token(p->pc, t, p->h), p->y, p->err);
+    p->cached = t;
+  }
+  const float *table = golden_polar_table(s, p->pc->fixed[1], p->h, p->level);
+  if (p->level == 1) { /* both codes' largest possible dot products must reach every smallest */
+    double lo[1u << KVQ_MAX_POLAR_BITS], hi[1u << KVQ_MAX_POLAR_BITS];
+    for (uint32_t j = 0; j < K; j++) pair_dot_range(p, a, table[2 * j], table[2 * j + 1], &lo[j], &hi[j]);
+    for (uint32_t j = 0; j < K; j++)
+      if (hi[bc] < lo[j] || hi[gc] < lo[j]) return 0;
+    return 1;
+  }
+  const uint32_t half = 1u << (p->level - 1);
+  double s_a, e_a, s_b, e_b;
+  polar_square(p, 2 * a * half, half, &s_a, &e_a);
+  polar_square(p, (2 * a + 1) * half, half, &s_b, &e_b);
+  const float *boundaries = table + 2 * K;
+  for (uint32_t j = gc < bc ? gc : bc; j < (gc > bc ? gc : bc); j++) {
+    const double c2 = boundaries[2 * j], s2 = boundaries[2 * j + 1];
+    const double margin = s_b * c2 - s_a * s2;
+    const double tol = e_b * c2 + e_a * s2 + gamma_n(1) * ((s_b + e_b) * c2 + (s_a + e_a) * s2) + 2 * FLT_MIN;
+    if (fabs(margin) > tol) return 0;
+  }
+  return 1;
+}
+
+static void check_polar_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page,
+                             uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const uint32_t P = s->page_size, d = s->head_dim, L = s->levels, blocks = d >> L;
+  polar_tie_arg arg = {pc, h, 0, ~0u, {0}, {0}};
+  for (uint32_t l = 1; l <= L; l++) {
+    const uint32_t at = kvq_polar_level_offset(P, d, s->level_bits, l), angles = kvq_polar_angles(d, l);
+    arg.level = l;
+    compare_codes(ck, g + at, b + at, P * angles, kvq_polar_level_bits(s->level_bits, l), pc->valid * angles, angles,
+                  polar_tie, &arg, l == 1 ? "level-1 angle" : "angle of a higher level", page, h);
+  }
+  const uint32_t radii = kvq_polar_radius_offset(P, d, L, s->level_bits);
+  for (uint32_t k = 0; k < pc->valid * blocks; k++)
+    side_value(ck, rd16(g + radii + 2 * k), rd16(b + radii + 2 * k), "block radius", page, h);
+  exact_bytes(ck, g, b, radii + 2 * pc->valid * blocks, s->head_bytes, "radii past the valid tokens and padding", page, h);
+}
+
+/* CQ: the code of a channel group is the nearest centroid by squared distance. An fp32 distance of
+ * c channels lands within gamma(c + 2) of the exact one (difference, square, c - 1 sums), so another
+ * code is a near-tie when the two exact distances are within the sum of their bounds (the golden
+ * code being the nearest, the other is then nearest within rounding too). */
+typedef struct cq_tie_arg {
+  const page_ctx *pc;
+  uint32_t h;
+} cq_tie_arg;
+
+static double cq_distance(const cq_tie_arg *q, uint32_t t, uint32_t group, uint32_t code) {
+  const kvq_side_layout *s = q->pc->s;
+  const uint32_t c = s->channels;
+  const float *x = token(q->pc, t, q->h) + group * c;
+  const float *mu = q->pc->fixed[1] + ((size_t)(q->h * (s->head_dim / c) + group) << s->code_bits) * c + (size_t)code * c;
+  double sum = 0;
+  for (uint32_t i = 0; i < c; i++) sum += ((double)x[i] - mu[i]) * ((double)x[i] - mu[i]);
+  return sum;
+}
+
+static int cq_tie(void *arg, uint32_t i, uint32_t gc, uint32_t bc) {
+  const cq_tie_arg *q = arg;
+  const kvq_side_layout *s = q->pc->s;
+  const uint32_t groups = s->head_dim / s->channels, t = i / groups, group = i % groups;
+  const double dg = cq_distance(q, t, group, gc), db = cq_distance(q, t, group, bc);
+  const double g = gamma_n(s->channels + 2);
+  return fabs(db - dg) <= g * (db + dg) + 2 * s->channels * FLT_MIN;
+}
+
+static void check_cq_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page, uint32_t h) {
+  const kvq_side_layout *s = pc->s;
+  const uint32_t groups = s->head_dim / s->channels, codes = s->page_size * groups;
+  cq_tie_arg arg = {pc, h};
+  compare_codes(ck, g, b, codes, s->code_bits, pc->valid * groups, groups, cq_tie, &arg, "code of channel group", page, h);
+  exact_bytes(ck, g, b, kvq_code_words(codes, s->code_bits) * 4, s->head_bytes, "padding", page, h);
 }
 
 static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, const uint8_t *b, uint32_t page, uint32_t h) {
@@ -309,14 +456,17 @@ static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, 
 }
 
 static void check_pages(checker *ck, const kvq_side_layout *s, const uint8_t *g, const uint8_t *b, uint32_t pages,
-                        uint32_t quantized, const float *tokens, const float *S, const float *So) {
+                        uint32_t quantized, const float *tokens, float *const fixed[KVQ_SIDE_FIXED]) {
   for (uint32_t j = 0; j < pages; j++)
     for (uint32_t h = 0; h < s->kv_heads; h++) {
       const uint64_t at = (uint64_t)j * s->page_bytes + (uint64_t)h * s->head_bytes;
       page_ctx pc = {s, tokens + (uint64_t)j * s->page_size * s->kv_heads * s->head_dim,
-                     quantized - j * s->page_size < s->page_size ? quantized - j * s->page_size : s->page_size, S, So};
+                     quantized - j * s->page_size < s->page_size ? quantized - j * s->page_size : s->page_size,
+                     {fixed[0], fixed[1]}};
       if (s->method == KVQ_LAYOUT_QJL) check_qjl_head(ck, &pc, g + at, b + at, j, h);
       else if (s->method == KVQ_LAYOUT_UNIFORM || s->method == KVQ_LAYOUT_KIVI) check_uniform_head(ck, &pc, g + at, b + at, j, h);
+      else if (s->method == KVQ_LAYOUT_POLAR) check_polar_head(ck, &pc, g + at, b + at, j, h);
+      else if (s->method == KVQ_LAYOUT_CQ) check_cq_head(ck, &pc, g + at, b + at, j, h);
       else check_exact_head(ck, &pc, g + at, b + at, j, h);
     }
 }
@@ -402,7 +552,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
         kvq_sequence_info_get(cache, ids[s], l, &info);
         const float *tokens = (side ? in.values_f32[l] : in.keys_f32[l]) + (uint64_t)in.sequences[2 * s] * L->kv_heads * L->head_dim;
         check_pages(ck, &ls->side[side].layout, rec->data, img, pages, (uint32_t)info.quantized_tokens, tokens,
-                    side ? NULL : ls->fixed_host[0][0], side ? NULL : ls->fixed_host[0][1]);
+                    ls->fixed_host[side]);
         free(img);
       }
     }
@@ -440,7 +590,8 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       ref_result r = {malloc(sizeof(double) * ns), malloc(sizeof(double) * ns), malloc(sizeof(double) * ns),
                       malloc(sizeof(double) * ns), malloc(sizeof(double) * no), malloc(sizeof(double) * no)};
       uint8_t *kimg = NULL, *vimg = NULL;
-      ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout, {ls->fixed_host[0][0], ls->fixed_host[0][1]},
+      ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout,
+                      {{ls->fixed_host[0][0], ls->fixed_host[0][1]}, {ls->fixed_host[1][0], ls->fixed_host[1][1]}},
                       ls->side[0].qjl_constant};
       uint32_t kp, vp;
       kvq_cache_read_pages(cache, ids[s], l, 0, NULL, &kp);

@@ -8,6 +8,7 @@
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "core/quantize_math.h"
+#include "polar_ref.h"
 
 static const double u = 0x1p-24;
 
@@ -20,23 +21,49 @@ static const uint8_t *head_block(const kvq_side_layout *s, const uint8_t *pages,
   return pages + (uint64_t)(t / s->page_size) * s->page_bytes + (uint64_t)h * s->head_bytes;
 }
 
-/* Value of element c of token t (page index i within its block) for EXACT and UNIFORM, with the
- * rounding error an fp32 decode may add. */
-static double decode(const kvq_side_layout *s, const uint8_t *block, uint32_t i, uint32_t c, double *err) {
+/* Value of element c of token t (page index i within its block of kv head h) for EXACT, UNIFORM,
+ * KIVI and CQ, with the rounding error an fp32 decode may add. */
+static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_t h, uint32_t i, uint32_t c, double *err) {
+  const kvq_side_layout *s = side ? &L->values : &L->keys;
+  const uint32_t d = s->head_dim;
+  *err = 0;
   if (s->method == KVQ_LAYOUT_EXACT) {
-    const uint8_t *p = block + kvq_exact_offset(s->head_dim, s->dtype, i, c);
-    *err = 0;
+    const uint8_t *p = block + kvq_exact_offset(d, s->dtype, i, c);
     if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(rd32(p));
     return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(rd16(p)) : kvq_bf16_bits_to_f32(rd16(p));
   }
+  if (s->method == KVQ_LAYOUT_CQ) { /* a centroid's fp32 value, read exactly */
+    const uint32_t groups = d / s->channels, code = golden_packed_code(block, i * groups + c / s->channels, s->code_bits);
+    return L->fixed[side][1][(((size_t)h * groups + c / s->channels) << s->code_bits) * s->channels +
+                             (size_t)code * s->channels + c % s->channels];
+  }
   /* UNIFORM and KIVI: min + code * scale, two fp32 roundings */
-  const uint32_t d = s->head_dim, b = s->bits, cpw = kvq_uniform_codes_per_word(b), idx = i * d + c;
+  const uint32_t b = s->bits, idx = i * d + c;
   const uint32_t word = s->method == KVQ_LAYOUT_KIVI ? (i / s->group) * d + c : i * (d / s->group) + c / s->group;
   uint32_t params = rd32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * word);
-  uint32_t code = (rd32(block + 4 * (idx / cpw)) >> ((idx % cpw) * b)) & kvq_uniform_levels(b);
+  uint32_t code = golden_packed_code(block, idx, b);
   double mn = kvq_uniform_param_min(params), scale = kvq_uniform_param_scale(params);
   *err = 2 * u * (fabs(mn) + code * fabs(scale)) + 2 * FLT_MIN;
   return mn + code * scale;
+}
+
+/* PolarQuant keys: logit numerators of the tokens of a page block against the rotated query qr,
+ * known within qerr; a: the absolute-value computation; extra: the part of the bound that comes
+ * from the rotated query's error, sum qerr |y| (1 + gamma(L)). */
+static void polar_page(const ref_layer *L, const uint8_t *block, uint32_t h, uint32_t count, const double *qr,
+                       const double *qerr, double *s, double *a, double *extra, double *ops) {
+  const kvq_side_layout *k = &L->keys;
+  double y[KVQ_MAX_HEAD_DIM];
+  for (uint32_t t = 0; t < count; t++) {
+    golden_polar_decode(k, L->fixed[0][1], h, block, t, y);
+    s[t] = a[t] = extra[t] = 0;
+    for (uint32_t c = 0; c < k->head_dim; c++) {
+      s[t] += qr[c] * y[c];
+      a[t] += (fabs(qr[c]) + qerr[c]) * fabs(y[c]);
+      extra[t] += qerr[c] * fabs(y[c]) * (1 + gamma_n(k->levels));
+    }
+  }
+  *ops = k->head_dim + k->levels + 4;
 }
 
 /* Logit numerators (before 1/sqrt(d)) of one query head against the tokens of one page block:
@@ -54,7 +81,7 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   for (uint32_t i = 0; i < m; i++) {
     in[i] = 0;
     for (uint32_t c = 0; c < d; c++) {
-      double term = (double)L->fixed[0][(size_t)i * d + c] * q[c];
+      double term = (double)L->fixed[0][0][(size_t)i * d + c] * q[c];
       if (!outlier[c]) in[i] += term;
       in_abs += fabs(term);
     }
@@ -62,7 +89,7 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   for (uint32_t i = 0; i < mo; i++) {
     out[i] = 0;
     for (uint32_t j = 0; j < no; j++) {
-      double term = (double)L->fixed[1][(size_t)i * d + list[j]] * q[list[j]];
+      double term = (double)L->fixed[0][1][(size_t)i * d + list[j]] * q[list[j]];
       out[i] += term;
       out_abs += fabs(term);
     }
@@ -85,108 +112,143 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   return 0;
 }
 
+/* Logits of one query head with their bounds. */
+static int ref_logits(const ref_layer *L, const ref_sequence *seq, const float *q, uint32_t kvh, double *logit,
+                      double *lb, double *s, double *a, double *extra) {
+  const uint32_t d = L->config->head_dim, hkv = L->config->kv_heads, n = seq->tokens, P = L->keys.page_size;
+  const double inv_sqrt_d = 1.0 / sqrt((double)d);
+  double qr[KVQ_MAX_HEAD_DIM], qerr[KVQ_MAX_HEAD_DIM];
+  if (L->keys.method == KVQ_LAYOUT_POLAR) golden_polar_rotate(&L->keys, L->fixed[0][0], q, qr, qerr);
+  for (uint32_t t0 = 0; t0 < n;) {
+    uint32_t count;
+    double ops;
+    if (t0 < seq->quantized) {
+      count = seq->quantized - t0 < P ? seq->quantized - t0 : P;
+      const uint8_t *block = head_block(&L->keys, seq->key_pages, t0, kvh);
+      for (uint32_t i = 0; i < count; i++) extra[i] = 0;
+      if (L->keys.method == KVQ_LAYOUT_QJL) {
+        if (qjl_page(L, block, count, q, s, a, &ops) != 0) return -1;
+      } else if (L->keys.method == KVQ_LAYOUT_POLAR) {
+        polar_page(L, block, kvh, count, qr, qerr, s, a, extra, &ops);
+      } else {
+        for (uint32_t i = 0; i < count; i++) {
+          s[i] = a[i] = 0;
+          for (uint32_t c = 0; c < d; c++) {
+            double err, k = decode(L, 0, block, kvh, i, c, &err);
+            s[i] += q[c] * k;
+            a[i] += fabs(q[c]) * (fabs(k) + err);
+          }
+        }
+        ops = d + 4;
+      }
+    } else { /* window tokens: exact inputs */
+      count = 1;
+      const float *k = seq->keys + ((size_t)t0 * hkv + kvh) * d;
+      s[0] = a[0] = extra[0] = 0;
+      for (uint32_t c = 0; c < d; c++) {
+        s[0] += (double)q[c] * k[c];
+        a[0] += fabs((double)q[c] * k[c]);
+      }
+      ops = d + 2;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+      logit[t0 + i] = s[i] * inv_sqrt_d;
+      lb[t0 + i] = (gamma_n(ops) * a[i] + extra[i]) * inv_sqrt_d + u * fabs(logit[t0 + i]) + ops * FLT_MIN;
+    }
+    t0 += count;
+  }
+  return 0;
+}
+
+/* Probabilities of one query head over its visible tokens, with bounds. */
+static void ref_probabilities(const double *logit, const double *lb, uint32_t visible, uint32_t n, double *p, double *pb,
+                              double *hi, double *lo) {
+  double max = -INFINITY, z = 0;
+  for (uint32_t t = 0; t < visible; t++) max = logit[t] > max ? logit[t] : max;
+  for (uint32_t t = 0; t < visible; t++) z += exp(logit[t] - max);
+  double z_hi = 0, z_lo = 0;
+  for (uint32_t t = 0; t < visible; t++) {
+    p[t] = exp(logit[t] - max) / z;
+    double e_t = (3 + 2 * fabs(logit[t] - max)) * 0x1p-23;
+    hi[t] = exp(lb[t] + e_t);
+    lo[t] = exp(-(lb[t] + e_t));
+    z_hi += p[t] * hi[t];
+    z_lo += p[t] * lo[t];
+  }
+  z_hi *= 1 + gamma_n(visible);
+  z_lo *= 1 - gamma_n(visible);
+  for (uint32_t t = 0; t < visible; t++) {
+    double up = p[t] * hi[t] / z_lo * (1 + 2 * u) - p[t], down = p[t] - p[t] * lo[t] / z_hi * (1 - 2 * u);
+    pb[t] = (up > down ? up : down) + 1e-45;
+  }
+  for (uint32_t t = visible; t < n; t++) p[t] = pb[t] = 0;
+}
+
+/* Output of one query head with bounds. Quantized PolarQuant values are summed in the rotated
+ * space and rotated back once; CQ values are summed by code (2^b more products per channel). */
+static void ref_output(const ref_layer *L, const ref_sequence *seq, uint32_t kvh, const double *p, const double *pb,
+                       uint32_t visible, double *o, double *ob) {
+  const kvq_side_layout *vs = &L->values;
+  const uint32_t d = L->config->head_dim, hkv = L->config->kv_heads, P = vs->page_size;
+  const int polar = vs->method == KVQ_LAYOUT_POLAR;
+  const double extra_ops = vs->method == KVQ_LAYOUT_CQ ? (double)(1u << vs->code_bits) : 0;
+  double weight[KVQ_MAX_HEAD_DIM], acc[KVQ_MAX_HEAD_DIM], acc_b[KVQ_MAX_HEAD_DIM], acc_w[KVQ_MAX_HEAD_DIM];
+  double y[KVQ_MAX_HEAD_DIM], x[KVQ_MAX_HEAD_DIM], xb[KVQ_MAX_HEAD_DIM];
+  for (uint32_t c = 0; c < d; c++) o[c] = ob[c] = weight[c] = acc[c] = acc_b[c] = acc_w[c] = 0;
+  uint32_t rotated = 0;
+  for (uint32_t t = 0; t < visible; t++) {
+    if (t < seq->quantized && polar) {
+      golden_polar_decode(vs, L->fixed[1][1], kvh, head_block(vs, seq->value_pages, t, kvh), t % P, y);
+      for (uint32_t c = 0; c < d; c++) {
+        acc[c] += p[t] * y[c];
+        acc_b[c] += pb[t] * fabs(y[c]) + p[t] * gamma_n(vs->levels) * fabs(y[c]);
+        acc_w[c] += (p[t] + pb[t]) * fabs(y[c]);
+      }
+      rotated++;
+      continue;
+    }
+    for (uint32_t c = 0; c < d; c++) {
+      double err = 0, v;
+      if (t < seq->quantized) v = decode(L, 1, head_block(vs, seq->value_pages, t, kvh), kvh, t % P, c, &err);
+      else v = seq->values[((size_t)t * hkv + kvh) * d + c];
+      o[c] += p[t] * v;
+      ob[c] += pb[t] * fabs(v) + p[t] * err;
+      weight[c] += (p[t] + pb[t]) * fabs(v);
+    }
+  }
+  if (rotated) {
+    for (uint32_t c = 0; c < d; c++) acc_b[c] += gamma_n(rotated + 2) * acc_w[c];
+    golden_polar_unrotate(vs, L->fixed[1][0], acc, acc_b, x, xb);
+    for (uint32_t c = 0; c < d; c++) o[c] += x[c], ob[c] += xb[c], weight[c] += fabs(x[c]) + xb[c];
+  }
+  for (uint32_t c = 0; c < d; c++) ob[c] += gamma_n(visible + extra_ops + 2) * weight[c] + u * fabs(o[c]) + 1e-45;
+}
+
 int ref_attention(const ref_layer *L, const ref_sequence *seq, const float *queries, uint32_t nq, kvq_mask mask,
                   ref_result *r) {
   const kvq_layer_config *cfg = L->config;
   const uint32_t d = cfg->head_dim, hq = cfg->query_heads, hkv = cfg->kv_heads, group = hq / hkv;
   const uint32_t n = seq->tokens, P = L->keys.page_size;
-  const double inv_sqrt_d = 1.0 / sqrt((double)d);
-  double *s = malloc(sizeof(double) * P), *a = malloc(sizeof(double) * P);
-  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n), *weight = malloc(sizeof(double) * d);
-  int rc = s && a && hi && lo && weight ? 0 : -1;
+  double *s = malloc(sizeof(double) * P), *a = malloc(sizeof(double) * P), *extra = malloc(sizeof(double) * P);
+  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n);
+  int rc = s && a && extra && hi && lo ? 0 : -1;
   for (uint32_t qi = 0; qi < nq && rc == 0; qi++)
     for (uint32_t h = 0; h < hq && rc == 0; h++) {
-      const float *q = queries + ((size_t)qi * hq + h) * d;
-      const uint32_t kvh = h / group;
-      const uint32_t visible = mask == KVQ_MASK_CAUSAL ? n - nq + qi + 1 : n;
-      double *logit = r->logit + ((size_t)qi * hq + h) * n, *lb = r->logit_bound + ((size_t)qi * hq + h) * n;
-      /* logits */
-      for (uint32_t t0 = 0; t0 < n;) {
-        uint32_t count;
-        double ops;
-        if (t0 < seq->quantized) {
-          count = seq->quantized - t0 < P ? seq->quantized - t0 : P;
-          const uint8_t *block = head_block(&L->keys, seq->key_pages, t0, kvh);
-          if (L->keys.method == KVQ_LAYOUT_QJL) {
-            if (qjl_page(L, block, count, q, s, a, &ops) != 0) {
-              rc = -1;
-              break;
-            }
-          } else {
-            for (uint32_t i = 0; i < count; i++) {
-              s[i] = a[i] = 0;
-              for (uint32_t c = 0; c < d; c++) {
-                double err, k = decode(&L->keys, block, i, c, &err);
-                s[i] += q[c] * k;
-                a[i] += fabs(q[c]) * (fabs(k) + err);
-              }
-            }
-            ops = d + 4;
-          }
-        } else { /* window tokens: exact inputs */
-          count = 1;
-          const float *k = seq->keys + ((size_t)t0 * hkv + kvh) * d;
-          s[0] = a[0] = 0;
-          for (uint32_t c = 0; c < d; c++) {
-            s[0] += (double)q[c] * k[c];
-            a[0] += fabs((double)q[c] * k[c]);
-          }
-          ops = d + 2;
-        }
-        for (uint32_t i = 0; i < count; i++) {
-          logit[t0 + i] = s[i] * inv_sqrt_d;
-          lb[t0 + i] = gamma_n(ops) * a[i] * inv_sqrt_d + u * fabs(logit[t0 + i]) + ops * FLT_MIN;
-        }
-        t0 += count;
-      }
+      const size_t row = (size_t)qi * hq + h;
+      const uint32_t kvh = h / group, visible = mask == KVQ_MASK_CAUSAL ? n - nq + qi + 1 : n;
+      double *logit = r->logit + row * n, *lb = r->logit_bound + row * n;
+      rc = ref_logits(L, seq, queries + row * d, kvh, logit, lb, s, a, extra);
       for (uint32_t t = visible; t < n; t++) {
         logit[t] = -INFINITY;
         lb[t] = 0;
       }
-      /* probabilities */
-      double max = -INFINITY, z = 0;
-      for (uint32_t t = 0; t < visible; t++) max = logit[t] > max ? logit[t] : max;
-      double *p = r->prob + ((size_t)qi * hq + h) * n, *pb = r->prob_bound + ((size_t)qi * hq + h) * n;
-      for (uint32_t t = 0; t < visible; t++) z += exp(logit[t] - max);
-      double z_hi = 0, z_lo = 0;
-      for (uint32_t t = 0; t < visible; t++) {
-        p[t] = exp(logit[t] - max) / z;
-        double e_t = (3 + 2 * fabs(logit[t] - max)) * 0x1p-23;
-        hi[t] = exp(lb[t] + e_t);
-        lo[t] = exp(-(lb[t] + e_t));
-        z_hi += p[t] * hi[t];
-        z_lo += p[t] * lo[t];
-      }
-      z_hi *= 1 + gamma_n(visible);
-      z_lo *= 1 - gamma_n(visible);
-      for (uint32_t t = 0; t < visible; t++) {
-        double up = p[t] * hi[t] / z_lo * (1 + 2 * u) - p[t], down = p[t] - p[t] * lo[t] / z_hi * (1 - 2 * u);
-        pb[t] = (up > down ? up : down) + 1e-45;
-      }
-      for (uint32_t t = visible; t < n; t++) p[t] = pb[t] = 0;
-      /* outputs */
-      double *o = r->out + ((size_t)qi * hq + h) * d, *ob = r->out_bound + ((size_t)qi * hq + h) * d;
-      for (uint32_t c = 0; c < d; c++) o[c] = ob[c] = 0;
-      for (uint32_t c = 0; c < d; c++) weight[c] = 0;
-      for (uint32_t t = 0; t < visible; t++)
-        for (uint32_t c = 0; c < d; c++) {
-          double err = 0, v;
-          if (t < seq->quantized) {
-            const uint8_t *block = head_block(&L->values, seq->value_pages, t, kvh);
-            v = decode(&L->values, block, t % P, c, &err);
-          } else {
-            v = seq->values[((size_t)t * hkv + kvh) * d + c];
-          }
-          o[c] += p[t] * v;
-          ob[c] += pb[t] * fabs(v) + p[t] * err;
-          weight[c] += (p[t] + pb[t]) * fabs(v);
-        }
-      for (uint32_t c = 0; c < d; c++) ob[c] += gamma_n(visible + 2) * weight[c] + u * fabs(o[c]) + 1e-45;
+      ref_probabilities(logit, lb, visible, n, r->prob + row * n, r->prob_bound + row * n, hi, lo);
+      ref_output(L, seq, kvh, r->prob + row * n, r->prob_bound + row * n, visible, r->out + row * d, r->out_bound + row * d);
     }
   free(s);
   free(a);
+  free(extra);
   free(hi);
   free(lo);
-  free(weight);
   return rc;
 }

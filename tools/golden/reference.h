@@ -10,6 +10,9 @@
  *   output     |o^_c - o_c| <= sum_t Bp_t |v_tc| + sum_t p_t e(v_tc) + gamma(n + 2) sum_t (p_t + Bp_t)|v_tc|
  *              + u |o_c|, e(v) the decode rounding of a value (2u(|min| + code scale) + 2 FLT_MIN for
  *              uniform); every bound also gets 1e-45 so that a zero bound still admits an exact zero.
+ * Methods with more steps widen these by what each step can add (reference.c): PolarQuant keys the
+ * error of the fp32 rotated query and of the L fp32 products of a decode, PolarQuant values the
+ * rotation back (polar_ref.h), CQ values the 2^b products of the by-code sum.
  */
 #ifndef KVQ_TOOLS_GOLDEN_REFERENCE_H
 #define KVQ_TOOLS_GOLDEN_REFERENCE_H
@@ -22,7 +25,7 @@
 typedef struct ref_layer {
   const kvq_layer_config *config;
   kvq_side_layout keys, values;
-  const float *fixed[2]; /* keys' QJL S and S_o (host), NULL otherwise */
+  const float *fixed[2][KVQ_SIDE_FIXED]; /* per side (keys, values): its fixed arrays (config.h), host copies */
   double qjl_constant;
 } ref_layer;
 

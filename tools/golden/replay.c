@@ -39,6 +39,8 @@ int golden_inputs_parse(const golden_file *g, golden_inputs *in, char *error, si
     return -1;
   }
   in->steps /= 4;
+  const golden_record *codebooks = golden_find(g, "codebooks");
+  if (codebooks) in->codebooks = codebooks->data, in->codebooks_bytes = codebooks->bytes;
   uint64_t total = 0;
   for (int s = 0; s < GOLDEN_SEQUENCES; s++)
     total = (uint64_t)in->sequences[2 * s] + in->sequences[2 * s + 1] > total
@@ -97,6 +99,7 @@ void golden_inputs_free(golden_inputs *in) {
 kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES]) {
   kvq_status st = kvq_cache_create(ctx, &in->config, cache);
   if (st != KVQ_OK) return st;
+  if (in->codebooks) st = kvq_codebooks_load_from_memory(*cache, in->codebooks, (size_t)in->codebooks_bytes);
   for (int s = 0; s < GOLDEN_SEQUENCES && st == KVQ_OK; s++) st = kvq_sequence_add(*cache, &ids[s]);
   const size_t esize = kvq_dtype_size(in->config.input_dtype);
   for (uint64_t i = 0; i < in->steps && st == KVQ_OK; i++) {

@@ -19,13 +19,16 @@ typedef struct golden_inputs {
   const uint32_t *sequences;      /* (first, length) per sequence */
   const uint8_t *keys[GOLDEN_MAX_LAYERS], *values[GOLDEN_MAX_LAYERS]; /* input dtype streams */
   float *keys_f32[GOLDEN_MAX_LAYERS], *values_f32[GOLDEN_MAX_LAYERS]; /* owned: the same as fp32 */
+  const uint8_t *codebooks;       /* a codebook file (kvq_codebooks_save) loaded before appending, or NULL */
+  uint64_t codebooks_bytes;
 } golden_inputs;
 
 /* Parses the records; on failure writes why. */
 int golden_inputs_parse(const golden_file *g, golden_inputs *in, char *error, size_t error_size);
 void golden_inputs_free(golden_inputs *in);
 
-/* Creates a cache on ctx, adds the sequences and applies the schedule. ids[] receives the ids.
+/* Creates a cache on ctx, loads the recorded codebooks if any, adds the sequences and applies the
+ * schedule. ids[] receives the ids.
  * Returns KVQ_OK or the failing status (with the context's message). */
 kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES]);
 

@@ -106,6 +106,50 @@ int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep
   return rc ? -1 : 0;
 }
 
+/* Codebooks for the layers that need them, learned on the CPU from sequence 0's tokens (as
+ * stored, in the input dtype) and recorded as a codebook file that replays load first. */
+static int layer_learns(const golden_case *c, uint32_t l) {
+  kvq_side_layout s[2];
+  kvq_side_layout_init(&s[0], &c->layers[l].keys, c->page_size, c->layers[l].head_dim, c->layers[l].kv_heads);
+  kvq_side_layout_init(&s[1], &c->layers[l].values, c->page_size, c->layers[l].head_dim, c->layers[l].kv_heads);
+  return kvq_side_needs_learning(&s[0]) || kvq_side_needs_learning(&s[1]);
+}
+
+static int case_codebooks(const golden_case *c, const kvq_cache_config *config, golden_file *g) {
+  int needed = 0;
+  for (uint32_t l = 0; l < c->layer_count; l++) needed |= layer_learns(c, l);
+  if (!needed) return 0;
+  kvq_context *ctx = cpu_context();
+  kvq_cache *cache = NULL;
+  int rc = !ctx || kvq_cache_create(ctx, config, &cache) != KVQ_OK;
+  char name[64];
+  for (uint32_t l = 0; l < c->layer_count && rc == 0; l++) {
+    if (!layer_learns(c, l)) continue;
+    const golden_record *kr, *vr;
+    golden_name(name, sizeof name, "keys", (int)l, -1, -1);
+    kr = golden_find(g, name);
+    golden_name(name, sizeof name, "values", (int)l, -1, -1);
+    vr = golden_find(g, name);
+    if (!kr || !vr) {
+      rc = 1;
+      break;
+    }
+    int64_t shape[3] = {c->lengths[0], c->layers[l].kv_heads, c->layers[l].head_dim};
+    kvq_tensor k = kvq_tensor_host(kr->data, c->input, 3, shape), v = kvq_tensor_host(vr->data, c->input, 3, shape);
+    rc |= kvq_codebooks_learn(cache, l, &k, &v, NULL) != KVQ_OK;
+  }
+  uint64_t size = 0;
+  size_t written = 0;
+  uint8_t *file = NULL;
+  rc = rc || kvq_codebooks_save_size(cache, &size) != KVQ_OK || !(file = malloc(size)) ||
+       kvq_codebooks_save_to_memory(cache, file, size, &written) != KVQ_OK ||
+       golden_add(g, "codebooks", GOLDEN_BYTES, file, written) != 0;
+  free(file);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  return rc ? -1 : 0;
+}
+
 /* The input records of a case: config, schedule, sequences, the token streams in the input dtype,
  * and the query blocks (the last QUERIES positions of each sequence: sequence 0 causal, 1 none). */
 static int case_inputs(const golden_case *c, golden_file *g) {
@@ -156,6 +200,7 @@ static int case_inputs(const golden_case *c, golden_file *g) {
     }
     free(k), free(v), free(q), free(raw);
   }
+  if (rc == 0) rc = case_codebooks(c, &config, g);
   return rc ? -1 : 0;
 }
 
