@@ -82,6 +82,31 @@ Test(tool, eval_table_and_json, .timeout = 120) {
   }
 }
 
+/* Every method of issue 3 appears, with its layout's bits; learned codebooks come from the
+ * calibration tokens, and more calibration data cannot make CQ's in-distribution error much worse
+ * (k-means on a superset of the points; 1.5x allows for k-means++'s random start). */
+Test(tool, eval_polar_cq_kivi_rows, .timeout = 120) {
+  const char *common = "eval --quiet --json --tokens 256 --heads 2 --kv-heads 1 --head-dim 64 --last 8 "
+                       "--methods kivi-b2/uniform-b2,polar-b4222,polar-b2222-hadamard-online,cq-c4-b8,cq-c2-b4/cq-c8-b8";
+  char args[512];
+  snprintf(args, sizeof args, "%s --calibration 32", common);
+  cr_assert_eq(run(args), 0, "%s", output);
+  const double few = json_number(output, 3, "output_error");
+  cr_assert_eq(json_number(output, 3, "calibration_tokens"), 32.0);
+  cr_assert_eq(run(common), 0, "%s", output);
+  const double bits[5][2] = {{3.0, 3.0}, {3.875, 3.875}, {2.875, 2.875}, {2.0, 2.0}, {2.0, 1.0}};
+  for (int r = 0; r < 5; r++) {
+    cr_assert_eq(json_number(output, r, "key_bits"), bits[r][0], "row %d", r);
+    cr_assert_eq(json_number(output, r, "value_bits"), bits[r][1], "row %d", r);
+    const double err = json_number(output, r, "output_error");
+    cr_assert(err > 1e-4 && err < 3.0, "row %d: output error %g", r, err);
+  }
+  cr_assert_eq(json_number(output, 0, "calibration_tokens"), 0.0, "KIVI learns nothing");
+  cr_assert_eq(json_number(output, 3, "calibration_tokens"), 248.0, "the prefill: all but the 8 queries");
+  cr_assert_lt(json_number(output, 3, "output_error"), 1.5 * few, "more calibration data");
+  cr_assert_eq(run("eval --quiet --tokens 64 --calibration 65 --methods cq-c4-b8"), 2, "%s", output);
+}
+
 /* The same numbers from .npy files as from the synthetic generator they were written from. */
 Test(tool, eval_npy_inputs_match_synthetic, .timeout = 120) {
   const uint32_t n = 200, hq = 4, hkv = 1, d = 32;
@@ -116,7 +141,8 @@ Test(tool, eval_npy_inputs_match_synthetic, .timeout = 120) {
 
 Test(tool, usage_errors_exit_2) {
   const char *bad[] = {"", "frobnicate", "eval --methods qjl-x9/uniform-b2", "eval --methods qjl-m33-k0/uniform-b2",
-                       "eval --tokens abc", "eval --mask sideways", "eval --keys only.npy", "info extra"};
+                       "eval --tokens abc", "eval --mask sideways", "eval --keys only.npy", "info extra",
+                       "eval --methods polar-b9", "eval --methods polar-b42-twisted", "eval --methods cq-c4-x8"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int rc = run(bad[i]);
     cr_assert_eq(rc, 2, "'kvq %s' exited %d:\n%s", bad[i], rc, output);

@@ -25,6 +25,7 @@ typedef struct eval_options {
   const char *keys, *values, *queries; /* .npy paths, all or none */
   uint32_t tokens, query_heads, kv_heads, head_dim, last;
   uint32_t page_size, window;
+  uint32_t calibration; /* tokens the codebooks are learned from (the first ones); 0: all but the queries */
   uint64_t seed;
   kvq_mask mask;
   kvq_backend_kind backend;
@@ -43,6 +44,7 @@ typedef struct eval_row {
   char spec[96];
   double key_bits, value_bits, bits;
   uint64_t fixed_bytes, window_tokens;
+  uint32_t calibration; /* tokens its codebooks were learned from; 0: none learned */
   double ip_error, score_error_mean, score_error_max, output_error, topk_overlap;
 } eval_row;
 
@@ -52,7 +54,9 @@ static const char *default_methods =
     "qjl-m512-k8/uniform-b4,qjl-m512-k0/uniform-b4,"
     "qjl-m256-k8/uniform-b4,"
     "uniform-b4/uniform-b4,uniform-b2/uniform-b2,"
-    "kivi-b2/uniform-b2,kivi-b4/uniform-b4";
+    "kivi-b2/uniform-b2,kivi-b4/uniform-b4,"
+    "polar-b4222,polar-b2222,polar-b1222,polar-b4222-hadamard-online,"
+    "cq-c4-b8,cq-c8-b8,cq-c2-b8/cq-c4-b8";
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -67,16 +71,19 @@ static void usage(FILE *f) {
           "  --head-dim D        synthetic head_dim (default 128)\n"
           "  --seed S            synthetic data and matrices (default 1)\n"
           "evaluation:\n"
-          "  --methods LIST      comma-separated KEYS/VALUES pairs (default: all of\n"
+          "  --methods LIST      comma-separated KEYS/VALUES pairs, or one method for both (default: all of\n"
           "                      %s)\n"
           "                      KEYS:   exact-f16|exact-bf16|exact-f32, qjl-m<M>-k<K>[-o<M_o>], uniform-b<B>[-g<G>],\n"
-          "                              kivi-b<B>[-t<Gt>]\n"
+          "                              kivi-b<B>[-t<Gt>], polar-b<bits of levels 1..L>[-hadamard][-online],\n"
+          "                              cq-c<C>-b<B>[-i<iterations>]\n"
           "                      VALUES: the same but qjl\n"
           "  --last N            queries: the last N positions of every query head (default 64)\n"
           "  --mask causal|none  (default causal)\n"
           "  --page-size P       (default 32)\n"
           "  --window R          full-precision window: no flush, the newest R..R+P-1 tokens stay exact and are\n"
           "                      reported separately (default 0: flush, every token quantized)\n"
+          "  --calibration N     learned codebooks (CQ, online PolarQuant) come from the first N tokens\n"
+          "                      (default: every token before the queries, the prefill)\n"
           "  --backend NAME      cpu, vulkan, cuda or auto (default cpu)\n"
           "output:\n"
           "  --json              one JSON document on stdout instead of the table\n"
@@ -122,6 +129,33 @@ static int parse_method(const char *spec, size_t len, uint32_t d, int values, kv
     *m = kvq_method_defaults(KVQ_METHOD_KIVI, d);
     while ((part = strtok(NULL, "-"))) {
       uint32_t *field = part[0] == 'b' ? &m->kivi.bits : part[0] == 't' ? &m->kivi.group_tokens : NULL;
+      if (!field || parse_u32(part + 1, field) != 0) return -1;
+    }
+    return 0;
+  }
+  if (!strcmp(part, "polar")) { /* polar-b4222-hadamard-online: one digit of bits per level */
+    *m = kvq_method_defaults(KVQ_METHOD_POLAR, d);
+    while ((part = strtok(NULL, "-"))) {
+      if (!strcmp(part, "hadamard")) m->polar.rotation = KVQ_ROTATION_HADAMARD;
+      else if (!strcmp(part, "dense")) m->polar.rotation = KVQ_ROTATION_DENSE;
+      else if (!strcmp(part, "online")) m->polar.codebook = KVQ_CODEBOOK_ONLINE;
+      else if (!strcmp(part, "offline")) m->polar.codebook = KVQ_CODEBOOK_OFFLINE;
+      else if (part[0] == 'b' && part[1] && strlen(part + 1) <= KVQ_POLAR_MAX_LEVELS) {
+        m->polar.levels = (uint32_t)strlen(part + 1);
+        for (uint32_t l = 0; l < m->polar.levels; l++) {
+          if (part[1 + l] < '1' || part[1 + l] > '8') return -1;
+          m->polar.bits[l] = (uint32_t)(part[1 + l] - '0');
+        }
+      } else return -1;
+    }
+    return 0;
+  }
+  if (!strcmp(part, "cq")) {
+    *m = kvq_method_defaults(KVQ_METHOD_CQ, d);
+    while ((part = strtok(NULL, "-"))) {
+      uint32_t *field = part[0] == 'c' ? &m->cq.channels : part[0] == 'b' ? &m->cq.bits
+                        : part[0] == 'i'                   ? &m->cq.iterations
+                                                           : NULL;
       if (!field || parse_u32(part + 1, field) != 0) return -1;
     }
     return 0;
@@ -256,14 +290,20 @@ static double topk_overlap(const double *a, const float *b, uint32_t n, uint32_t
   return (double)both / k;
 }
 
+static int needs_codebooks(const kvq_method_config *m) {
+  return m->method == KVQ_METHOD_CQ || (m->method == KVQ_METHOD_POLAR && m->polar.codebook == KVQ_CODEBOOK_ONLINE);
+}
+
 static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, const char *spec, size_t spec_len,
                    const double *s_ref, const double *p_ref, const double *o_ref, eval_row *row) {
   memset(row, 0, sizeof *row);
   snprintf(row->spec, sizeof row->spec, "%.*s", (int)spec_len, spec);
   const char *slash = memchr(spec, '/', spec_len);
   kvq_layer_config layer = {.query_heads = x->query_heads, .kv_heads = x->kv_heads, .head_dim = x->head_dim};
-  if (!slash || parse_method(spec, (size_t)(slash - spec), x->head_dim, 0, &layer.keys) != 0 ||
-      parse_method(slash + 1, spec_len - (size_t)(slash - spec) - 1, x->head_dim, 1, &layer.values) != 0) {
+  const size_t key_len = slash ? (size_t)(slash - spec) : spec_len; /* no slash: the same method for both */
+  const char *value_spec = slash ? slash + 1 : spec;
+  if (parse_method(spec, key_len, x->head_dim, 0, &layer.keys) != 0 ||
+      parse_method(value_spec, spec_len - (size_t)(value_spec - spec), x->head_dim, 1, &layer.values) != 0) {
     fprintf(stderr, "kvq eval: cannot read method '%s' (see kvq eval --help)\n", row->spec);
     return -1;
   }
@@ -305,7 +345,14 @@ static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, 
   kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape);
   kvq_attention_request req = {0, o->mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
   kvq_status st;
-  if ((st = kvq_cache_create(ctx, &config, &cache)) != KVQ_OK || (st = kvq_sequence_add(cache, &seq)) != KVQ_OK ||
+  /* learned codebooks come from the first tokens (the prefill), as PolarQuant's online mode does */
+  const uint32_t cal = o->calibration ? o->calibration : (n > o->last ? n - o->last : n);
+  int64_t cshape[3] = {cal, hkv, d};
+  kvq_tensor kc = kvq_tensor_host(kt.data, x->dtype, 3, cshape), vc = kvq_tensor_host(vt.data, x->dtype, 3, cshape);
+  row->calibration = needs_codebooks(&layer.keys) || needs_codebooks(&layer.values) ? cal : 0;
+  if ((st = kvq_cache_create(ctx, &config, &cache)) != KVQ_OK ||
+      (row->calibration && (st = kvq_codebooks_learn(cache, 0, &kc, &vc, NULL)) != KVQ_OK) ||
+      (st = kvq_sequence_add(cache, &seq)) != KVQ_OK ||
       (st = kvq_append(cache, seq, 0, &kt, &vt)) != KVQ_OK ||
       /* without a window every token is quantized; with one, the newest stay in full precision */
       (o->window == 0 && (st = kvq_flush(cache, seq)) != KVQ_OK) ||
@@ -377,15 +424,22 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
          "queries: the last %u positions x %u heads (%s mask); reference: exact attention in double\n\n",
          x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim, o->page_size, o->window, o->last,
          x->query_heads, o->mask == KVQ_MASK_CAUSAL ? "causal" : "no");
-  printf("%-28s %6s %6s %6s %9s %10s %10s %10s %10s %8s\n", "keys/values", "k-bits", "v-bits", "bits", "ip-err",
+  printf("%-30s %6s %6s %6s %9s %10s %10s %10s %10s %8s\n", "keys/values", "k-bits", "v-bits", "bits", "ip-err",
          "score-mean", "score-max", "output-err", "top5%", "fixed-kB");
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
-    printf("%-28s %6.3f %6.3f %6.3f %9.2e %10.2e %10.2e %10.2e %10.4f %8.1f\n", r->spec, r->key_bits, r->value_bits,
+    printf("%-30s %6.3f %6.3f %6.3f %9.2e %10.2e %10.2e %10.2e %10.4f %8.1f\n", r->spec, r->key_bits, r->value_bits,
            r->bits, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error, r->topk_overlap,
            r->fixed_bytes / 1024.0);
   }
-  printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices stored once per layer.\n");
+  printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices and codebooks stored once\n"
+         "per layer.\n");
+  for (uint32_t i = 0; i < count; i++)
+    if (rows[i].calibration) {
+      printf("learned codebooks (CQ, online PolarQuant): k-means on the first %u tokens (--calibration).\n",
+             rows[i].calibration);
+      break;
+    }
   if (o->window)
     printf("window: the newest %u tokens stay in full precision (not in the bits; they make the errors smaller).\n",
            count ? (unsigned)rows[0].window_tokens : 0);
@@ -403,10 +457,10 @@ static void print_json(const eval_options *o, const eval_data *x, const eval_row
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
     printf("    {\"method\": \"%s\", \"key_bits\": %.6f, \"value_bits\": %.6f, \"bits\": %.6f, \"fixed_bytes\": %llu, "
-           "\"window_tokens\": %llu, \"inner_product_error\": %.6e, \"score_error_mean\": %.6e, \"score_error_max\": %.6e, "
+           "\"window_tokens\": %llu, \"calibration_tokens\": %u, \"inner_product_error\": %.6e, \"score_error_mean\": %.6e, \"score_error_max\": %.6e, "
            "\"output_error\": %.6e, \"topk_overlap\": %.6f}%s\n",
            r->spec, r->key_bits, r->value_bits, r->bits, (unsigned long long)r->fixed_bytes,
-           (unsigned long long)r->window_tokens, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error,
+           (unsigned long long)r->window_tokens, r->calibration, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error,
            r->topk_overlap, i + 1 < count ? "," : "");
   }
   printf("  ]\n}\n");
@@ -424,6 +478,7 @@ int kvq_cmd_eval(int argc, char **argv) {
                        : !strcmp(a, "--last")      ? &o.last
                        : !strcmp(a, "--page-size") ? &o.page_size
                        : !strcmp(a, "--window")    ? &o.window
+                       : !strcmp(a, "--calibration") ? &o.calibration
                                                    : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
@@ -484,6 +539,11 @@ int kvq_cmd_eval(int argc, char **argv) {
     return 2;
   }
   if (o.last > x.tokens) o.last = x.tokens; /* every position is a query */
+  if (o.calibration > x.tokens) {
+    fprintf(stderr, "kvq eval: --calibration %u: the data has %u tokens\n", o.calibration, x.tokens);
+    free(x.k), free(x.v), free(x.q);
+    return 2;
+  }
   kvq_context_options copt = kvq_context_options_default();
   copt.backend = o.backend;
   kvq_context *ctx = NULL;
