@@ -28,7 +28,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 1u
+#define KVQ_BACKEND_ABI_VERSION 2u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -70,6 +70,10 @@ typedef struct kvq_job_quantize {
   kvq_buffer *dst;                 /* the layer's page pool for this side */
   uint32_t count;
   const kvq_quantize_item *items;  /* host array */
+  /* Optional (NULL: not wanted), for the Q-Hitter policy: fp32 [count][page_size][kv_heads], the
+   * quantization error ||x - x^||_2 of every valid token and kv head, x^ being what DEQUANTIZE
+   * returns for it (in any summation order: policy decisions need not agree at near-ties). */
+  kvq_buffer *errors;
 } kvq_job_quantize;
 
 /* Decode whole pages: page slots[i] of `pages` -> out[i][page_size][kv_heads][head_dim] fp32 at
@@ -96,20 +100,27 @@ typedef struct kvq_job_prepare {
   uint64_t out_offset;
 } kvq_job_prepare;
 
-/* One sequence in an attention batch. Its n = quantized + window tokens are: tokens [0, quantized)
- * in pages page_slots[page_first ...] (the last page may be partial), then tokens
- * [quantized, quantized + window) in its ring, token t at ring slot t % ring_capacity. */
+/* One sequence in an attention batch. Its n = quantized + window token slots are: slots
+ * [0, quantized) in its pages, slot t in page page_slots[page_first + t / P] at index t % P (the last
+ * page may be partial), then the window: slot quantized + w is the token at position
+ * window_first + w, in ring slot (window_first + w) % ring_capacity. Page k of the sequence holds
+ * positions page_index[page_first + k] * P + i, and its token i is kept iff bit i % 32 of
+ * page_alive[(page_first + k) * alive_words + i / 32] is set; a slot that is not kept is masked
+ * like a future token (logit -inf, probability 0). Window tokens are always kept. */
 typedef struct kvq_attention_seq {
   uint32_t page_first;
   uint32_t quantized;
   uint32_t window;
+  uint32_t window_first;
   uint32_t ring_capacity;
   uint64_t ring_offset;   /* byte offset of this sequence's ring in key_ring / value_ring */
   uint32_t query_first;   /* first query row of the batch (row = one position, all query heads) */
   uint32_t query_count;   /* rows of this sequence in the batch */
-  uint32_t query_position; /* causal mask: row r sits at position query_position + r and sees t <= it */
+  uint32_t query_position; /* causal mask: row r sits at position query_position + r and sees the
+                              tokens at positions <= it */
   uint32_t mask;          /* kvq_mask */
   uint64_t score_offset;  /* element offset of its scores [nq][query_heads][n] in `scores` */
+  uint64_t accumulate_offset; /* element offset of its n sums in `accumulate` */
 } kvq_attention_seq;
 
 /* SCORE, SOFTMAX, WEIGHTED_SUM and ATTENTION all take this description; each reads what it needs.
@@ -125,9 +136,16 @@ typedef struct kvq_job_attention {
   uint32_t seq_count;
   const kvq_attention_seq *seqs;   /* host array */
   const uint32_t *page_slots;      /* host array */
+  const uint32_t *page_index;      /* host array parallel to page_slots: logical page numbers */
+  const uint32_t *page_alive;      /* host array: alive_words kept-token masks per page */
+  uint32_t alive_words;            /* ceil(P / 32) */
   kvq_buffer *key_pages, *value_pages;
   kvq_buffer *key_ring, *value_ring;
   kvq_buffer *queries, *prepared, *scores, *output;
+  /* Optional (NULL: not wanted), for the H2O and Q-Hitter policies: SOFTMAX (and a fused ATTENTION)
+   * write, for every sequence and slot t, the sum over its query rows and query heads of the
+   * probability of t, fp32, at accumulate_offset + t. */
+  kvq_buffer *accumulate;
 } kvq_job_attention;
 
 /* Independent k-means problems of the same size, for codebook learning. ASSIGN writes, for every

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "policy.h"
 #include "tensor.h"
 #include "token_check.h"
 
@@ -51,18 +52,30 @@ static kvq_status copy_from_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ri
 /* Quantizes pages of one side from `src`: page i of the run (sequence page first_page + i) holds
  * its tokens at src_offset + i * page_stride; the last page of the run holds `last_tokens` valid
  * tokens, the others P. One QUANTIZE job for the whole run. */
-static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, const kvq_sequence *seq,
-                                 uint32_t first_page, uint32_t count, uint32_t last_tokens, kvq_buffer *src,
-                                 uint64_t src_offset, uint64_t page_stride) {
+static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq_sequence *seq, uint32_t first_page,
+                                 uint32_t count, uint32_t last_tokens, kvq_buffer *src, uint64_t src_offset,
+                                 uint64_t page_stride) {
   kvq_layer_storage *ls = &cache->storage[layer];
+  const uint32_t P = cache->config.page_size, kv_heads = ls->config.kv_heads;
+  /* Q-Hitter wants each token's quantization error; only whole pages count (each page is quantized
+   * whole exactly once per layer), so the errors of a partial last page are not read. */
+  const uint32_t whole = last_tokens == P ? count : count - 1;
+  const int errors_wanted = kvq_policy_needs_errors(&cache->config.policy) && whole > 0;
+  kvq_buffer *errors = NULL;
+  float *host_errors = NULL;
   kvq_quantize_item *items = malloc(sizeof *items * count);
-  if (!items) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning quantization");
-  for (uint32_t i = 0; i < count; i++) {
+  kvq_status st = items ? KVQ_OK : kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning quantization");
+  if (st == KVQ_OK && errors_wanted) {
+    host_errors = malloc(sizeof(float) * whole * P * kv_heads);
+    if (!host_errors) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
+    else st = kvq_scratch(cache, KVQ_SCRATCH_ERRORS, (uint64_t)count * P * kv_heads * 4, &errors);
+  }
+  for (uint32_t i = 0; st == KVQ_OK && i < count; i++) {
     items[i] = (kvq_quantize_item){
         .src = src,
         .src_offset = src_offset + i * page_stride,
-        .dst_offset = (uint64_t)seq->pages[first_page + i] * ls->side[side].layout.page_bytes,
-        .tokens = i + 1 == count ? last_tokens : cache->config.page_size,
+        .dst_offset = (uint64_t)seq->pages[kvq_page_entry(seq, first_page + i)] * ls->side[side].layout.page_bytes,
+        .tokens = i + 1 == count ? last_tokens : P,
     };
   }
   kvq_job_quantize job = {
@@ -71,11 +84,18 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, con
       .dst = ls->pages[side],
       .count = count,
       .items = items,
+      .errors = errors,
   };
   kvq_backend *be = cache->ctx->backend;
-  kvq_status st = be->ops->quantize(be, &job);
+  if (st == KVQ_OK && (st = be->ops->quantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "quantizing pages");
+  if (st == KVQ_OK && errors_wanted) {
+    st = be->ops->buffer_read(be, errors, 0, host_errors, (uint64_t)whole * P * kv_heads * 4);
+    if (st != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
+    else kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
+  }
   free(items);
-  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, "quantizing pages");
+  free(host_errors);
+  return st;
 }
 
 /* Puts tokens [from, to) of one side in the staging buffer, in order: those below n come from the
@@ -124,22 +144,21 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
                       s ? "values" : "keys");
   kvq_seq_layer *state = &seq->layers[layer];
   const uint32_t P = cache->config.page_size, R = cache->config.residual_window;
-  const uint64_t max_tokens = (uint64_t)cache->config.max_pages * P + R + P;
-  if ((uint64_t)keys->shape[0] + state->tokens > max_tokens)
+  const uint64_t max_tokens = (uint64_t)cache->config.max_pages * P + R + P; /* the whole pool, nothing evicted */
+  if (cache->config.policy.kind == KVQ_POLICY_KEEP_ALL && (uint64_t)keys->shape[0] + state->tokens > max_tokens)
     return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: %lld tokens would make the sequence longer than the cache can hold",
+                    (long long)keys->shape[0]);
+  if ((uint64_t)keys->shape[0] + state->tokens > KVQ_MAX_POSITIONS)
+    return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: %lld tokens would take the sequence past position 2^31 - 1",
                     (long long)keys->shape[0]);
   const uint32_t count = (uint32_t)keys->shape[0];
   const uint32_t n = state->tokens, F = state->ring_start, n_new = n + count;
   uint32_t F_new = F;
   while (n_new - F_new >= R + P) F_new += P;
   const uint32_t quantized_new = state->quantized > F_new ? state->quantized : F_new;
-  const uint32_t pages_needed = ceil_div(quantized_new, P);
-  const uint32_t new_pages = pages_needed > seq->page_count ? pages_needed - seq->page_count : 0;
-  if (new_pages > cache->free_count)
-    return kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: needs %u new pages, %u of %u are free", new_pages,
-                    cache->free_count, cache->config.max_pages);
-
-  /* Everything that can fail on bad input or host memory happens before the first change. */
+  const uint32_t pages_needed = ceil_div(quantized_new, P); /* pages [0, pages_needed) exist afterwards */
+  /* A page the policy may free must not be counted before the policy ran: capacity is checked
+   * after it (below). */
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
   uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
   if (!packed[0] || !packed[1]) {
@@ -152,11 +171,25 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
                           s ? "kvq_append values" : "kvq_append keys", n);
   }
   if (st != KVQ_OK) goto done;
-  if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) goto done;
+  /* The policy runs once per decoding step: before the step's first append, when every layer
+   * holds the same tokens. It may free pages this append then uses. */
+  if (layer == 0 && count > 0 && kvq_sequence_in_step(cache, seq) && (st = kvq_policy_run(cache, seq)) != KVQ_OK) goto done;
+  const uint32_t new_pages = pages_needed > seq->page_end ? pages_needed - seq->page_end : 0;
+  if (new_pages > cache->free_count) {
+    st = kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: needs %u new pages, %u of %u are free", new_pages,
+                  cache->free_count, cache->config.max_pages);
+    goto done;
+  }
+  if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) goto done;
+  if ((st = kvq_tracked_reserve(cache, seq, n_new)) != KVQ_OK) goto done;
 
   /* From here on only backend (device) failures are possible. Both sides are quantized before
    * either ring is written, so the window still holds every token until the pages exist. */
   if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) goto done;
+  /* New positions get (zero) statistics before their pages are quantized, which adds errors to them;
+   * undone if the device fails. */
+  const kvq_tracked tracked_before = seq->tracked;
+  kvq_tracked_extend(seq, n_new);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
   const uint32_t chunk = cache->staging_pages * P;
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
@@ -175,6 +208,9 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     state->tokens = n_new;
     state->ring_start = F_new;
     state->quantized = quantized_new;
+  } else {
+    seq->tracked.count = tracked_before.count;
+    seq->tracked.end = tracked_before.end;
   }
 done:
   free(packed[0]);
@@ -188,14 +224,14 @@ kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
   kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
   if (!seq) return st;
   const uint32_t P = cache->config.page_size;
-  uint32_t pages_needed = seq->page_count;
+  uint32_t pages_needed = seq->page_end;
   for (uint32_t l = 0; l < cache->config.layer_count; l++)
     if (ceil_div(seq->layers[l].tokens, P) > pages_needed) pages_needed = ceil_div(seq->layers[l].tokens, P);
-  const uint32_t new_pages = pages_needed - seq->page_count;
+  const uint32_t new_pages = pages_needed - seq->page_end;
   if (new_pages > cache->free_count)
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
-  if ((st = kvq_reserve_page_table(cache, seq, pages_needed)) != KVQ_OK) return st;
+  if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
   if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) return st;
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_seq_layer *state = &seq->layers[l];

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "policy.h"
 #include "tensor.h"
 
 /* Score floats per batch: 64 MiB of fp32. Bounds the memory of one step, not the problem size. */
@@ -20,25 +21,24 @@ typedef enum stage { STAGE_LOGITS, STAGE_PROBABILITIES, STAGE_OUTPUT } stage;
 
 /* One block of queries of one sequence, packed on the host. */
 typedef struct attend_item {
-  const kvq_sequence *seq;
+  kvq_sequence *seq;
+  kvq_layer_view view;   /* the layer as the jobs see it: scores rows have view.slots + view.window */
   uint32_t mask;
   uint32_t rows;         /* query positions */
   uint32_t position;     /* causal: position of row 0 */
   const float *queries;  /* [rows][Hq][d] */
-  float *scores;         /* [rows][Hq][n] (LOGITS / PROBABILITIES) */
+  float *scores;         /* [rows][Hq][slots + window] (LOGITS / PROBABILITIES) */
   float *output;         /* [rows][Hq][d] (OUTPUT) */
 } attend_item;
 
 typedef struct batch {
   kvq_attention_seq *seqs;
-  uint32_t *slots;
+  uint32_t *slots, *index, *alive; /* per listed page: pool slot, page number, kept masks */
   uint32_t seq_count, slot_count, rows;
-  uint64_t score_floats;
+  uint64_t score_floats, accumulate_floats;
 } batch;
 
-static uint32_t layer_pages(const kvq_cache *cache, const kvq_sequence *seq, uint32_t layer) {
-  return (seq->layers[layer].quantized + cache->config.page_size - 1) / cache->config.page_size;
-}
+static uint64_t row_width(const attend_item *it) { return (uint64_t)it->view.slots + it->view.window; }
 
 /* Runs the jobs for one batch whose views are built; copies results to the items' host arrays. */
 static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch *b, attend_item *const *parts,
@@ -49,13 +49,18 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
   const kvq_layer_config *L = &ls->config;
   const uint64_t row_floats = (uint64_t)L->query_heads * L->head_dim;
   const uint32_t pf = kvq_prepared_floats(&ls->side[KVQ_SIDE_KEYS].layout);
-  kvq_buffer *queries, *prepared = NULL, *scores, *output = NULL;
+  kvq_buffer *queries, *prepared = NULL, *scores, *output = NULL, *accumulate = NULL;
+  /* H2O and Q-Hitter learn from the attention the model computes (kvq_attention), not from scores
+   * a caller inspects */
+  const int accumulating = upto == STAGE_OUTPUT && kvq_policy_tracks(&cache->config.policy);
   kvq_status st;
   if ((st = kvq_scratch(cache, KVQ_SCRATCH_QUERIES, b->rows * row_floats * 4, &queries)) != KVQ_OK) return st;
   if (pf && (st = kvq_scratch(cache, KVQ_SCRATCH_PREPARED, (uint64_t)b->rows * L->query_heads * pf * 4, &prepared)) != KVQ_OK)
     return st;
   if ((st = kvq_scratch(cache, KVQ_SCRATCH_SCORES, b->score_floats * 4, &scores)) != KVQ_OK) return st;
   if (upto == STAGE_OUTPUT && (st = kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, b->rows * row_floats * 4, &output)) != KVQ_OK)
+    return st;
+  if (accumulating && (st = kvq_scratch(cache, KVQ_SCRATCH_ACCUMULATE, b->accumulate_floats * 4, &accumulate)) != KVQ_OK)
     return st;
   for (uint32_t i = 0; i < b->seq_count; i++) {
     const attend_item *it = parts[i];
@@ -77,6 +82,9 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       .seq_count = b->seq_count,
       .seqs = b->seqs,
       .page_slots = b->slots,
+      .page_index = b->index,
+      .page_alive = b->alive,
+      .alive_words = cache->alive_words,
       .key_pages = ls->pages[KVQ_SIDE_KEYS],
       .value_pages = ls->pages[KVQ_SIDE_VALUES],
       .key_ring = ls->ring[KVQ_SIDE_KEYS],
@@ -85,6 +93,7 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       .prepared = prepared,
       .scores = scores,
       .output = output,
+      .accumulate = accumulate,
   };
   if (upto == STAGE_OUTPUT && be->ops->attention &&
       be->ops->supports(be, KVQ_JOB_ATTENTION, &job.keys->layout, &job.values->layout)) {
@@ -109,6 +118,15 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     }
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
   }
+  for (uint32_t i = 0; accumulating && i < b->seq_count; i++) {
+    const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
+    float *sums = malloc(sizeof(float) * (n ? n : 1));
+    if (!sums) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
+    st = be->ops->buffer_read(be, accumulate, b->seqs[i].accumulate_offset * 4, sums, n * 4);
+    if (st == KVQ_OK) kvq_policy_add_attention(cache, parts[i]->seq, &parts[i]->view, sums);
+    free(sums);
+    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
+  }
   if ((st = be->ops->finish(be)) != KVQ_OK) return kvq_fail_backend(ctx, st, "finishing");
   return KVQ_OK;
 }
@@ -116,22 +134,30 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
 /* Splits the items into batches within the score budget and runs them. */
 static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_item *items, size_t count) {
   const kvq_layer_config *L = &cache->layers[layer];
-  size_t total_pages = 0;
-  for (size_t i = 0; i < count; i++) total_pages += layer_pages(cache, items[i].seq, layer);
+  const uint32_t words = cache->alive_words;
+  size_t total_pages = 0, parts_max = 0;
+  for (size_t i = 0; i < count; i++) {
+    const uint64_t floats_per_row = (uint64_t)L->query_heads * row_width(&items[i]);
+    const uint64_t rows_per_part = floats_per_row ? SCORE_BUDGET / floats_per_row : items[i].rows;
+    const uint64_t parts_of_item = rows_per_part ? (items[i].rows + rows_per_part - 1) / rows_per_part : items[i].rows;
+    total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
+    parts_max += (size_t)parts_of_item;
+  }
   batch b = {0};
-  b.seqs = malloc(sizeof *b.seqs * (count ? count : 1));
+  b.seqs = malloc(sizeof *b.seqs * (parts_max ? parts_max : 1));
   b.slots = malloc(sizeof *b.slots * (total_pages ? total_pages : 1));
-  attend_item **parts = malloc(sizeof *parts * (count ? count : 1));
-  uint32_t *part_row0 = malloc(sizeof *part_row0 * (count ? count : 1));
+  b.index = malloc(sizeof *b.index * (total_pages ? total_pages : 1));
+  b.alive = malloc(sizeof *b.alive * (total_pages ? total_pages : 1) * words);
+  attend_item **parts = malloc(sizeof *parts * (parts_max ? parts_max : 1));
+  uint32_t *part_row0 = malloc(sizeof *part_row0 * (parts_max ? parts_max : 1));
   kvq_status st = KVQ_OK;
-  if (!b.seqs || !b.slots || !parts || !part_row0) {
+  if (!b.seqs || !b.slots || !b.index || !b.alive || !parts || !part_row0) {
     st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning attention");
     goto done;
   }
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     attend_item *it = &items[i];
-    const kvq_seq_layer *state = &it->seq->layers[layer];
-    const uint64_t n = state->tokens;
+    const uint64_t n = row_width(it);
     const uint64_t floats_per_row = (uint64_t)L->query_heads * n;
     uint32_t rows_per_part = (uint32_t)(SCORE_BUDGET / floats_per_row);
     if (rows_per_part == 0) rows_per_part = 1; /* one row always fits: n <= 2^31 tokens */
@@ -140,14 +166,15 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
       if (b.seq_count > 0 && b.score_floats + rows * floats_per_row > SCORE_BUDGET) {
         st = run_batch(cache, layer, upto, &b, parts, part_row0);
         b.seq_count = b.slot_count = b.rows = 0;
-        b.score_floats = 0;
+        b.score_floats = b.accumulate_floats = 0;
         if (st != KVQ_OK) break;
       }
-      const uint32_t pages = layer_pages(cache, it->seq, layer);
+      const uint32_t pages = it->view.pages;
       b.seqs[b.seq_count] = (kvq_attention_seq){
           .page_first = b.slot_count,
-          .quantized = state->quantized,
-          .window = state->tokens - state->quantized,
+          .quantized = it->view.slots,
+          .window = it->view.window,
+          .window_first = it->view.window_first,
           .ring_capacity = cache->ring_capacity,
           .ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, it->seq)),
           .query_first = b.rows,
@@ -155,20 +182,28 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
           .query_position = it->position + row0,
           .mask = it->mask,
           .score_offset = b.score_floats,
+          .accumulate_offset = b.accumulate_floats,
       };
-      if (pages) memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
+      if (pages) {
+        memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
+        memcpy(b.index + b.slot_count, it->seq->page_index, sizeof(uint32_t) * pages);
+        memcpy(b.alive + (size_t)b.slot_count * words, it->seq->alive, sizeof(uint32_t) * pages * words);
+      }
       parts[b.seq_count] = it;
       part_row0[b.seq_count] = row0;
       b.seq_count++;
       b.slot_count += pages;
       b.rows += rows;
       b.score_floats += rows * floats_per_row;
+      b.accumulate_floats += n;
     }
   }
   if (st == KVQ_OK && b.seq_count > 0) st = run_batch(cache, layer, upto, &b, parts, part_row0);
 done:
   free(b.seqs);
   free(b.slots);
+  free(b.index);
+  free(b.alive);
   free(parts);
   free(part_row0);
   return st;
@@ -208,7 +243,7 @@ static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kv
                                const char *what, attend_item *it) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
   if (!seq) return st;
   const kvq_layer_config *L = &cache->layers[layer];
   const int64_t expect[3] = {-1, L->query_heads, L->head_dim};
@@ -222,6 +257,7 @@ static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kv
                     "%s: %lld causal queries but the sequence has %u tokens (causal queries are its last positions)", what,
                     (long long)queries->shape[0], n);
   it->seq = seq;
+  kvq_layer_view_get(cache, seq, layer, &it->view);
   it->mask = (uint32_t)mask;
   it->rows = (uint32_t)queries->shape[0];
   it->position = mask == KVQ_MASK_CAUSAL ? n - it->rows : 0;
@@ -290,62 +326,74 @@ kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_scores: unknown score kind %d", (int)kind);
   attend_item item = {0};
   if ((st = prepare_item(cache, layer, id, mask, queries, "kvq_scores queries", &item)) != KVQ_OK) return st;
-  const uint32_t n = item.seq->layers[layer].tokens;
+  const uint32_t n = item.view.kept, width = (uint32_t)row_width(&item);
   const int64_t expect[3] = {queries->shape[0], cache->layers[layer].query_heads, n};
   if ((st = kvq_tensor_check(ctx, scores, "kvq_scores scores", expect)) != KVQ_OK) return st;
   const kvq_layer_config *L = &cache->layers[layer];
-  float *q = malloc((uint64_t)item.rows * L->query_heads * L->head_dim * 4);
-  item.scores = malloc((uint64_t)item.rows * L->query_heads * n * 4);
+  const uint64_t rows = (uint64_t)item.rows * L->query_heads;
+  float *q = malloc(rows * L->head_dim * 4);
+  item.scores = malloc(rows * width * 4 + 4);
+  uint32_t *kept = malloc(sizeof(uint32_t) * n + 4);
   item.queries = q;
-  if (!q || !item.scores) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
+  if (!q || !item.scores || !kept) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
   if (st == KVQ_OK) {
     kvq_tensor_gather(queries, q, KVQ_DTYPE_F32);
-    st = check_finite_queries(ctx, q, (uint64_t)item.rows * L->query_heads * L->head_dim, "kvq_scores queries");
+    st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
   if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
-  if (st == KVQ_OK)
-    st = check_finite_results(ctx, item.scores, (uint64_t)item.rows * L->query_heads * n, kind == KVQ_SCORES_LOGITS,
-                              "kvq_scores");
-  if (st == KVQ_OK) st = check_fits(ctx, item.scores, (uint64_t)item.rows * L->query_heads * n, scores->dtype, "kvq_scores");
+  if (st == KVQ_OK && n != width) { /* evicted tokens' slots leave the rows: kept tokens only, in order */
+    kvq_layer_view_kept(cache, item.seq, &item.view, kept, NULL);
+    for (uint64_t r = 0; r < rows; r++)
+      for (uint32_t j = 0; j < n; j++) item.scores[r * n + j] = item.scores[r * width + kept[j]];
+  }
+  if (st == KVQ_OK) st = check_finite_results(ctx, item.scores, rows * n, kind == KVQ_SCORES_LOGITS, "kvq_scores");
+  if (st == KVQ_OK) st = check_fits(ctx, item.scores, rows * n, scores->dtype, "kvq_scores");
   if (st == KVQ_OK) kvq_tensor_scatter(scores, item.scores);
   free(q);
+  free(kept);
   free(item.scores);
   return st;
 }
 
-/* Decodes tokens [first, first + count) of one side into out[count][kv_heads][head_dim] fp32. */
-static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, int side, uint32_t first,
-                                  uint32_t count, float *out) {
+/* Decodes kept tokens [first, first + count) of one side into out[count][kv_heads][head_dim] fp32:
+ * `slot` gives each kept token's slot in the layer's view (page slots, then the window). Pages are
+ * decoded in runs of at most `run` listed pages per job. */
+static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, int side,
+                                  const kvq_layer_view *view, const uint32_t *slot, uint32_t count, float *out) {
   kvq_context *ctx = cache->ctx;
   kvq_backend *be = ctx->backend;
   const kvq_layer_storage *ls = &cache->storage[layer];
-  const kvq_seq_layer *state = &seq->layers[layer];
   const uint32_t P = cache->config.page_size;
   const uint64_t token_floats = (uint64_t)ls->config.kv_heads * ls->config.head_dim;
   kvq_status st = KVQ_OK;
-  const uint32_t end = first + count;
-  if (first < state->quantized) { /* quantized part: decode whole pages, keep the asked tokens */
-    const uint32_t q_end = end < state->quantized ? end : state->quantized;
-    const uint32_t page0 = first / P, pages = (q_end - 1) / P - page0 + 1;
+  uint32_t k = 0;
+  while (k < count && slot[k] < view->slots && st == KVQ_OK) { /* quantized part: decode the listed pages it spans */
+    const uint32_t page0 = slot[k] / P;
+    uint32_t end = k;
+    while (end < count && slot[end] < view->slots && slot[end] / P - page0 < KVQ_STAGING_PAGES) end++;
+    const uint32_t pages = slot[end - 1] / P - page0 + 1;
     kvq_buffer *scratch;
     if ((st = kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, (uint64_t)pages * P * token_floats * 4, &scratch)) != KVQ_OK) return st;
     kvq_job_dequantize job = {.side = &ls->side[side], .pages = ls->pages[side], .count = pages,
                               .slots = seq->pages + page0, .out = scratch};
     if ((st = be->ops->dequantize(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "dequantizing");
-    st = be->ops->buffer_read(be, scratch, (uint64_t)(first - page0 * P) * token_floats * 4, out,
-                              (uint64_t)(q_end - first) * token_floats * 4);
-    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading dequantized tokens");
+    for (; k < end && st == KVQ_OK; k++) {
+      st = be->ops->buffer_read(be, scratch, (uint64_t)(slot[k] - page0 * P) * token_floats * 4, out + k * token_floats,
+                                token_floats * 4);
+      if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading dequantized tokens");
+    }
   }
   const kvq_dtype dtype = cache->config.input_dtype;
   const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, ls->config.head_dim);
   uint8_t *raw = malloc(token_bytes);
   if (!raw) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
-  for (uint32_t t = first > state->quantized ? first : state->quantized; t < end && st == KVQ_OK; t++) {
-    st = be->ops->buffer_read(be, ls->ring[side], ring_offset + (uint64_t)(t % cache->ring_capacity) * token_bytes, raw,
-                              token_bytes);
+  for (; k < count && st == KVQ_OK; k++) { /* window tokens */
+    const uint32_t position = view->window_first + (slot[k] - view->slots);
+    st = be->ops->buffer_read(be, ls->ring[side], ring_offset + (uint64_t)(position % cache->ring_capacity) * token_bytes,
+                              raw, token_bytes);
     if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "reading the window");
-    else kvq_convert_to_f32(dtype, raw, out + (uint64_t)(t - first) * token_floats, token_floats);
+    else kvq_convert_to_f32(dtype, raw, out + (uint64_t)k * token_floats, token_floats);
   }
   free(raw);
   return st;
@@ -359,9 +407,12 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
   if (st != KVQ_OK) return st;
   const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
   if (!seq) return st;
-  const uint32_t n = seq->layers[layer].tokens;
+  kvq_layer_view view;
+  kvq_layer_view_get(cache, seq, layer, &view);
+  const uint32_t n = view.kept;
   if (count == 0 || first > n || count > n - first)
-    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_dequantize: tokens [%llu, +%llu) outside the %u tokens of the sequence",
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE,
+                    "kvq_dequantize: tokens [%llu, +%llu) outside the %u kept tokens of the sequence",
                     (unsigned long long)first, (unsigned long long)count, n);
   if (!keys && !values) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_dequantize: keys and values are both NULL");
   const kvq_layer_config *L = &cache->layers[layer];
@@ -371,12 +422,16 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
     if (outs[s] && (st = kvq_tensor_check(ctx, outs[s], s ? "kvq_dequantize values" : "kvq_dequantize keys", expect)) != KVQ_OK)
       return st;
   float *buffers[2] = {NULL, NULL};
+  uint32_t *slots = malloc(sizeof(uint32_t) * n);
+  if (!slots) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+  else kvq_layer_view_kept(cache, seq, &view, slots, NULL);
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     if (!outs[s]) continue;
     buffers[s] = malloc(count * L->kv_heads * L->head_dim * sizeof(float));
     if (!buffers[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
-    else st = dequantize_side(cache, seq, layer, s, (uint32_t)first, (uint32_t)count, buffers[s]);
+    else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s]);
   }
+  free(slots);
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
   if (st == KVQ_OK)

@@ -8,6 +8,7 @@
 #include "detmath.h"
 #include "internal.h"
 #include "matrix.h"
+#include "policy.h"
 
 uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot) {
   const kvq_layer_config *L = &cache->layers[layer];
@@ -35,7 +36,10 @@ static void free_storage(kvq_cache *cache) {
   if (cache->seqs)
     for (uint32_t i = 0; i < cache->config.max_sequences; i++) {
       free(cache->seqs[i].pages);
+      free(cache->seqs[i].page_index);
+      free(cache->seqs[i].alive);
       free(cache->seqs[i].layers);
+      kvq_tracked_free(&cache->seqs[i].tracked);
     }
   free(cache->seqs);
   free(cache->free_pages);
@@ -95,6 +99,9 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
   cache->config = *config;
   const uint32_t L = config->layer_count, P = config->page_size;
   cache->ring_capacity = config->residual_window + P;
+  cache->alive_words = (P + 31) / 32;
+  if (config->policy.kind != KVQ_POLICY_KEEP_ALL && config->policy.recent == 0)
+    cache->config.policy.recent = config->residual_window + P; /* the documented minimum */
   cache->layers = malloc(sizeof *cache->layers * L);
   cache->storage = calloc(L, sizeof *cache->storage);
   cache->free_pages = malloc(sizeof *cache->free_pages * config->max_pages);
@@ -247,6 +254,8 @@ kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *id) {
     seq->generation = (uint16_t)(seq->generation == 0xffff ? 1 : seq->generation + 1);
     seq->live = 1;
     seq->page_count = 0;
+    seq->page_end = 0;
+    seq->tracked.count = seq->tracked.end = 0;
     memset(seq->layers, 0, sizeof(kvq_seq_layer) * cache->config.layer_count);
     cache->live_sequences++;
     *id = (uint32_t)seq->generation << 16 | slot;
@@ -266,9 +275,13 @@ kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
   seq->live = 0;
   if (seq->page_capacity > 64) { /* a long sequence's table is not kept for the slot's next owner */
     free(seq->pages);
-    seq->pages = NULL;
+    free(seq->page_index);
+    free(seq->alive);
+    seq->pages = seq->page_index = seq->alive = NULL;
     seq->page_capacity = 0;
   }
+  if (seq->tracked.capacity > 4096) kvq_tracked_free(&seq->tracked);
+  seq->tracked.count = seq->tracked.end = 0;
   cache->live_sequences--;
   return KVQ_OK;
 }
@@ -282,54 +295,32 @@ kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t id, uint32_t l
     return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "layer %u: the cache has %u layers", layer,
                     cache->config.layer_count);
   if (!info) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_info_get: info is NULL");
+  kvq_layer_view view;
+  kvq_layer_view_get(cache, seq, layer, &view);
   info->tokens = seq->layers[layer].tokens;
   info->quantized_tokens = seq->layers[layer].quantized;
   info->pages = seq->page_count;
+  info->kept_tokens = view.kept;
   return KVQ_OK;
 }
 
-kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages) {
-  if (pages <= seq->page_capacity) return KVQ_OK;
-  uint32_t capacity = seq->page_capacity ? seq->page_capacity : 8;
-  while (capacity < pages) capacity = capacity > UINT32_MAX / 2 ? pages : capacity * 2;
-  if (capacity > cache->config.max_pages) capacity = pages > cache->config.max_pages ? pages : cache->config.max_pages;
-  uint32_t *grown = realloc(seq->pages, sizeof *grown * capacity);
-  if (!grown) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a page table");
-  seq->pages = grown;
-  seq->page_capacity = capacity;
-  return KVQ_OK;
-}
-
-kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
-  kvq_backend *be = cache->ctx->backend;
-  for (uint32_t i = 0; i < n; i++) {
-    const uint32_t slot = cache->free_pages[--cache->free_count];
-    seq->pages[seq->page_count++] = slot;
-    for (uint32_t l = 0; l < cache->config.layer_count; l++)
-      for (int s = 0; s < 2; s++) {
-        const uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
-        kvq_status st = be->ops->buffer_zero(be, cache->storage[l].pages[s], (uint64_t)slot * pb, pb);
-        if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "clearing a page");
-      }
-  }
-  return KVQ_OK;
-}
-
-kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages) {
+kvq_status kvq_sequence_positions(const kvq_cache *cache, uint32_t id, uint32_t layer, uint32_t *positions,
+                                  size_t capacity, size_t *count) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
   const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
   if (!seq) return st;
-  if (layer >= cache->config.layer_count || side < 0 || side > 1)
-    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_read_pages: layer %u side %d", layer, side);
-  const uint32_t P = cache->config.page_size;
-  const uint32_t count = (seq->layers[layer].quantized + P - 1) / P;
-  *pages = count;
-  if (!dst) return KVQ_OK;
-  kvq_backend *be = cache->ctx->backend;
-  const uint64_t pb = cache->storage[layer].side[side].layout.page_bytes;
-  for (uint32_t j = 0; j < count; j++) {
-    st = be->ops->buffer_read(be, cache->storage[layer].pages[side], (uint64_t)seq->pages[j] * pb, (uint8_t *)dst + j * pb, pb);
-    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "reading pages");
-  }
+  if (layer >= cache->config.layer_count)
+    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_sequence_positions: layer %u, the cache has %u layers", layer,
+                    cache->config.layer_count);
+  if (!count) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_positions: count is NULL");
+  kvq_layer_view view;
+  kvq_layer_view_get(cache, seq, layer, &view);
+  *count = view.kept;
+  if (!positions) return KVQ_OK;
+  if (capacity < view.kept)
+    return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_sequence_positions: %u kept tokens, room for %zu", view.kept,
+                    capacity);
+  kvq_layer_view_kept(cache, seq, &view, NULL, positions);
   return KVQ_OK;
 }

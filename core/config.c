@@ -191,7 +191,7 @@ kvq_status kvq_config_validate(const kvq_cache_config *c, char *message, size_t 
     st = check_method(&L->values, 0, l, L->head_dim, c->page_size, message, size);
     if (st) return st;
   }
-  return KVQ_OK;
+  return kvq_policy_validate(&c->policy, c->page_size, c->residual_window, message, size);
 }
 
 static uint32_t pack_level_bits(const kvq_polar_config *p) {

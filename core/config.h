@@ -34,6 +34,10 @@ typedef struct kvq_side_layout {
 /* Validates a whole cache config; on failure writes a message naming the parameter. */
 kvq_status kvq_config_validate(const kvq_cache_config *config, char *message, size_t message_size);
 
+/* Validates a cache's token policy (core/policy.c); writes why to message. */
+kvq_status kvq_policy_validate(const kvq_policy_config *policy, uint32_t page_size, uint32_t residual_window,
+                               char *message, size_t size);
+
 /* Fills a layout from a method config already validated for this layer. */
 void kvq_side_layout_init(kvq_side_layout *layout, const kvq_method_config *method, uint32_t page_size,
                           uint32_t head_dim, uint32_t kv_heads);

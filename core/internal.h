@@ -49,12 +49,30 @@ typedef struct kvq_seq_layer {
   uint32_t quantized;
 } kvq_seq_layer;
 
+/* What the H2O and Q-Hitter policies know about a sequence's kept tokens (kvq_token_stats): one
+ * entry per kept position below `end`, ascending. */
+typedef struct kvq_tracked {
+  uint32_t count, capacity;
+  uint32_t end;        /* the largest token count of any layer: positions below it were appended */
+  uint32_t *position;
+  double *attention;
+  float *key_error, *value_error;
+} kvq_tracked;
+
+/* A sequence. Its page table (shared by all layers) lists, in ascending order of position, the
+ * pages that hold its tokens: entry e is pool slot pages[e] holding positions
+ * [page_index[e] P, page_index[e] P + P), with kept-token bits alive[e * alive_words ...]. Without
+ * evictions page_index[e] = e. page_end is the number of pages the sequence ever took (the next
+ * page's index): entries whose tokens were all evicted are gone from the table. */
 typedef struct kvq_sequence {
   uint16_t generation; /* 1..65535, bumped whenever the slot is reused; part of the id */
   uint8_t live;
-  uint32_t page_count, page_capacity;
-  uint32_t *pages;     /* page table: slot of page j, shared by all layers */
+  uint32_t page_count, page_capacity, page_end;
+  uint32_t *pages;
+  uint32_t *page_index;
+  uint32_t *alive;
   kvq_seq_layer *layers;
+  kvq_tracked tracked;
 } kvq_sequence;
 
 enum kvq_scratch_kind {
@@ -62,6 +80,8 @@ enum kvq_scratch_kind {
   KVQ_SCRATCH_PREPARED,
   KVQ_SCRATCH_SCORES,
   KVQ_SCRATCH_OUTPUT,
+  KVQ_SCRATCH_ACCUMULATE,
+  KVQ_SCRATCH_ERRORS,
   KVQ_SCRATCH_COUNT
 };
 
@@ -79,10 +99,15 @@ struct kvq_cache {
   uint64_t scratch_size[KVQ_SCRATCH_COUNT];
   kvq_buffer *staging;       /* tokens of up to staging_pages pages being quantized by an append */
   uint32_t staging_pages;
+  uint32_t alive_words;      /* ceil(P / 32): kept-token mask words per page-table entry */
 };
 
 /* The largest cache kvq_cache_create (and loading) accepts, in bytes. */
 #define KVQ_MAX_CACHE_BYTES ((uint64_t)1 << 46)
+
+/* Positions are 32-bit in jobs and kernels: a sequence holds positions below 2^31 - 1 (with a token
+ * policy that evicts, a stream of that many tokens; 24 days at 1000 tokens per second). */
+#define KVQ_MAX_POSITIONS 0x7fffffffu
 
 /* Pages an append quantizes per QUANTIZE job: bounds the staging buffer allocated with the cache. */
 #define KVQ_STAGING_PAGES 64u
@@ -105,8 +130,31 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
 kvq_status kvq_upload_fixed(kvq_cache *cache);
 
 /* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner
- * remain) and appends them to a sequence's page table (capacity checked and reserved before). */
+ * remain) and appends them to a sequence's page table as its next pages, every token kept
+ * (capacity checked and reserved before). */
 kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
+/* The page-table entry holding page `index` of a sequence, or UINT32_MAX when it has none. */
+uint32_t kvq_page_entry(const kvq_sequence *seq, uint32_t index);
+/* Whether token i of page-table entry e is kept. */
+int kvq_token_kept(const kvq_cache *cache, const kvq_sequence *seq, uint32_t e, uint32_t i);
+/* Returns page-table entry e's slot to the pool and removes the entry. */
+void kvq_release_entry(kvq_cache *cache, kvq_sequence *seq, uint32_t e);
+
+/* How one layer of a sequence looks to jobs and callers: the page-table entries holding its
+ * quantized tokens (entries 0 .. pages - 1), the token slots they form, its window, and how many
+ * tokens it keeps. */
+typedef struct kvq_layer_view {
+  uint32_t pages;        /* listed entries */
+  uint32_t slots;        /* page token slots: (pages - 1) P + valid tokens of the last listed page */
+  uint32_t window_first; /* position of the first window token (the layer's quantized count) */
+  uint32_t window;       /* window tokens */
+  uint32_t kept;         /* kept page tokens + window tokens */
+} kvq_layer_view;
+void kvq_layer_view_get(const kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, kvq_layer_view *view);
+/* For each kept token, in order: its slot (page slots, then the window) and position; either
+ * array may be NULL. */
+void kvq_layer_view_kept(const kvq_cache *cache, const kvq_sequence *seq, const kvq_layer_view *view, uint32_t *slot,
+                         uint32_t *position);
 /* Grows a page table's capacity to hold `pages` entries without changing anything else. */
 kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages);
 

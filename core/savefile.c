@@ -30,7 +30,11 @@ enum {
   TAG_PAGE = 0x45474150u, /* "PAGE" */
   TAG_WIND = 0x444e4957u, /* "WIND" */
   TAG_CODE = 0x45444f43u, /* "CODE" */
+  TAG_PLCY = 0x59434c50u, /* "PLCY" */
 };
+
+/* Header flags: bit 0 = a PLCY section follows SEQS (the cache has a token policy). */
+#define FLAG_POLICY 1u
 
 /* A method record: 23 u32 (docs/FORMAT.md), every method's parameters whatever the method. */
 static void put_method(kvq_writer *w, const kvq_method_config *m) {
@@ -194,8 +198,9 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
   kvq_put_u32(w, KVQ_FILE_HEADER_BYTES);
   const uint64_t file_bytes_at = w->pos;
   kvq_put_u64(w, 0);
-  kvq_put_u32(w, 0); /* flags */
-  kvq_put_u32(w, 5); /* sections */
+  const int policy = c->policy.kind != KVQ_POLICY_KEEP_ALL;
+  kvq_put_u32(w, policy ? FLAG_POLICY : 0); /* flags */
+  kvq_put_u32(w, policy ? 6 : 5);           /* sections */
   kvq_put_zeros(w, 32);
 
   uint64_t at = section_begin(w, TAG_CONF);
@@ -222,6 +227,12 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
     for (uint32_t j = 0; j < seq->page_count; j++) kvq_put_u32(w, seq->pages[j]);
   }
   section_end(w, at);
+
+  if (policy) {
+    at = section_begin(w, TAG_PLCY);
+    kvq_put_policy_section(w, cache);
+    section_end(w, at);
+  }
 
   /* Pages in use, in ascending slot order: for each, every layer's key then value image. */
   at = section_begin(w, TAG_PAGE);
@@ -424,7 +435,7 @@ static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader
 }
 
 /* Reads the sequence records into the cache: the invariants every later call relies on. */
-static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_owner) {
+static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_owner, int has_policy) {
   kvq_context *ctx = cache->ctx;
   const kvq_cache_config *c = &cache->config;
   const uint32_t P = c->page_size;
@@ -444,7 +455,8 @@ static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_
       sl->ring_start = kvq_get_u32(r);
       sl->quantized = kvq_get_u32(r);
       if (sl->ring_start > sl->quantized || sl->quantized > sl->tokens || sl->ring_start % P ||
-          sl->tokens - sl->ring_start >= cache->ring_capacity || (sl->quantized + P - 1) / P > pages)
+          sl->tokens - sl->ring_start >= cache->ring_capacity || sl->tokens > KVQ_MAX_POSITIONS ||
+          (!has_policy && (sl->quantized + P - 1) / P > pages)) /* with a policy: checked with its section */
         return bad(ctx, "a sequence's token counts break the cache invariants");
     }
     kvq_status st = kvq_reserve_page_table(cache, seq, pages);
@@ -457,6 +469,7 @@ static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_
     }
     seq->page_count = pages;
     seq->live = 1;
+    kvq_default_page_numbers(cache, seq); /* a PLCY section, if any, replaces them */
     cache->live_sequences++;
   }
   if (!finished(r)) return bad(ctx, "sequence section has the wrong length");
@@ -479,7 +492,7 @@ static kvq_status load_pages(kvq_cache *cache, kvq_reader *r, const uint8_t *pag
     const kvq_sequence *seq = &cache->seqs[slot];
     for (uint32_t j = 0; seq->live && j < seq->page_count; j++)
       for (uint32_t l = 0; l < c->layer_count; l++) {
-        const uint32_t q = seq->layers[l].quantized, first = j * c->page_size;
+        const uint32_t q = seq->layers[l].quantized, first = seq->page_index[j] * c->page_size;
         valid[(size_t)seq->pages[j] * c->layer_count + l] = q <= first ? 0 : q - first < c->page_size ? q - first : c->page_size;
       }
   }
@@ -546,8 +559,8 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
     return kvq_fail(ctx, KVQ_ERROR_CHECKSUM, "kvq_cache_load: SHA-256 mismatch: the file is corrupted");
   for (uint32_t i = 32; i < 64; i++)
     if (data[i]) return bad(ctx, "reserved header bytes are not zero");
-  if (flags != 0) return bad(ctx, "unknown flags in the header (a newer kvq wrote this file?)");
-  if (sections != 5) return bad(ctx, "wrong number of sections");
+  if (flags & ~FLAG_POLICY) return bad(ctx, "unknown flags in the header (a newer kvq wrote this file?)");
+  if (sections != (flags & FLAG_POLICY ? 6u : 5u)) return bad(ctx, "wrong number of sections");
   kvq_reader file = {data, file_bytes - 32, KVQ_FILE_HEADER_BYTES, 0};
 
   /* CONF */
@@ -610,7 +623,18 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
     st = bad(ctx, "expected the sequence section");
     goto fail;
   }
-  if ((st = load_sequences(cache, &r, page_owner)) != KVQ_OK) goto fail;
+  if ((st = load_sequences(cache, &r, page_owner, (flags & FLAG_POLICY) != 0)) != KVQ_OK) goto fail;
+  if (flags & FLAG_POLICY) {
+    if (!next_section(&file, TAG_PLCY, &r)) {
+      st = bad(ctx, "expected the policy section");
+      goto fail;
+    }
+    if ((st = kvq_get_policy_section(cache, &r)) != KVQ_OK) goto fail;
+    if (!finished(&r)) {
+      st = bad(ctx, "policy section has the wrong length");
+      goto fail;
+    }
+  }
   if (!next_section(&file, TAG_PAGE, &r)) {
     st = bad(ctx, "expected the page section");
     goto fail;

@@ -17,4 +17,15 @@ void kvq_put_config(kvq_writer *w, const kvq_cache_config *config);
  * when layer_count is beyond the file's size or 4096. The config is not validated here. */
 int kvq_get_config(kvq_reader *r, kvq_cache_config *config, kvq_layer_config **layers);
 
+/* A token policy: 6 u32 (kind, sinks, recent, heavy, heavy_fraction and lambda as fp32 bits). */
+void kvq_put_policy(kvq_writer *w, const kvq_policy_config *policy);
+void kvq_get_policy(kvq_reader *r, kvq_policy_config *policy);
+
+/* The PLCY section (core/savefile_policy.c). Reading needs the sequences loaded; it validates
+ * everything and sets the cache's policy. */
+void kvq_put_policy_section(kvq_writer *w, const kvq_cache *cache);
+kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r);
+/* Without a PLCY section: page e is page number e, every token kept. */
+void kvq_default_page_numbers(kvq_cache *cache, kvq_sequence *seq);
+
 #endif

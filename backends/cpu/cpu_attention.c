@@ -35,10 +35,21 @@ static token_block block_at(const kvq_job_attention *job, const kvq_attention_se
     b.count = seq->quantized - t < s->page_size ? seq->quantized - t : s->page_size;
   } else {
     uint64_t esize = job->window_dtype == KVQ_DTYPE_F32 ? 4 : 2;
-    uint64_t slot = t % seq->ring_capacity;
+    uint64_t slot = ((uint64_t)seq->window_first + (t - seq->quantized)) % seq->ring_capacity;
     b.raw = ring->data + seq->ring_offset + (slot * s->kv_heads + kv_head) * s->head_dim * esize;
   }
   return b;
+}
+
+/* The position of slot t, and whether the token there is kept (backend.h, kvq_attention_seq). */
+static uint64_t slot_position(const kvq_job_attention *job, const kvq_attention_seq *seq, uint32_t P, uint64_t t) {
+  if (t >= seq->quantized) return seq->window_first + (t - seq->quantized);
+  return (uint64_t)job->page_index[seq->page_first + t / P] * P + t % P;
+}
+static int slot_kept(const kvq_job_attention *job, const kvq_attention_seq *seq, uint32_t P, uint64_t t) {
+  if (t >= seq->quantized) return 1;
+  const uint64_t page = seq->page_first + t / P, i = t % P;
+  return job->page_alive[page * job->alive_words + i / 32] >> (i % 32) & 1u;
 }
 
 /* Decodes a block's tokens into out[count][head_dim]. */
@@ -58,10 +69,10 @@ static double dot_f64(const float *a, const float *b, uint32_t d) {
   return dot;
 }
 
-/* Whether query row r of a sequence may attend to token t. */
-static int visible(const kvq_attention_seq *seq, uint32_t r, uint64_t t) {
-  if (seq->mask == KVQ_MASK_NONE) return 1;
-  return t <= (uint64_t)seq->query_position + r;
+/* Whether query row r of a sequence may attend to slot t: a kept token, not in its future. */
+static int visible(const kvq_job_attention *job, const kvq_attention_seq *seq, uint32_t P, uint32_t r, uint64_t t) {
+  if (!slot_kept(job, seq, P, t)) return 0;
+  return seq->mask == KVQ_MASK_NONE || slot_position(job, seq, P, t) <= (uint64_t)seq->query_position + r;
 }
 
 static kvq_status no_memory(kvq_backend *b, const char *what) {
@@ -105,7 +116,7 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
               for (uint32_t i = 0; i < blk.count; i++) dots[i] = dot_f64(q, keys + (size_t)i * d, d);
             float *row = scores + seq->score_offset + ((uint64_t)r * job->query_heads + h) * n;
             for (uint32_t i = 0; i < blk.count; i++)
-              row[t + i] = visible(seq, r, t + i) ? (float)(dots[i] * job->scale) : -INFINITY;
+              row[t + i] = visible(job, seq, P, r, t + i) ? (float)(dots[i] * job->scale) : -INFINITY;
           }
         t += blk.count;
       }
@@ -117,11 +128,20 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
 }
 
 kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
-  (void)b;
   float *scores = (float *)job->scores->data;
+  double *sums = NULL;
   for (uint32_t si = 0; si < job->seq_count; si++) {
     const kvq_attention_seq *seq = &job->seqs[si];
     const uint64_t n = seq_tokens(seq);
+    if (job->accumulate) {
+      double *grown = realloc(sums, sizeof(double) * (n ? n : 1));
+      if (!grown) {
+        free(sums);
+        return no_memory(b, "attention sums");
+      }
+      sums = grown;
+      memset(sums, 0, sizeof(double) * n);
+    }
     for (uint64_t row = 0; row < (uint64_t)seq->query_count * job->query_heads; row++) {
       float *x = scores + seq->score_offset + row * n;
       float max = -INFINITY;
@@ -130,8 +150,15 @@ kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
       double sum = 0.0;
       for (uint64_t t = 0; t < n; t++) sum += x[t] == -INFINITY ? 0.0 : exp((double)x[t] - max);
       for (uint64_t t = 0; t < n; t++) x[t] = x[t] == -INFINITY ? 0.0f : (float)(exp((double)x[t] - max) / sum);
+      if (sums)
+        for (uint64_t t = 0; t < n; t++) sums[t] += x[t];
+    }
+    if (job->accumulate) {
+      float *out = (float *)job->accumulate->data + seq->accumulate_offset;
+      for (uint64_t t = 0; t < n; t++) out[t] = (float)sums[t];
     }
   }
+  free(sums);
   return KVQ_OK;
 }
 

@@ -276,6 +276,50 @@ typedef struct kvq_layer_config {
   kvq_method_config values;       /* any method but QJL (an inner-product estimator) */
 } kvq_layer_config;
 
+/* ---------------------------------------------------------------------------------------------
+ * Token policies: which tokens a sequence keeps (docs/API.md, "Token policies")
+ *
+ * Every policy keeps the first `sinks` tokens and the newest `recent` tokens. H2O and Q-Hitter
+ * also keep `heavy` more tokens, those of the largest score; STREAMING keeps no others; KEEP_ALL
+ * evicts nothing. Scores, per token of a sequence:
+ *   H2O        A_t: the attention probability the token received in every kvq_attention call since
+ *              it was appended, summed over calls, query rows, query heads and layers;
+ *   Q-Hitter   lambda A_t / max A + (1 - lambda) (2 - E^K_t / max E^K - E^V_t / max E^V) / 2, with
+ *              E^K_t (E^V_t) the quantization error ||k - k^||_2 of the token's key (value) summed
+ *              over layers and kv heads, and the maxima taken over the candidates (a zero maximum
+ *              makes its term 0).
+ * The policy runs on the candidates (tokens past the sinks, before the recent ones): when there
+ * are more than `heavy`, the others are evicted, the lowest scores first (ties: the older token is
+ * kept; Q-Hitter's equal scores fall back to A_t, so lambda = 1 selects exactly as H2O). Evicted
+ * tokens are gone from attention, scores and dequantization in every layer; a page whose tokens
+ * are all evicted returns to the pool, so a cache of fixed size can stream without end.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvq_policy_kind {
+  KVQ_POLICY_KEEP_ALL = 0,  /* nothing is evicted (the default of a zeroed config) */
+  KVQ_POLICY_STREAMING = 1, /* StreamingLLM: attention sinks and a recent window */
+  KVQ_POLICY_H2O = 2,       /* plus heavy hitters by accumulated attention */
+  KVQ_POLICY_QHITTER = 3    /* plus heavy hitters by attention and quantization friendliness */
+} kvq_policy_kind;
+
+typedef struct kvq_policy_config {
+  kvq_policy_kind kind;
+  uint32_t sinks;           /* the first tokens, always kept */
+  uint32_t recent;          /* the newest tokens, always kept: at least residual_window + page_size,
+                               so that no token in the full-precision window is ever a candidate */
+  uint32_t heavy;           /* H2O, Q-Hitter: candidates kept (ignored when heavy_fraction > 0) */
+  float heavy_fraction;     /* H2O, Q-Hitter: if > 0, keep floor(heavy_fraction * tokens appended)
+                               candidates instead of `heavy`; at most 1 */
+  float lambda;             /* Q-Hitter: weight of the attention term, 0..1 */
+} kvq_policy_config;
+
+/*
+ * Sensible values for a policy: sinks 4 (StreamingLLM's), recent 0 (the minimum, filled in as
+ * residual_window + page_size when the cache is created), heavy_fraction 0.2 (H2O's 20%) and
+ * lambda 0.5 (Q-Hitter's). Thread-safe.
+ */
+KVQ_API kvq_policy_config kvq_policy_defaults(kvq_policy_kind kind);
+
 typedef struct kvq_cache_config {
   uint32_t layer_count;           /* 1..4096 */
   const kvq_layer_config *layers; /* layer_count entries; copied by kvq_cache_create */
@@ -285,6 +329,8 @@ typedef struct kvq_cache_config {
   uint32_t max_pages;             /* pages in the pool shared by all sequences, >= 1 */
   uint32_t max_sequences;         /* live sequences at once, 1..65535 */
   uint64_t seed;                  /* all random matrices derive from it (docs/FORMAT.md) */
+  kvq_policy_config policy;       /* which tokens sequences keep; zeroed: KEEP_ALL. recent = 0 means
+                                     residual_window + page_size */
 } kvq_cache_config;
 
 /*
@@ -349,15 +395,51 @@ KVQ_API kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *sequence);
 KVQ_API kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t sequence);
 
 typedef struct kvq_sequence_info {
-  uint64_t tokens;            /* tokens appended to this layer */
+  uint64_t tokens;            /* tokens appended to this layer: the next token's position */
   uint64_t quantized_tokens;  /* of which stored in pages (the rest are in the window) */
   uint32_t pages;             /* pages in the sequence's page table (shared by all layers) */
+  uint64_t kept_tokens;       /* tokens attention covers: tokens minus those a policy evicted */
 } kvq_sequence_info;
 
 /* The progress of one layer of a sequence (tokens appended, how many are in pages, the page
- * table's length). */
+ * table's length, how many tokens are kept). */
 KVQ_API kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t sequence, uint32_t layer,
                                          kvq_sequence_info *info);
+
+/*
+ * The positions of the tokens a layer of a sequence keeps, ascending: column j of kvq_scores and
+ * token j of kvq_dequantize are the token at positions[j]. Without evictions they are 0 .. n - 1.
+ * *count receives the number of kept tokens; with positions == NULL only the count is returned;
+ * KVQ_ERROR_CAPACITY (nothing written) when capacity is smaller.
+ */
+KVQ_API kvq_status kvq_sequence_positions(const kvq_cache *cache, uint32_t sequence, uint32_t layer,
+                                          uint32_t *positions, size_t capacity, size_t *count);
+
+/* What the H2O and Q-Hitter policies know about a kept token. */
+typedef struct kvq_token_stats {
+  uint32_t position;
+  double attention;           /* A_t (see "Token policies") */
+  float key_error;            /* E^K_t; 0 until the token's page is quantized whole in every layer */
+  float value_error;          /* E^V_t; likewise (Q-Hitter only: 0 under H2O) */
+} kvq_token_stats;
+
+/*
+ * The statistics of every token a sequence keeps in any layer, by ascending position (tokens
+ * appended to some layers but not yet to others included). Only caches whose policy is H2O or
+ * Q-Hitter keep statistics (KVQ_ERROR_INVALID_ARGUMENT otherwise). Counts as for
+ * kvq_sequence_positions.
+ */
+KVQ_API kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t sequence, kvq_token_stats *stats,
+                                            size_t capacity, size_t *count);
+
+/*
+ * Runs the cache's token policy on a sequence now. It also runs by itself at the start of every
+ * kvq_append to layer 0 (after the new tokens are validated) whenever all layers hold the same
+ * number of tokens, which is once per decoding step in the usual loop (append and attend layer by
+ * layer). Requires all layers to hold the same number of tokens (KVQ_ERROR_INVALID_ARGUMENT
+ * otherwise); KEEP_ALL does nothing.
+ */
+KVQ_API kvq_status kvq_sequence_apply_policy(kvq_cache *cache, uint32_t sequence);
 
 /*
  * Appends tokens to one layer of a sequence. keys and values are [tokens, kv_heads, head_dim] in the
@@ -436,7 +518,9 @@ typedef struct kvq_attention_request {
  * stable softmax, and the probability-weighted sum of values. GQA: query head h uses kv head
  * h / (query_heads / kv_heads). All requests are validated before any output is written. A
  * sequence without tokens in the layer is KVQ_ERROR_OUT_OF_RANGE. Queries holding NaN or Inf, and
- * results that overflow fp32 or the output tensor's dtype, return KVQ_ERROR_NON_FINITE.
+ * results that overflow fp32 or the output tensor's dtype, return KVQ_ERROR_NON_FINITE. Attention
+ * covers the kept tokens only; under H2O and Q-Hitter each call adds the probabilities it computed
+ * to the tokens' accumulated attention (causal rows see the tokens up to their position).
  */
 KVQ_API kvq_status kvq_attention(kvq_cache *cache, uint32_t layer,
                                  const kvq_attention_request *requests, size_t count);
@@ -447,15 +531,18 @@ typedef enum kvq_score_kind {
 } kvq_score_kind;
 
 /*
- * The scores of a block of queries against all n tokens of one layer of a sequence:
- * queries [nq, query_heads, head_dim] -> scores [nq, query_heads, n]. Errors as kvq_attention.
+ * The scores of a block of queries against the kept tokens of one layer of a sequence:
+ * queries [nq, query_heads, head_dim] -> scores [nq, query_heads, kept] (kept = n unless a policy
+ * evicted tokens; kvq_sequence_positions gives each column's position). Unlike kvq_attention it
+ * adds nothing to the policy's accumulated attention. Errors as kvq_attention.
  */
 KVQ_API kvq_status kvq_scores(kvq_cache *cache, uint32_t sequence, uint32_t layer,
                               const kvq_tensor *queries, kvq_mask mask, kvq_score_kind kind,
                               const kvq_tensor *scores);
 
 /*
- * Reconstructs tokens [first, first + count) of one layer of a sequence as the cache holds them:
+ * Reconstructs kept tokens [first, first + count) of one layer of a sequence (indices into the kept
+ * tokens, as kvq_sequence_positions lists them; without evictions, positions) as the cache holds them:
  * window tokens exactly, quantized tokens decoded. For QJL keys the reconstruction is the unbiased
  * estimate c_d/m |k_in| S^T sign(S k_in) + c_d/m_o |k_out| S_o^T sign(S_o k_out) (masked), whose
  * inner product with any query equals the score estimator. keys/values are [count, kv_heads,
