@@ -408,7 +408,6 @@ Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
     }
   cr_assert_lt(best_ratio, 0x1p-24, "some centroid pair must have a midpoint within rounding (best %g)", best_ratio);
   for (uint32_t i = 0; i < c; i++) v1[i] = (float)(((double)mu[pa * c + i] + mu[pb * c + i]) / 2);
-  kvq_cache_destroy(cache);
   cr_assert_eq(kvq_golden_record_results(&g, ctx, NULL, error, sizeof error), 0, "%s", error);
   kvq_context_destroy(ctx);
   /* the golden file now says what a backend deciding the other way would write */
@@ -426,6 +425,7 @@ Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
   for (uint32_t j = 1; j < K; j++)
     if (cq_dist(v3, mu + j * c, c) > cq_dist(v3, mu + far * c, c)) far = j;
   set_code(vpage, 3 * groups, 8, far);
+  kvq_cache_destroy(cache); /* mu points into it */
   char *dir = make_temp_dir(), out_path[1024];
   snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
   cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
