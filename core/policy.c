@@ -189,23 +189,19 @@ static void release_empty_pages(kvq_cache *cache, kvq_sequence *seq) {
   }
 }
 
-kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq) {
+/* The candidates of an H2O or Q-Hitter decision ranked best first (*r allocated, *count of them),
+ * and how many the decision keeps. KVQ_OK with *r NULL when nothing would be evicted. */
+static kvq_status rank_candidates(const kvq_cache *cache, const kvq_sequence *seq, ranked **out, uint32_t *count,
+                                  uint32_t *keep) {
   const kvq_policy_config *p = &cache->config.policy;
-  if (p->kind == KVQ_POLICY_KEEP_ALL) return KVQ_OK;
-  const uint32_t P = cache->config.page_size, n = seq->layers[0].tokens;
+  const kvq_tracked *t = &seq->tracked;
+  const uint32_t n = seq->layers[0].tokens;
   const uint32_t first = p->sinks, last = n > p->recent ? n - p->recent : 0; /* candidates: [first, last) */
-  if (first >= last) return KVQ_OK;
-  if (p->kind == KVQ_POLICY_STREAMING) {
-    for (uint32_t e = 0; e < seq->page_count && seq->page_index[e] * P < last; e++)
-      for (uint32_t i = 0; i < P; i++) {
-        const uint32_t position = seq->page_index[e] * P + i;
-        if (position >= first && position < last) evict(cache, seq, position);
-      }
-    release_empty_pages(cache, seq);
-    return KVQ_OK;
-  }
-  kvq_tracked *t = &seq->tracked;
   const uint32_t heavy = p->heavy_fraction > 0.0f ? (uint32_t)floor((double)p->heavy_fraction * n) : p->heavy;
+  *out = NULL;
+  *count = 0;
+  *keep = heavy;
+  if (first >= last || !t->position) return KVQ_OK;
   const uint32_t lo = lower_bound(t, first), hi = lower_bound(t, last);
   const uint32_t candidates = hi - lo;
   if (candidates <= heavy) return KVQ_OK;
@@ -228,6 +224,47 @@ kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq) {
     r[k - lo] = (ranked){score, t->attention[k], t->position[k], k};
   }
   qsort(r, candidates, sizeof *r, by_rank);
+  *out = r;
+  *count = candidates;
+  return KVQ_OK;
+}
+
+double kvq_policy_margin(const kvq_cache *cache, const kvq_sequence *seq) {
+  const kvq_policy_config *p = &cache->config.policy;
+  if (!kvq_policy_tracks(p)) return INFINITY;
+  ranked *r;
+  uint32_t count, keep;
+  if (rank_candidates(cache, seq, &r, &count, &keep) != KVQ_OK || !r || keep == 0) {
+    free(r);
+    return INFINITY; /* no decision, or every candidate goes: nothing depends on the scores */
+  }
+  double scale = 0.0;
+  for (uint32_t k = 0; k < count; k++) scale = fabs(r[k].score) > scale ? fabs(r[k].score) : scale;
+  const double margin = scale > 0.0 ? (r[keep - 1].score - r[keep].score) / scale : 0.0;
+  free(r);
+  return margin;
+}
+
+kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq) {
+  const kvq_policy_config *p = &cache->config.policy;
+  if (p->kind == KVQ_POLICY_KEEP_ALL) return KVQ_OK;
+  const uint32_t P = cache->config.page_size, n = seq->layers[0].tokens;
+  const uint32_t first = p->sinks, last = n > p->recent ? n - p->recent : 0; /* candidates: [first, last) */
+  if (first >= last) return KVQ_OK;
+  if (p->kind == KVQ_POLICY_STREAMING) {
+    for (uint32_t e = 0; e < seq->page_count && seq->page_index[e] * P < last; e++)
+      for (uint32_t i = 0; i < P; i++) {
+        const uint32_t position = seq->page_index[e] * P + i;
+        if (position >= first && position < last) evict(cache, seq, position);
+      }
+    release_empty_pages(cache, seq);
+    return KVQ_OK;
+  }
+  kvq_tracked *t = &seq->tracked;
+  ranked *r;
+  uint32_t candidates, heavy;
+  kvq_status st = rank_candidates(cache, seq, &r, &candidates, &heavy);
+  if (st != KVQ_OK || !r) return st;
   for (uint32_t k = heavy; k < candidates; k++) {
     evict(cache, seq, r[k].position);
     t->position[r[k].index] = UINT32_MAX; /* marked, removed below */

@@ -28,6 +28,11 @@ void kvq_policy_add_attention(const kvq_cache *cache, kvq_sequence *seq, const k
 void kvq_policy_add_errors(const kvq_cache *cache, kvq_sequence *seq, int side, uint32_t first_page, uint32_t pages,
                            uint32_t kv_heads, const float *errors);
 
+/* How close the next H2O or Q-Hitter decision on a sequence is to a tie: the score gap between the
+ * last candidate it keeps and the first it evicts, relative to the largest |score|; INFINITY when
+ * no decision depends on the scores. For golden files (kept sets must agree unless near a tie). */
+double kvq_policy_margin(const kvq_cache *cache, const kvq_sequence *seq);
+
 /* Runs the policy on a sequence whose layers all hold the same number of tokens. */
 kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq);
 

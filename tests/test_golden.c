@@ -51,6 +51,19 @@ static void copy_file(const char *from, const char *to) {
   fclose(out);
 }
 
+/* Copies the committed saved-cache files next to a modified golden file, so a check of that
+ * directory fails only for what the test changed. */
+static void copy_saved_files(const char *dir) {
+  const char *saved[] = {"cache-v1.kvq", "cache-policy-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq",
+                         "reject-version.kvq", "reject-bad-format.kvq"};
+  for (size_t i = 0; i < sizeof saved / sizeof saved[0]; i++) {
+    char from[1024], to[1024];
+    snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, saved[i]);
+    copy_file(from, to);
+  }
+}
+
 Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
   golden_totals t;
   FILE *out = tmpfile();
@@ -68,7 +81,9 @@ Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
   cr_assert_eq(t.class3_beyond, 0u);
   cr_assert_eq(t.matrix_mismatches, 0u);
   cr_assert(t.matrices >= 10);
-  cr_assert_eq(t.files_checked, 5u);
+  cr_assert_gt(t.decisions, 100u, "token-policy cases compare their kept sets");
+  cr_assert_eq(t.decisions_differing, 0u);
+  cr_assert_eq(t.files_checked, 6u);
   cr_assert_eq(t.files_failed, 0u);
 }
 
@@ -105,11 +120,11 @@ Test(golden, writer_reproduces_committed_records, .timeout = 120) {
 static golden_record *find_mut(golden_file *g, const char *name) { return (golden_record *)golden_find(g, name); }
 
 static void drop_results(golden_file *g) {
-  static const char *prefixes[] = {"matrix_sha256/", "pages/", "logits/", "probs/", "outputs/"};
+  static const char *prefixes[] = {"matrix_sha256/", "pages/", "logits/", "probs/", "outputs/", "kept/", "margins/"};
   size_t kept = 0;
   for (size_t i = 0; i < g->count; i++) {
     int drop = 0;
-    for (int p = 0; p < 5; p++) drop |= !strncmp(g->records[i].name, prefixes[p], strlen(prefixes[p]));
+    for (int p = 0; p < 7; p++) drop |= !strncmp(g->records[i].name, prefixes[p], strlen(prefixes[p]));
     if (drop) {
       free(g->records[i].name);
       free(g->records[i].data);
@@ -173,14 +188,7 @@ Test(golden, near_ties_are_proven_and_nothing_else_is, .timeout = 120) {
   snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
   cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
   golden_free(&g);
-  const char *saved[] = {"cache-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq", "reject-version.kvq",
-                         "reject-bad-format.kvq"};
-  for (int i = 0; i < 5; i++) {
-    char from[1024], to[1024];
-    snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
-    snprintf(to, sizeof to, "%s/%s", dir, saved[i]);
-    copy_file(from, to);
-  }
+  copy_saved_files(dir);
   golden_totals t;
   FILE *out = tmpfile();
   int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, &t);
@@ -237,18 +245,6 @@ Test(golden, tool_exit_status_and_summary, .timeout = 120) {
   cr_assert_eq(run_tool("golden --check --backend tpu", output, sizeof output), 2, "%s", output);
 }
 
-/* Copies the committed saved-cache files next to a modified golden file, so a check of that
- * directory fails only for what the test changed. */
-static void copy_saved_files(const char *dir) {
-  const char *saved[] = {"cache-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq", "reject-version.kvq",
-                         "reject-bad-format.kvq"};
-  for (int i = 0; i < 5; i++) {
-    char from[1024], to[1024];
-    snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
-    snprintf(to, sizeof to, "%s/%s", dir, saved[i]);
-    copy_file(from, to);
-  }
-}
 
 /* Checks the CPU against one committed golden file with one byte of one record changed. */
 static int check_with_changed_byte(const char *case_name, const char *record, size_t offset, uint8_t flip,
@@ -443,4 +439,28 @@ Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
   cr_assert_eq(t.unexplained, 2u, "the two far codes are unexplained (got %llu)", (unsigned long long)t.unexplained);
   remove_dir(dir);
   free(dir);
+}
+
+/* Token-policy cases: a kept set that differs from the golden one after any decoding step fails
+ * the check (golden decisions all have clear margins, write.c), counted once per sequence. */
+Test(golden, a_different_kept_set_fails, .timeout = 120) {
+  golden_totals t;
+  /* the first decision with evictions in sequence 0 lies past the prefill's steps; flip a position
+   * of the last recorded kept set (its first entry after the count) */
+  char path[1024], error[512];
+  const char *case_name = "h2o-u2-keys-u2-values-d64-f16-gqa4-stream";
+  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  golden_file g;
+  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
+  uint64_t n;
+  const uint32_t *kept = golden_u32(golden_find(&g, "kept/0"), &n);
+  cr_assert_not_null(kept);
+  uint64_t at = 0, last = 0;
+  while (at < n) last = at, at += 1 + kept[at];
+  cr_assert_lt(kept[last], 150u, "the policy evicted tokens by the end (%u kept)", kept[last]);
+  golden_free(&g);
+  const int rc = check_with_changed_byte(case_name, "kept/0", 4 * (last + 2), 0x01, &t);
+  cr_assert_eq(rc, 1, "the check must fail");
+  cr_assert_eq(t.decisions_differing, 1u, "one sequence diverges (%llu)", (unsigned long long)t.decisions_differing);
+  cr_assert_eq(t.unexplained, 0u, "codes are not affected");
 }

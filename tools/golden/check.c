@@ -455,13 +455,16 @@ static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, 
   exact_bytes(ck, g, b, valid_bytes, s->head_bytes, "padding", page, h);
 }
 
+/* Checks the listed pages of one side: page j holds positions page_index[j] P .. (the inputs'
+ * tokens there) and its valid tokens are the view's slots in it. Evicted tokens keep their codes
+ * in a page that still holds kept ones, so every valid token is compared. */
 static void check_pages(checker *ck, const kvq_side_layout *s, const uint8_t *g, const uint8_t *b, uint32_t pages,
-                        uint32_t quantized, const float *tokens, float *const fixed[KVQ_SIDE_FIXED]) {
+                        uint32_t slots, const uint32_t *page_index, const float *tokens, float *const fixed[KVQ_SIDE_FIXED]) {
   for (uint32_t j = 0; j < pages; j++)
     for (uint32_t h = 0; h < s->kv_heads; h++) {
       const uint64_t at = (uint64_t)j * s->page_bytes + (uint64_t)h * s->head_bytes;
-      page_ctx pc = {s, tokens + (uint64_t)j * s->page_size * s->kv_heads * s->head_dim,
-                     quantized - j * s->page_size < s->page_size ? quantized - j * s->page_size : s->page_size,
+      page_ctx pc = {s, tokens + (uint64_t)page_index[j] * s->page_size * s->kv_heads * s->head_dim,
+                     slots - j * s->page_size < s->page_size ? slots - j * s->page_size : s->page_size,
                      {fixed[0], fixed[1]}};
       if (s->method == KVQ_LAYOUT_QJL) check_qjl_head(ck, &pc, g + at, b + at, j, h);
       else if (s->method == KVQ_LAYOUT_UNIFORM || s->method == KVQ_LAYOUT_KIVI) check_uniform_head(ck, &pc, g + at, b + at, j, h);
@@ -493,6 +496,49 @@ static void compare_class3(checker *ck, const char *what, const float *got, cons
   }
 }
 
+/* Token-policy cases: the kept positions after every append to layer 0 must be the golden ones.
+ * Golden decisions all have a clear margin (write.c), so any difference is a failure; the first
+ * one of a sequence is reported with its margin and the sequence is not compared further (its
+ * state has diverged). */
+typedef struct decision_check {
+  checker *ck;
+  const uint32_t *kept[GOLDEN_SEQUENCES];
+  uint64_t kept_size[GOLDEN_SEQUENCES], cursor[GOLDEN_SEQUENCES], decision[GOLDEN_SEQUENCES];
+  const double *margins[GOLDEN_SEQUENCES];
+  uint64_t margin_count[GOLDEN_SEQUENCES];
+  int diverged[GOLDEN_SEQUENCES];
+} decision_check;
+
+static int compare_decision(void *arg, kvq_cache *cache, const uint32_t ids[GOLDEN_SEQUENCES], const uint32_t *step,
+                            int after) {
+  decision_check *dc = arg;
+  const int s = (int)step[0];
+  if (!after || step[1] != 0 || step[3] == 0 || (step[3] & GOLDEN_ATTEND) || dc->diverged[s]) return 0;
+  const uint64_t k = dc->decision[s]++;
+  size_t count;
+  if (kvq_sequence_positions(cache, ids[s], 0, NULL, 0, &count) != KVQ_OK) return -1;
+  uint32_t *got = malloc(sizeof(uint32_t) * (count + 1));
+  if (!got || kvq_sequence_positions(cache, ids[s], 0, got, count, &count) != KVQ_OK) {
+    free(got);
+    return -1;
+  }
+  const uint64_t at = dc->cursor[s];
+  const int present = at < dc->kept_size[s] && dc->kept[s][at] <= dc->kept_size[s] - at - 1;
+  const int same = present && dc->kept[s][at] == count && memcmp(dc->kept[s] + at + 1, got, sizeof(uint32_t) * count) == 0;
+  dc->ck->t->decisions++;
+  if (!same) {
+    dc->ck->t->decisions_differing++;
+    dc->diverged[s] = 1;
+    report(dc->ck, "token policy: sequence %d keeps %zu tokens after decoding step %llu, the golden file %u (golden margin "
+           "of that decision %.3g)", s, count, (unsigned long long)k, present ? dc->kept[s][at] : 0u,
+           k < dc->margin_count[s] ? dc->margins[s][k] : NAN);
+  } else {
+    dc->cursor[s] = at + 1 + count;
+  }
+  free(got);
+  return 0;
+}
+
 static void check_case(checker *ck, kvq_context *ctx, const char *path) {
   golden_file g;
   golden_inputs in;
@@ -510,7 +556,20 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
   }
   kvq_cache *cache = NULL;
   uint32_t ids[GOLDEN_SEQUENCES];
-  if (golden_replay(ctx, &in, &cache, ids) != KVQ_OK) {
+  decision_check dc = {ck, {0}, {0}, {0}, {0}, {0}, {0}, {0}};
+  const int policy = in.config.policy.kind != KVQ_POLICY_KEEP_ALL;
+  for (int s = 0; s < GOLDEN_SEQUENCES && policy; s++) {
+    golden_name(name, sizeof name, "kept", s, -1, -1);
+    dc.kept[s] = golden_u32(golden_find(&g, name), &dc.kept_size[s]);
+    golden_name(name, sizeof name, "margins", s, -1, -1);
+    const golden_record *m = golden_find(&g, name);
+    if (m && m->bytes % 8 == 0) dc.margins[s] = (const double *)m->data, dc.margin_count[s] = m->bytes / 8;
+    if (!dc.kept[s]) {
+      report(ck, "%s: token-policy case without a %s record", path, name);
+      ck->t->errors++;
+    }
+  }
+  if (golden_replay(ctx, &in, &cache, ids, policy ? compare_decision : NULL, &dc) != KVQ_OK) {
     report(ck, "replaying: %s", kvq_context_last_error(ctx));
     ck->t->errors++;
     golden_inputs_free(&in);
@@ -548,10 +607,12 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
         }
         uint8_t *img = malloc(pages * pb + 1);
         kvq_cache_read_pages(cache, ids[s], l, side, img, &pages);
-        kvq_sequence_info info;
-        kvq_sequence_info_get(cache, ids[s], l, &info);
+        kvq_status found;
+        const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+        kvq_layer_view view;
+        kvq_layer_view_get(cache, seq, l, &view);
         const float *tokens = (side ? in.values_f32[l] : in.keys_f32[l]) + (uint64_t)in.sequences[2 * s] * L->kv_heads * L->head_dim;
-        check_pages(ck, &ls->side[side].layout, rec->data, img, pages, (uint32_t)info.quantized_tokens, tokens,
+        check_pages(ck, &ls->side[side].layout, rec->data, img, pages, view.slots, seq->page_index, tokens,
                     ls->fixed_host[side]);
         free(img);
       }
@@ -571,7 +632,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       const float *q = golden_f32(golden_find(&g, name), &qcount);
       kvq_sequence_info info;
       kvq_sequence_info_get(cache, ids[s], l, &info);
-      const uint32_t n = (uint32_t)info.tokens;
+      const uint32_t n = (uint32_t)info.kept_tokens;
       if (!block || count != 2 || !q || qcount != (uint64_t)block[0] * hq * d) {
         report(ck, "malformed query records for layer %u sequence %d", l, s);
         ck->t->errors++;
@@ -590,6 +651,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       ref_result r = {malloc(sizeof(double) * ns), malloc(sizeof(double) * ns), malloc(sizeof(double) * ns),
                       malloc(sizeof(double) * ns), malloc(sizeof(double) * no), malloc(sizeof(double) * no)};
       uint8_t *kimg = NULL, *vimg = NULL;
+      uint32_t *kept_slot = NULL, *kept_position = NULL;
       ref_layer rl = {L, ls->side[0].layout, ls->side[1].layout,
                       {{ls->fixed_host[0][0], ls->fixed_host[0][1]}, {ls->fixed_host[1][0], ls->fixed_host[1][1]}},
                       ls->side[0].qjl_constant};
@@ -606,7 +668,20 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       kvq_cache_read_pages(cache, ids[s], l, 0, kimg, &kp);
       kvq_cache_read_pages(cache, ids[s], l, 1, vimg, &vp);
       const uint64_t first = (uint64_t)in.sequences[2 * s] * L->kv_heads * d;
-      ref_sequence rs = {kimg, vimg, (uint32_t)info.quantized_tokens, n, in.keys_f32[l] + first, in.values_f32[l] + first};
+      kvq_status found;
+      const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+      kvq_layer_view view;
+      kvq_layer_view_get(cache, seq, l, &view);
+      kept_slot = malloc(sizeof(uint32_t) * (n + 1));
+      kept_position = malloc(sizeof(uint32_t) * (n + 1));
+      if (!kept_slot || !kept_position) {
+        report(ck, "out of host memory checking layer %u sequence %d", l, s);
+        ck->t->errors++;
+        goto next;
+      }
+      kvq_layer_view_kept(cache, seq, &view, kept_slot, kept_position);
+      ref_sequence rs = {kimg, vimg, view.slots, n, kept_slot, kept_position, (uint32_t)info.tokens,
+                         in.keys_f32[l] + first, in.values_f32[l] + first};
       /* the backend against the reference built from its own pages */
       if (ref_attention(&rl, &rs, q, nq, mask, &r) != 0) {
         report(ck, "out of host memory checking layer %u sequence %d", l, s);
@@ -648,7 +723,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
         }
       }
     next:
-      free(kimg), free(vimg);
+      free(kimg), free(vimg), free(kept_slot), free(kept_position);
       free(r.logit), free(r.logit_bound), free(r.prob), free(r.prob_bound), free(r.out), free(r.out_bound);
       free(logits), free(probs), free(out);
     }
@@ -676,6 +751,7 @@ static void check_saved_files(checker *ck, kvq_context *ctx, const char *dir) {
     const char *file;
     kvq_status expect;
   } files[] = {{"cache-v1.kvq", KVQ_OK},
+               {"cache-policy-v1.kvq", KVQ_OK},
                {"reject-truncated.kvq", KVQ_ERROR_TRUNCATED},
                {"reject-checksum.kvq", KVQ_ERROR_CHECKSUM},
                {"reject-version.kvq", KVQ_ERROR_VERSION},
@@ -784,9 +860,11 @@ int kvq_golden_check(const char *dir, kvq_backend_kind backend, FILE *out, golde
           "class 3 (scores, probabilities, outputs): %u configurations, %llu values compared, %llu beyond their bound "
           "(largest difference %.3g of its bound)\n",
           t->configurations, (unsigned long long)t->class3_values, (unsigned long long)t->class3_beyond, t->class3_worst);
+  fprintf(out, "token policies: %llu decisions compared, %llu differ\n", (unsigned long long)t->decisions,
+          (unsigned long long)t->decisions_differing);
   fprintf(out, "saved files: %u checked, %u failed\n", t->files_checked, t->files_failed);
   const int failed = t->configurations_failed > 0 || t->files_failed > 0 || t->matrix_mismatches > 0 || t->unexplained > 0 ||
-                     t->side_beyond > 0 || t->class3_beyond > 0;
+                     t->side_beyond > 0 || t->class3_beyond > 0 || t->decisions_differing > 0;
   const int rc = t->errors ? 2 : failed ? 1 : 0;
   fprintf(out, "kvq golden --check --backend %s: %s\n", name, rc == 0 ? "PASS" : rc == 1 ? "FAIL" : "ERROR");
   return rc;

@@ -4,8 +4,9 @@
  *   1. codes byte-identical, except near-ties each proven from the data (counted);
  *   2. float side data within 1 ulp of its storage type;
  *   3. scores, probabilities and outputs within derived bounds (reference.h).
- * Plus: every matrix's SHA-256, a saved cache that must load and re-save identically, and saved
- * files that must be rejected with a given status.
+ * Plus: every matrix's SHA-256, the kept tokens of token-policy cases after every decoding step, a
+ * saved cache that must load and re-save identically, and saved files that must be rejected with a
+ * given status.
  */
 #ifndef KVQ_TOOLS_GOLDEN_GOLDEN_H
 #define KVQ_TOOLS_GOLDEN_GOLDEN_H
@@ -22,6 +23,7 @@ typedef struct golden_totals {
   uint64_t implied;    /* sign bits that differ only because a proven outlier near-tie changed the mask */
   uint64_t side_values, side_one_ulp, side_beyond;
   uint64_t class3_values, class3_beyond;
+  uint64_t decisions, decisions_differing; /* token policies: kept sets compared after each decoding step */
   double class3_worst; /* largest |difference| / bound seen */
   uint32_t files_checked, files_failed;
   uint32_t errors;     /* could not run a check at all (I/O, backend) */

@@ -17,6 +17,7 @@ static double gamma_n(double n) { return n * u / (1 - n * u); }
 static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
 
+/* The head block of kv head h of the page holding slot t. */
 static const uint8_t *head_block(const kvq_side_layout *s, const uint8_t *pages, uint32_t t, uint32_t h) {
   return pages + (uint64_t)(t / s->page_size) * s->page_bytes + (uint64_t)h * s->head_bytes;
 }
@@ -112,50 +113,53 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   return 0;
 }
 
-/* Logits of one query head with their bounds. */
+/* Logits of one query head against the kept tokens, with their bounds. A page's scores are
+ * computed for all its valid slots at once and read for its kept tokens. */
 static int ref_logits(const ref_layer *L, const ref_sequence *seq, const float *q, uint32_t kvh, double *logit,
                       double *lb, double *s, double *a, double *extra) {
-  const uint32_t d = L->config->head_dim, hkv = L->config->kv_heads, n = seq->tokens, P = L->keys.page_size;
+  const uint32_t d = L->config->head_dim, hkv = L->config->kv_heads, P = L->keys.page_size;
   const double inv_sqrt_d = 1.0 / sqrt((double)d);
-  double qr[KVQ_MAX_HEAD_DIM], qerr[KVQ_MAX_HEAD_DIM];
+  double qr[KVQ_MAX_HEAD_DIM], qerr[KVQ_MAX_HEAD_DIM], ops = 0;
   if (L->keys.method == KVQ_LAYOUT_POLAR) golden_polar_rotate(&L->keys, L->fixed[0][0], q, qr, qerr);
-  for (uint32_t t0 = 0; t0 < n;) {
-    uint32_t count;
-    double ops;
-    if (t0 < seq->quantized) {
-      count = seq->quantized - t0 < P ? seq->quantized - t0 : P;
-      const uint8_t *block = head_block(&L->keys, seq->key_pages, t0, kvh);
-      for (uint32_t i = 0; i < count; i++) extra[i] = 0;
-      if (L->keys.method == KVQ_LAYOUT_QJL) {
-        if (qjl_page(L, block, count, q, s, a, &ops) != 0) return -1;
-      } else if (L->keys.method == KVQ_LAYOUT_POLAR) {
-        polar_page(L, block, kvh, count, qr, qerr, s, a, extra, &ops);
-      } else {
-        for (uint32_t i = 0; i < count; i++) {
-          s[i] = a[i] = 0;
-          for (uint32_t c = 0; c < d; c++) {
-            double err, k = decode(L, 0, block, kvh, i, c, &err);
-            s[i] += q[c] * k;
-            a[i] += fabs(q[c]) * (fabs(k) + err);
+  uint32_t scored_page = UINT32_MAX;
+  for (uint32_t j = 0; j < seq->kept; j++) {
+    const uint32_t t = seq->kept_slot[j];
+    double sj, aj, ej, opsj;
+    if (t < seq->slots) {
+      const uint32_t page = t / P;
+      if (page != scored_page) {
+        const uint32_t count = seq->slots - page * P < P ? seq->slots - page * P : P;
+        const uint8_t *block = head_block(&L->keys, seq->key_pages, t, kvh);
+        for (uint32_t i = 0; i < count; i++) extra[i] = 0;
+        if (L->keys.method == KVQ_LAYOUT_QJL) {
+          if (qjl_page(L, block, count, q, s, a, &ops) != 0) return -1;
+        } else if (L->keys.method == KVQ_LAYOUT_POLAR) {
+          polar_page(L, block, kvh, count, qr, qerr, s, a, extra, &ops);
+        } else {
+          for (uint32_t i = 0; i < count; i++) {
+            s[i] = a[i] = 0;
+            for (uint32_t c = 0; c < d; c++) {
+              double err, k = decode(L, 0, block, kvh, i, c, &err);
+              s[i] += q[c] * k;
+              a[i] += fabs(q[c]) * (fabs(k) + err);
+            }
           }
+          ops = d + 4;
         }
-        ops = d + 4;
+        scored_page = page;
       }
+      sj = s[t % P], aj = a[t % P], ej = extra[t % P], opsj = ops;
     } else { /* window tokens: exact inputs */
-      count = 1;
-      const float *k = seq->keys + ((size_t)t0 * hkv + kvh) * d;
-      s[0] = a[0] = extra[0] = 0;
+      const float *k = seq->keys + ((size_t)seq->kept_position[j] * hkv + kvh) * d;
+      sj = aj = ej = 0;
       for (uint32_t c = 0; c < d; c++) {
-        s[0] += (double)q[c] * k[c];
-        a[0] += fabs((double)q[c] * k[c]);
+        sj += (double)q[c] * k[c];
+        aj += fabs((double)q[c] * k[c]);
       }
-      ops = d + 2;
+      opsj = d + 2;
     }
-    for (uint32_t i = 0; i < count; i++) {
-      logit[t0 + i] = s[i] * inv_sqrt_d;
-      lb[t0 + i] = (gamma_n(ops) * a[i] + extra[i]) * inv_sqrt_d + u * fabs(logit[t0 + i]) + ops * FLT_MIN;
-    }
-    t0 += count;
+    logit[j] = sj * inv_sqrt_d;
+    lb[j] = (gamma_n(opsj) * aj + ej) * inv_sqrt_d + u * fabs(logit[j]) + opsj * FLT_MIN;
   }
   return 0;
 }
@@ -196,24 +200,25 @@ static void ref_output(const ref_layer *L, const ref_sequence *seq, uint32_t kvh
   double y[KVQ_MAX_HEAD_DIM], x[KVQ_MAX_HEAD_DIM], xb[KVQ_MAX_HEAD_DIM];
   for (uint32_t c = 0; c < d; c++) o[c] = ob[c] = weight[c] = acc[c] = acc_b[c] = acc_w[c] = 0;
   uint32_t rotated = 0;
-  for (uint32_t t = 0; t < visible; t++) {
-    if (t < seq->quantized && polar) {
+  for (uint32_t j = 0; j < visible; j++) {
+    const uint32_t t = seq->kept_slot[j]; /* p and pb are per kept token j */
+    if (t < seq->slots && polar) {
       golden_polar_decode(vs, L->fixed[1][1], kvh, head_block(vs, seq->value_pages, t, kvh), t % P, y);
       for (uint32_t c = 0; c < d; c++) {
-        acc[c] += p[t] * y[c];
-        acc_b[c] += pb[t] * fabs(y[c]) + p[t] * gamma_n(vs->levels) * fabs(y[c]);
-        acc_w[c] += (p[t] + pb[t]) * fabs(y[c]);
+        acc[c] += p[j] * y[c];
+        acc_b[c] += pb[j] * fabs(y[c]) + p[j] * gamma_n(vs->levels) * fabs(y[c]);
+        acc_w[c] += (p[j] + pb[j]) * fabs(y[c]);
       }
       rotated++;
       continue;
     }
     for (uint32_t c = 0; c < d; c++) {
       double err = 0, v;
-      if (t < seq->quantized) v = decode(L, 1, head_block(vs, seq->value_pages, t, kvh), kvh, t % P, c, &err);
-      else v = seq->values[((size_t)t * hkv + kvh) * d + c];
-      o[c] += p[t] * v;
-      ob[c] += pb[t] * fabs(v) + p[t] * err;
-      weight[c] += (p[t] + pb[t]) * fabs(v);
+      if (t < seq->slots) v = decode(L, 1, head_block(vs, seq->value_pages, t, kvh), kvh, t % P, c, &err);
+      else v = seq->values[((size_t)seq->kept_position[j] * hkv + kvh) * d + c];
+      o[c] += p[j] * v;
+      ob[c] += pb[j] * fabs(v) + p[j] * err;
+      weight[c] += (p[j] + pb[j]) * fabs(v);
     }
   }
   if (rotated) {
@@ -228,14 +233,17 @@ int ref_attention(const ref_layer *L, const ref_sequence *seq, const float *quer
                   ref_result *r) {
   const kvq_layer_config *cfg = L->config;
   const uint32_t d = cfg->head_dim, hq = cfg->query_heads, hkv = cfg->kv_heads, group = hq / hkv;
-  const uint32_t n = seq->tokens, P = L->keys.page_size;
+  const uint32_t n = seq->kept, P = L->keys.page_size;
   double *s = malloc(sizeof(double) * P), *a = malloc(sizeof(double) * P), *extra = malloc(sizeof(double) * P);
-  double *hi = malloc(sizeof(double) * n), *lo = malloc(sizeof(double) * n);
+  double *hi = malloc(sizeof(double) * (n ? n : 1)), *lo = malloc(sizeof(double) * (n ? n : 1));
   int rc = s && a && extra && hi && lo ? 0 : -1;
   for (uint32_t qi = 0; qi < nq && rc == 0; qi++)
     for (uint32_t h = 0; h < hq && rc == 0; h++) {
       const size_t row = (size_t)qi * hq + h;
-      const uint32_t kvh = h / group, visible = mask == KVQ_MASK_CAUSAL ? n - nq + qi + 1 : n;
+      const uint32_t kvh = h / group;
+      uint32_t visible = n; /* kept positions ascend: the visible ones are a prefix */
+      if (mask == KVQ_MASK_CAUSAL)
+        for (visible = 0; visible < n && seq->kept_position[visible] <= seq->positions - nq + qi;) visible++;
       double *logit = r->logit + row * n, *lb = r->logit_bound + row * n;
       rc = ref_logits(L, seq, queries + row * d, kvh, logit, lb, s, a, extra);
       for (uint32_t t = visible; t < n; t++) {

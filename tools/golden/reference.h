@@ -29,13 +29,19 @@ typedef struct ref_layer {
   double qjl_constant;
 } ref_layer;
 
+/* One layer of a sequence as the checked cache holds it: the images of its listed pages, and its
+ * kept tokens, which are the columns of every result. */
 typedef struct ref_sequence {
-  const uint8_t *key_pages, *value_pages; /* images in page-table order */
-  uint32_t quantized, tokens;
-  const float *keys, *values; /* all tokens as appended, fp32 [tokens][kv_heads][head_dim] */
+  const uint8_t *key_pages, *value_pages; /* images of the listed pages, in page-table order */
+  uint32_t slots;                  /* page token slots (page e holds slots e P .. e P + P - 1; the last may be partial) */
+  uint32_t kept;                   /* kept tokens */
+  const uint32_t *kept_slot;       /* per kept token: its page slot, or slots + w for window token w */
+  const uint32_t *kept_position;   /* per kept token: its position (ascending) */
+  uint32_t positions;              /* tokens appended: causal query i of nq sits at positions - nq + i */
+  const float *keys, *values;      /* all tokens as appended, fp32 [positions][kv_heads][head_dim] */
 } ref_sequence;
 
-typedef struct ref_result { /* caller-allocated: [nq][Hq][n] and [nq][Hq][d] */
+typedef struct ref_result { /* caller-allocated: [nq][Hq][kept] and [nq][Hq][d] */
   double *logit, *logit_bound;
   double *prob, *prob_bound;
   double *out, *out_bound;

@@ -21,16 +21,22 @@ typedef struct golden_inputs {
   float *keys_f32[GOLDEN_MAX_LAYERS], *values_f32[GOLDEN_MAX_LAYERS]; /* owned: the same as fp32 */
   const uint8_t *codebooks;       /* a codebook file (kvq_codebooks_save) loaded before appending, or NULL */
   uint64_t codebooks_bytes;
+  const float *stream_queries[GOLDEN_MAX_LAYERS]; /* queries of every token (attend steps), or NULL */
 } golden_inputs;
 
 /* Parses the records; on failure writes why. */
 int golden_inputs_parse(const golden_file *g, golden_inputs *in, char *error, size_t error_size);
 void golden_inputs_free(golden_inputs *in);
 
-/* Creates a cache on ctx, loads the recorded codebooks if any, adds the sequences and applies the
- * schedule. ids[] receives the ids.
+/* Creates a cache on ctx (with the recorded policy, if any), loads the recorded codebooks if any,
+ * adds the sequences and applies the schedule. ids[] receives the ids.
  * Returns KVQ_OK or the failing status (with the context's message). */
-kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES]);
+/* Called before (after = 0) and after (after = 1) every schedule step; a nonzero return stops the
+ * replay with KVQ_ERROR_INTERNAL. */
+typedef int (*golden_step_hook)(void *arg, kvq_cache *cache, const uint32_t ids[GOLDEN_SEQUENCES], const uint32_t *step,
+                                int after);
+kvq_status golden_replay(kvq_context *ctx, const golden_inputs *in, kvq_cache **cache, uint32_t ids[GOLDEN_SEQUENCES],
+                         golden_step_hook hook, void *arg);
 
 /* Runs one query block (queries [nq][Hq][d]) on a sequence of n tokens: logits and probabilities
  * [nq][Hq][n] through kvq_scores, outputs [nq][Hq][d] through kvq_attention. */

@@ -1,4 +1,5 @@
 /* `kvq golden --write`: runs the golden matrix on the CPU reference and records everything. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +7,7 @@
 #include "core/bytes.h"
 #include "core/config.h"
 #include "core/internal.h"
+#include "core/policy.h"
 #include "core/savefile.h"
 #include "core/sha256.h"
 #include "core/synth.h"
@@ -33,20 +35,86 @@ static int fail(FILE *log, const char *what, kvq_context *ctx) {
   return 1;
 }
 
+/* What a token-policy case records while it replays: after every append to layer 0, the kept
+ * positions ("kept/<sequence>": count, then the positions, per such step) and, before it, how close
+ * the policy's decision is to a tie ("margins/<sequence>", fp64 per such step). */
+typedef struct decisions {
+  uint32_t *kept[GOLDEN_SEQUENCES];
+  uint64_t kept_count[GOLDEN_SEQUENCES], kept_capacity[GOLDEN_SEQUENCES];
+  double *margins[GOLDEN_SEQUENCES];
+  uint64_t margin_count[GOLDEN_SEQUENCES];
+  int failed;
+} decisions;
+
+static int push_u32(decisions *d, int s, uint32_t v) {
+  if (d->kept_count[s] == d->kept_capacity[s]) {
+    const uint64_t capacity = d->kept_capacity[s] ? 2 * d->kept_capacity[s] : 1024;
+    uint32_t *grown = realloc(d->kept[s], sizeof(uint32_t) * capacity);
+    if (!grown) return -1;
+    d->kept[s] = grown, d->kept_capacity[s] = capacity;
+  }
+  d->kept[s][d->kept_count[s]++] = v;
+  return 0;
+}
+
+static int record_decision(void *arg, kvq_cache *cache, const uint32_t ids[GOLDEN_SEQUENCES], const uint32_t *step,
+                           int after) {
+  decisions *d = arg;
+  const int s = (int)step[0];
+  if (step[1] != 0 || step[3] == 0 || (step[3] & GOLDEN_ATTEND)) return 0; /* appends to layer 0 only */
+  kvq_status found;
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+  if (!after) {
+    double *grown = realloc(d->margins[s], sizeof(double) * (d->margin_count[s] + 1));
+    if (!grown) return -1;
+    d->margins[s] = grown;
+    d->margins[s][d->margin_count[s]++] = kvq_sequence_in_step(cache, seq) ? kvq_policy_margin(cache, seq) : INFINITY;
+    return 0;
+  }
+  size_t count;
+  if (kvq_sequence_positions(cache, ids[s], 0, NULL, 0, &count) != KVQ_OK || push_u32(d, s, (uint32_t)count) != 0) return -1;
+  for (size_t i = 0; i < count; i++)
+    if (push_u32(d, s, 0) != 0) return -1;
+  return kvq_sequence_positions(cache, ids[s], 0, d->kept[s] + d->kept_count[s] - count, count, &count) == KVQ_OK ? 0 : -1;
+}
+
+/* The smallest relative margin a recorded decision may have (docs/GOLDEN.md): far above what
+ * backends' rounding can move the scores, so that kept sets must agree exactly. */
+#define MIN_DECISION_MARGIN 1e-4
+
 /* Adds the expected results of a golden file's inputs, computed on `ctx`: matrix fingerprints,
- * page images, logits, probabilities and outputs. With `keep`, the replayed cache is returned. */
+ * page images, kept tokens of policy cases, logits, probabilities and outputs. With `keep`, the
+ * replayed cache is returned. */
 int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep, char *error, size_t error_size) {
   golden_inputs in;
   kvq_cache *cache = NULL;
   uint32_t ids[GOLDEN_SEQUENCES];
   char name[128];
   if (golden_inputs_parse(g, &in, error, error_size) != 0) return -1;
-  if (golden_replay(ctx, &in, &cache, ids) != KVQ_OK) {
+  const int policy = in.config.policy.kind != KVQ_POLICY_KEEP_ALL;
+  decisions d = {0};
+  if (golden_replay(ctx, &in, &cache, ids, policy ? record_decision : NULL, &d) != KVQ_OK) {
     snprintf(error, error_size, "replay: %s", kvq_context_last_error(ctx));
     golden_inputs_free(&in);
+    for (int s = 0; s < GOLDEN_SEQUENCES; s++) free(d.kept[s]), free(d.margins[s]);
     return -1;
   }
   int rc = 0;
+  for (int s = 0; s < GOLDEN_SEQUENCES && policy; s++) {
+    for (uint64_t i = 0; i < d.margin_count[s] && rc == 0; i++)
+      if (d.margins[s][i] < MIN_DECISION_MARGIN) {
+        snprintf(error, error_size,
+                 "sequence %d, decision %llu: relative margin %.3g is below %g: a near-tie that another backend may "
+                 "decide otherwise; change the case (seed, budget) so that every decision is clear",
+                 s, (unsigned long long)i, d.margins[s][i], MIN_DECISION_MARGIN);
+        rc = -1;
+      }
+    golden_name(name, sizeof name, "kept", s, -1, -1);
+    if (rc == 0) rc = golden_add_u32(g, name, d.kept[s], d.kept_count[s]);
+    golden_name(name, sizeof name, "margins", s, -1, -1);
+    if (rc == 0) rc = golden_add(g, name, GOLDEN_BYTES, d.margins[s], sizeof(double) * d.margin_count[s]);
+  }
+  for (int s = 0; s < GOLDEN_SEQUENCES; s++) free(d.kept[s]), free(d.margins[s]);
   for (uint32_t l = 0; l < in.config.layer_count && rc == 0; l++) {
     const kvq_layer_config *L = &in.layers[l];
     for (int side = 0; side < 2; side++) {
@@ -75,7 +143,9 @@ int kvq_golden_record_results(golden_file *g, kvq_context *ctx, kvq_cache **keep
       const uint32_t *block = golden_u32(golden_find(g, name), &count);
       golden_name(name, sizeof name, "queries", (int)l, s, -1);
       const float *q = golden_f32(golden_find(g, name), &qcount);
-      const uint32_t hq = L->query_heads, d = L->head_dim, len = in.sequences[2 * s + 1];
+      kvq_sequence_info info;
+      kvq_sequence_info_get(cache, ids[s], l, &info);
+      const uint32_t hq = L->query_heads, d = L->head_dim, len = (uint32_t)info.kept_tokens; /* the results' columns */
       if (!block || count != 2 || !q || qcount != (uint64_t)block[0] * hq * d) {
         snprintf(error, error_size, "malformed query records for layer %u sequence %d", l, s);
         rc = -1;
@@ -158,6 +228,7 @@ static int case_inputs(const golden_case *c, golden_file *g) {
   kvq_cache_config config = {.layer_count = c->layer_count, .layers = c->layers, .input_dtype = c->input,
                              .page_size = c->page_size, .residual_window = c->window, .max_pages = 32,
                              .max_sequences = GOLDEN_SEQUENCES, .seed = c->seed};
+  config.policy = c->policy;
   kvq_writer w = {NULL, 0};
   kvq_put_config(&w, &config);
   uint8_t *conf = malloc((size_t)w.pos);
@@ -167,6 +238,12 @@ static int case_inputs(const golden_case *c, golden_file *g) {
   rc |= golden_add(g, "name", GOLDEN_BYTES, c->name, strlen(c->name));
   rc |= golden_add(g, "config", GOLDEN_BYTES, conf, w.pos);
   free(conf);
+  if (c->policy.kind != KVQ_POLICY_KEEP_ALL) { /* the config record has no policy: its own record */
+    uint8_t record[24];
+    kvq_writer pw = {record, 0};
+    kvq_put_policy(&pw, &c->policy);
+    rc |= golden_add(g, "policy", GOLDEN_BYTES, record, pw.pos);
+  }
   uint32_t steps;
   uint32_t *schedule = golden_schedule(c, &steps);
   rc |= !schedule || golden_add_u32(g, "schedule", schedule, 4 * (uint64_t)steps);
@@ -189,6 +266,10 @@ static int case_inputs(const golden_case *c, golden_file *g) {
       to_dtype(v, n, c->input, raw);
       golden_name(name, sizeof name, "values", (int)l, -1, -1);
       rc |= golden_add(g, name, GOLDEN_BYTES, raw, n * kvq_dtype_size(c->input));
+      if (c->prefill) { /* decoding queries every position: the stream of queries */
+        golden_name(name, sizeof name, "stream_queries", (int)l, -1, -1);
+        rc |= golden_add_f32(g, name, q, (uint64_t)total * hq * d);
+      }
       for (int s = 0; s < GOLDEN_SEQUENCES; s++) {
         const uint32_t len = c->lengths[s], nq = len < QUERIES ? len : QUERIES;
         const uint32_t block[2] = {nq, s == 0 ? (uint32_t)KVQ_MASK_CAUSAL : (uint32_t)KVQ_MASK_NONE};
@@ -253,6 +334,17 @@ static int write_saved_files(kvq_cache *cache, const char *dir, FILE *log) {
   return rc;
 }
 
+static int write_policy_file(kvq_cache *cache, const char *dir, FILE *log) {
+  uint64_t size;
+  size_t written;
+  if (kvq_cache_save_size(cache, &size) != KVQ_OK) return 1;
+  uint8_t *data = malloc(size);
+  int rc = !data || kvq_cache_save_to_memory(cache, data, size, &written) != KVQ_OK;
+  if (!rc) rc = write_bytes(dir, "cache-policy-v1.kvq", data, size, log);
+  free(data);
+  return rc;
+}
+
 int kvq_golden_write(const char *dir, FILE *log) {
   kvq_context *ctx = cpu_context();
   if (!ctx) return fail(log, "cannot start the CPU backend", NULL);
@@ -260,12 +352,18 @@ int kvq_golden_write(const char *dir, FILE *log) {
   /* The saved-cache files come from the case with the smallest matrices (with a window, a flushed
    * partial page and outliers), to keep them small. */
   const uint32_t saved_case = 3;
-  kvq_cache *saved = NULL;
-  for (uint32_t i = 0; i < golden_case_total(); i++)
-    rc |= write_case(golden_case_get(i), dir, ctx, log, i == saved_case ? &saved : NULL);
+  kvq_cache *saved = NULL, *with_policy = NULL;
+  for (uint32_t i = 0; i < golden_case_total(); i++) {
+    const golden_case *c = golden_case_get(i);
+    kvq_cache **keep = i == saved_case ? &saved : c->policy.kind == KVQ_POLICY_H2O && !with_policy ? &with_policy : NULL;
+    rc |= write_case(c, dir, ctx, log, keep);
+  }
   if (saved) rc |= write_saved_files(saved, dir, log);
   else rc = 1;
+  /* a cache mid-stream under H2O: its policy section (page numbers, kept masks, statistics) */
+  rc |= !with_policy || write_policy_file(with_policy, dir, log);
   kvq_cache_destroy(saved);
+  kvq_cache_destroy(with_policy);
   kvq_context_destroy(ctx);
   return rc;
 }
