@@ -107,6 +107,29 @@ Test(tool, eval_polar_cq_kivi_rows, .timeout = 120) {
   cr_assert_eq(run("eval --quiet --tokens 64 --calibration 65 --methods cq-c4-b8"), 2, "%s", output);
 }
 
+/* Token-policy rows: exact fp32 storage under H2O keeps exactly what H2O on the exact keys keeps
+ * (overlap 1: the same decisions, from probabilities that differ by float rounding only, far from
+ * ties on this data), a quantized method keeps less of it, Q-Hitter with lambda 1 is H2O, and every policy row keeps the
+ * budget plus the step's new token. */
+Test(tool, eval_policy_rows, .timeout = 120) {
+  const char *args = "eval --quiet --json --tokens 400 --heads 4 --kv-heads 2 --head-dim 64 --last 24 --budget 80 "
+                     "--recent 40 --methods exact-f32@h2o,uniform-b2@h2o,uniform-b2@qhitter-l1,uniform-b2@streaming,"
+                     "uniform-b2@qhitter,uniform-b2";
+  cr_assert_eq(run(args), 0, "%s", output);
+  cr_assert_eq(json_number(output, 0, "h2o_overlap"), 1.0, "exact storage keeps exactly H2O's set");
+  const double quantized = json_number(output, 1, "h2o_overlap");
+  cr_assert(quantized < 1.0 && quantized > 0.2, "2-bit keys shift the kept set (overlap %g)", quantized);
+  cr_assert_eq(json_number(output, 2, "h2o_overlap"), quantized, "lambda 1 selects as H2O");
+  cr_assert_eq(json_number(output, 2, "output_error"), json_number(output, 1, "output_error"));
+  for (int r = 0; r < 5; r++) cr_assert_eq(json_number(output, r, "kept_tokens"), 81.0, "row %d", r);
+  cr_assert_not_null(strstr(output, "\"budget\": 80"), "%s", output);
+  /* evicting 80% of the tokens costs accuracy: more output error than the same method keeping all */
+  cr_assert_gt(json_number(output, 1, "output_error"), json_number(output, 5, "output_error"));
+  cr_assert_eq(run("eval --quiet --methods uniform-b2@lru"), 2, "%s", output);
+  cr_assert_eq(run("eval --quiet --mask none --methods uniform-b2@h2o"), 2, "%s", output);
+  cr_assert_eq(run("eval --quiet --lambda 2 --methods uniform-b2@qhitter"), 2, "%s", output);
+}
+
 /* The same numbers from .npy files as from the synthetic generator they were written from. */
 Test(tool, eval_npy_inputs_match_synthetic, .timeout = 120) {
   const uint32_t n = 200, hq = 4, hkv = 1, d = 32;

@@ -1,14 +1,17 @@
 /*
  * `kvq eval`: how much each method compresses and how much attention it changes, on given Q/K/V
  * (.npy, [tokens, heads, head_dim]) or on the documented synthetic LLM-like data (core/synth.h).
- * The columns are defined in docs/EVAL.md; in short, after a flush of all tokens:
+ * The columns are defined in docs/EVAL.md; in short:
  *   bits/number of keys, values and both (page layouts: side data and padding included);
  *   inner-product error ||s^ - s|| / ||s|| over all attended (query, key) pairs;
  *   attention-score error: mean and max over queries of max_j |p^_j - p_j|;
  *   output error: mean over queries of ||o^ - o|| / ||o||;
- *   top-k overlap: |topk(p^) & topk(p)| / k with k = max(1, 5% of attended tokens).
+ *   top-k overlap: |topk(p^) & topk(p)| / k with k = max(1, 5% of attended tokens);
+ *   token-policy rows (SPEC@POLICY, eval_policy.c): tokens kept, and the overlap of the kept set
+ *   with H2O's on the exact keys.
  * The reference is exact attention in double on the input numbers. A "query" is one (position,
- * query head) pair; the last N positions (default 64) attend causally unless --mask none.
+ * query head) pair; the last N positions (default 64) attend causally unless --mask none. This
+ * file: options, data, the reference, the output.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,36 +20,10 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "eval.h"
 #include "core/halfconv.h"
 #include "core/synth.h"
 #include "npy.h"
-
-typedef struct eval_options {
-  const char *keys, *values, *queries; /* .npy paths, all or none */
-  uint32_t tokens, query_heads, kv_heads, head_dim, last;
-  uint32_t page_size, window;
-  uint32_t calibration; /* tokens the codebooks are learned from (the first ones); 0: all but the queries */
-  uint64_t seed;
-  kvq_mask mask;
-  kvq_backend_kind backend;
-  const char *methods; /* comma-separated KEYS/VALUES specs, NULL for the default set */
-  int json, quiet;
-} eval_options;
-
-typedef struct eval_data {
-  float *k, *v, *q; /* [tokens][kv_heads][d], [tokens][kv_heads][d], [tokens][query_heads][d] */
-  uint32_t tokens, query_heads, kv_heads, head_dim;
-  kvq_dtype dtype; /* how the inputs were given: fp16 files stay fp16 in the cache */
-  const char *source;
-} eval_data;
-
-typedef struct eval_row {
-  char spec[96];
-  double key_bits, value_bits, bits;
-  uint64_t fixed_bytes, window_tokens;
-  uint32_t calibration; /* tokens its codebooks were learned from; 0: none learned */
-  double ip_error, score_error_mean, score_error_max, output_error, topk_overlap;
-} eval_row;
 
 static const char *default_methods =
     "exact-f16/exact-f16,"
@@ -56,7 +33,8 @@ static const char *default_methods =
     "uniform-b4/uniform-b4,uniform-b2/uniform-b2,"
     "kivi-b2/uniform-b2,kivi-b4/uniform-b4,"
     "polar-b4222,polar-b2222,polar-b1222,polar-b4222-hadamard-online,"
-    "cq-c4-b8,cq-c8-b8,cq-c2-b8/cq-c4-b8";
+    "cq-c4-b8,cq-c8-b8,cq-c2-b8/cq-c4-b8,"
+    "kivi-b2/uniform-b2@streaming,kivi-b2/uniform-b2@h2o,kivi-b2/uniform-b2@qhitter";
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -77,6 +55,8 @@ static void usage(FILE *f) {
           "                              kivi-b<B>[-t<Gt>], polar-b<bits of levels 1..L>[-hadamard][-online],\n"
           "                              cq-c<C>-b<B>[-i<iterations>]\n"
           "                      VALUES: the same but qjl\n"
+          "                      SPEC@POLICY: decode the last N positions token by token under a token policy:\n"
+          "                      streaming, h2o, qhitter (lambda from --lambda) or qhitter-l<lambda>\n"
           "  --last N            queries: the last N positions of every query head (default 64)\n"
           "  --mask causal|none  (default causal)\n"
           "  --page-size P       (default 32)\n"
@@ -84,6 +64,11 @@ static void usage(FILE *f) {
           "                      reported separately (default 0: flush, every token quantized)\n"
           "  --calibration N     learned codebooks (CQ, online PolarQuant) come from the first N tokens\n"
           "                      (default: every token before the queries, the prefill)\n"
+          "  --budget N          token policies: tokens kept (default: a fifth of the tokens)\n"
+          "  --sinks N           token policies: first tokens always kept (default 4)\n"
+          "  --recent N          H2O, Q-Hitter: newest tokens always kept (default 64, at least window + page);\n"
+          "                      the rest of the budget are heavy hitters; StreamingLLM spends it all on recent\n"
+          "  --lambda L          Q-Hitter's balance (default 0.5)\n"
           "  --backend NAME      cpu, vulkan, cuda or auto (default cpu)\n"
           "output:\n"
           "  --json              one JSON document on stdout instead of the table\n"
@@ -97,78 +82,6 @@ static int parse_u32(const char *s, uint32_t *out) {
   if (!*s || *end || v > 0xffffffffUL) return -1;
   *out = (uint32_t)v;
   return 0;
-}
-
-/* Parses one side's spec ("qjl-m256-k8", "uniform-b4-g32", "exact-f16"). */
-static int parse_method(const char *spec, size_t len, uint32_t d, int values, kvq_method_config *m) {
-  char buf[64];
-  if (len >= sizeof buf) return -1;
-  memcpy(buf, spec, len);
-  buf[len] = 0;
-  if (!strncmp(buf, "exact-", 6)) {
-    *m = kvq_method_defaults(KVQ_METHOD_EXACT, d);
-    if (!strcmp(buf + 6, "f16")) m->exact.dtype = KVQ_DTYPE_F16;
-    else if (!strcmp(buf + 6, "bf16")) m->exact.dtype = KVQ_DTYPE_BF16;
-    else if (!strcmp(buf + 6, "f32")) m->exact.dtype = KVQ_DTYPE_F32;
-    else return -1;
-    return 0;
-  }
-  char *part = strtok(buf, "-");
-  if (!part) return -1;
-  if (!strcmp(part, "qjl") && !values) {
-    *m = kvq_method_defaults(KVQ_METHOD_QJL, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'm' ? &m->qjl.sketch_dim : part[0] == 'k' ? &m->qjl.outlier_count
-                        : part[0] == 'o'                    ? &m->qjl.outlier_sketch_dim
-                                                            : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "kivi")) {
-    *m = kvq_method_defaults(KVQ_METHOD_KIVI, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'b' ? &m->kivi.bits : part[0] == 't' ? &m->kivi.group_tokens : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "polar")) { /* polar-b4222-hadamard-online: one digit of bits per level */
-    *m = kvq_method_defaults(KVQ_METHOD_POLAR, d);
-    while ((part = strtok(NULL, "-"))) {
-      if (!strcmp(part, "hadamard")) m->polar.rotation = KVQ_ROTATION_HADAMARD;
-      else if (!strcmp(part, "dense")) m->polar.rotation = KVQ_ROTATION_DENSE;
-      else if (!strcmp(part, "online")) m->polar.codebook = KVQ_CODEBOOK_ONLINE;
-      else if (!strcmp(part, "offline")) m->polar.codebook = KVQ_CODEBOOK_OFFLINE;
-      else if (part[0] == 'b' && part[1] && strlen(part + 1) <= KVQ_POLAR_MAX_LEVELS) {
-        m->polar.levels = (uint32_t)strlen(part + 1);
-        for (uint32_t l = 0; l < m->polar.levels; l++) {
-          if (part[1 + l] < '1' || part[1 + l] > '8') return -1;
-          m->polar.bits[l] = (uint32_t)(part[1 + l] - '0');
-        }
-      } else return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "cq")) {
-    *m = kvq_method_defaults(KVQ_METHOD_CQ, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'c' ? &m->cq.channels : part[0] == 'b' ? &m->cq.bits
-                        : part[0] == 'i'                   ? &m->cq.iterations
-                                                           : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "uniform")) {
-    *m = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'b' ? &m->uniform.bits : part[0] == 'g' ? &m->uniform.group_size : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  return -1;
 }
 
 static int load_npy(const char *path, kvq_npy *out, uint32_t *tokens, uint32_t *heads, uint32_t *dim) {
@@ -240,16 +153,16 @@ static int load_data(const eval_options *o, eval_data *data) {
   return 0;
 }
 
-/* Exact reference for the evaluated queries: logits s and probabilities p [last][hq][n], outputs
- * o [last][hq][d], in double. */
-static void exact_reference(const eval_data *x, uint32_t last, kvq_mask mask, double *s, double *p, double *o) {
+/* Exact reference for the evaluated queries (eval.h), in double. */
+static void exact_reference(const eval_data *x, uint32_t last, kvq_mask mask, eval_reference *ref) {
   const uint32_t n = x->tokens, hq = x->query_heads, d = x->head_dim, group = hq / x->kv_heads;
   const double scale = 1.0 / sqrt((double)d);
   for (uint32_t i = 0; i < last; i++)
     for (uint32_t h = 0; h < hq; h++) {
       const float *q = x->q + ((size_t)(n - last + i) * hq + h) * d;
       const uint32_t visible = mask == KVQ_MASK_CAUSAL ? n - last + i + 1 : n;
-      double *srow = s + ((size_t)i * hq + h) * n, *prow = p + ((size_t)i * hq + h) * n, *orow = o + ((size_t)i * hq + h) * d;
+      double *srow = ref->s + ((size_t)i * hq + h) * n, *prow = ref->p + ((size_t)i * hq + h) * n;
+      double *orow = ref->o + ((size_t)i * hq + h) * d;
       double max = -INFINITY, z = 0;
       for (uint32_t t = 0; t < visible; t++) {
         const float *k = x->k + ((size_t)t * x->kv_heads + h / group) * d;
@@ -269,154 +182,27 @@ static void exact_reference(const eval_data *x, uint32_t last, kvq_mask mask, do
     }
 }
 
-/* |topk(a) & topk(b)| / k over the first n entries; ties broken towards the lower index. */
-static double topk_overlap(const double *a, const float *b, uint32_t n, uint32_t k, uint32_t *ia, uint32_t *ib,
-                           uint8_t *mark) {
-  for (uint32_t j = 0; j < n; j++) ia[j] = ib[j] = j, mark[j] = 0;
-  for (uint32_t r = 0; r < k; r++) { /* partial selection sort: k is 5% of n */
-    uint32_t best_a = r, best_b = r;
-    for (uint32_t j = r + 1; j < n; j++) {
-      if (a[ia[j]] > a[ia[best_a]] || (a[ia[j]] == a[ia[best_a]] && ia[j] < ia[best_a])) best_a = j;
-      if (b[ib[j]] > b[ib[best_b]] || (b[ib[j]] == b[ib[best_b]] && ib[j] < ib[best_b])) best_b = j;
-    }
-    uint32_t t = ia[r];
-    ia[r] = ia[best_a], ia[best_a] = t;
-    t = ib[r];
-    ib[r] = ib[best_b], ib[best_b] = t;
-    mark[ia[r]] |= 1;
+/* The keys and values in the cache's input dtype: fp16 inputs go in as fp16, exactly as given. */
+static int input_buffers(eval_data *x) {
+  const size_t kv = (size_t)x->tokens * x->kv_heads * x->head_dim;
+  if (x->dtype != KVQ_DTYPE_F16) {
+    x->k_input = x->k, x->v_input = x->v;
+    return 0;
   }
-  uint32_t both = 0;
-  for (uint32_t r = 0; r < k; r++) both += mark[ib[r]] & 1;
-  return (double)both / k;
-}
-
-static int needs_codebooks(const kvq_method_config *m) {
-  return m->method == KVQ_METHOD_CQ || (m->method == KVQ_METHOD_POLAR && m->polar.codebook == KVQ_CODEBOOK_ONLINE);
-}
-
-static int run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, const char *spec, size_t spec_len,
-                   const double *s_ref, const double *p_ref, const double *o_ref, eval_row *row) {
-  memset(row, 0, sizeof *row);
-  snprintf(row->spec, sizeof row->spec, "%.*s", (int)spec_len, spec);
-  const char *slash = memchr(spec, '/', spec_len);
-  kvq_layer_config layer = {.query_heads = x->query_heads, .kv_heads = x->kv_heads, .head_dim = x->head_dim};
-  const size_t key_len = slash ? (size_t)(slash - spec) : spec_len; /* no slash: the same method for both */
-  const char *value_spec = slash ? slash + 1 : spec;
-  if (parse_method(spec, key_len, x->head_dim, 0, &layer.keys) != 0 ||
-      parse_method(value_spec, spec_len - (size_t)(value_spec - spec), x->head_dim, 1, &layer.values) != 0) {
-    fprintf(stderr, "kvq eval: cannot read method '%s' (see kvq eval --help)\n", row->spec);
+  uint16_t *kh = malloc(2 * kv), *vh = malloc(2 * kv);
+  if (!kh || !vh) {
+    free(kh), free(vh);
     return -1;
   }
-  const uint32_t n = x->tokens, hq = x->query_heads, hkv = x->kv_heads, d = x->head_dim, P = o->page_size;
-  kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = x->dtype, .page_size = P,
-                             .residual_window = o->window, .max_pages = (n + P - 1) / P + 1, .max_sequences = 1,
-                             .seed = o->seed};
-  char why[512];
-  if (kvq_cache_config_check(&config, why, sizeof why) != KVQ_OK) {
-    fprintf(stderr, "kvq eval: %s: %s\n", row->spec, why);
-    return -1;
-  }
-  kvq_cache *cache = NULL;
-  uint32_t seq;
-  int rc = -1;
-  const size_t kv = (size_t)n * hkv * d;
-  void *kbuf = NULL, *vbuf = NULL;
-  float *logits = malloc(sizeof(float) * o->last * hq * n), *probs = malloc(sizeof(float) * o->last * hq * n);
-  float *out = malloc(sizeof(float) * o->last * hq * d);
-  uint32_t *ia = malloc(sizeof(uint32_t) * n), *ib = malloc(sizeof(uint32_t) * n);
-  uint8_t *mark = malloc(n);
-  if (!logits || !probs || !out || !ia || !ib || !mark) {
-    fprintf(stderr, "kvq eval: out of memory\n");
-    goto done;
-  }
-  if (x->dtype == KVQ_DTYPE_F16) { /* fp16 inputs go in as fp16, exactly as given */
-    uint16_t *kh = malloc(2 * kv), *vh = malloc(2 * kv);
-    if (!kh || !vh) {
-      free(kh), free(vh);
-      goto done;
-    }
-    for (size_t i = 0; i < kv; i++) kh[i] = (uint16_t)kvq_f32_to_f16_bits(x->k[i]), vh[i] = (uint16_t)kvq_f32_to_f16_bits(x->v[i]);
-    kbuf = kh, vbuf = vh;
-  }
-  int64_t kshape[3] = {n, hkv, d}, qshape[3] = {o->last, hq, d}, sshape[3] = {o->last, hq, n};
-  kvq_tensor kt = kvq_tensor_host(kbuf ? kbuf : x->k, x->dtype, 3, kshape);
-  kvq_tensor vt = kvq_tensor_host(vbuf ? vbuf : x->v, x->dtype, 3, kshape);
-  kvq_tensor qt = kvq_tensor_host(x->q + (size_t)(n - o->last) * hq * d, KVQ_DTYPE_F32, 3, qshape);
-  kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape);
-  kvq_attention_request req = {0, o->mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
-  kvq_status st;
-  /* learned codebooks come from the first tokens (the prefill), as PolarQuant's online mode does */
-  const uint32_t cal = o->calibration ? o->calibration : (n > o->last ? n - o->last : n);
-  int64_t cshape[3] = {cal, hkv, d};
-  kvq_tensor kc = kvq_tensor_host(kt.data, x->dtype, 3, cshape), vc = kvq_tensor_host(vt.data, x->dtype, 3, cshape);
-  row->calibration = needs_codebooks(&layer.keys) || needs_codebooks(&layer.values) ? cal : 0;
-  if ((st = kvq_cache_create(ctx, &config, &cache)) != KVQ_OK ||
-      (row->calibration && (st = kvq_codebooks_learn(cache, 0, &kc, &vc, NULL)) != KVQ_OK) ||
-      (st = kvq_sequence_add(cache, &seq)) != KVQ_OK ||
-      (st = kvq_append(cache, seq, 0, &kt, &vt)) != KVQ_OK ||
-      /* without a window every token is quantized; with one, the newest stay in full precision */
-      (o->window == 0 && (st = kvq_flush(cache, seq)) != KVQ_OK) ||
-      (st = kvq_scores(cache, seq, 0, &qt, o->mask, KVQ_SCORES_LOGITS, &lt)) != KVQ_OK) {
-    fprintf(stderr, "kvq eval: %s: %s: %s\n", row->spec, kvq_status_string(st), kvq_context_last_error(ctx));
-    goto done;
-  }
-  req.sequence = seq;
-  if ((st = kvq_attention(cache, 0, &req, 1)) != KVQ_OK) {
-    fprintf(stderr, "kvq eval: %s: %s: %s\n", row->spec, kvq_status_string(st), kvq_context_last_error(ctx));
-    goto done;
-  }
-  kvq_layer_bits_per_number(&layer, P, &row->key_bits, &row->value_bits);
-  row->bits = (row->key_bits + row->value_bits) / 2;
-  kvq_memory_report mem;
-  kvq_cache_memory(cache, &mem);
-  row->fixed_bytes = mem.fixed_bytes;
-  kvq_sequence_info info;
-  kvq_sequence_info_get(cache, seq, 0, &info);
-  row->window_tokens = info.tokens - info.quantized_tokens;
-  /* probabilities from the returned logits: the same softmax the library applies, without a
-   * second scoring pass */
-  const uint64_t rows = (uint64_t)o->last * hq;
-  for (uint64_t r = 0; r < rows; r++) {
-    const uint32_t visible = o->mask == KVQ_MASK_CAUSAL ? n - o->last + (uint32_t)(r / hq) + 1 : n;
-    const float *s = logits + (size_t)r * n;
-    float *p = probs + (size_t)r * n;
-    double max = -INFINITY, z = 0;
-    for (uint32_t t = 0; t < visible; t++) max = s[t] > max ? s[t] : max;
-    for (uint32_t t = 0; t < visible; t++) z += exp(s[t] - max);
-    for (uint32_t t = 0; t < n; t++) p[t] = t < visible ? (float)(exp(s[t] - max) / z) : 0.0f;
-  }
-  double ip_num = 0, ip_den = 0, score_sum = 0, out_sum = 0, topk_sum = 0;
-  for (uint64_t r = 0; r < rows; r++) {
-    const uint32_t i = (uint32_t)(r / hq);
-    const uint32_t visible = o->mask == KVQ_MASK_CAUSAL ? n - o->last + i + 1 : n;
-    double worst = 0, on = 0, od = 0;
-    for (uint32_t t = 0; t < visible; t++) {
-      const size_t at = (size_t)r * n + t;
-      ip_num += (logits[at] - s_ref[at]) * (logits[at] - s_ref[at]);
-      ip_den += s_ref[at] * s_ref[at];
-      const double diff = fabs(probs[at] - p_ref[at]);
-      worst = diff > worst ? diff : worst;
-    }
-    score_sum += worst;
-    row->score_error_max = worst > row->score_error_max ? worst : row->score_error_max;
-    for (uint32_t c = 0; c < d; c++) {
-      const size_t at = (size_t)r * d + c;
-      on += (out[at] - o_ref[at]) * (out[at] - o_ref[at]);
-      od += o_ref[at] * o_ref[at];
-    }
-    out_sum += od > 0 ? sqrt(on / od) : sqrt(on);
-    const uint32_t k = visible / 20 > 1 ? visible / 20 : 1;
-    topk_sum += topk_overlap(p_ref + (size_t)r * n, probs + (size_t)r * n, visible, k, ia, ib, mark);
-  }
-  row->ip_error = ip_den > 0 ? sqrt(ip_num / ip_den) : 0;
-  row->score_error_mean = score_sum / rows;
-  row->output_error = out_sum / rows;
-  row->topk_overlap = topk_sum / rows;
-  rc = 0;
-done:
-  kvq_cache_destroy(cache);
-  free(kbuf), free(vbuf), free(logits), free(probs), free(out), free(ia), free(ib), free(mark);
-  return rc;
+  for (size_t i = 0; i < kv; i++) kh[i] = (uint16_t)kvq_f32_to_f16_bits(x->k[i]), vh[i] = (uint16_t)kvq_f32_to_f16_bits(x->v[i]);
+  x->k_input = kh, x->v_input = vh;
+  return 0;
+}
+
+static void free_data(eval_data *x) {
+  if (x->k_input != x->k) free(x->k_input);
+  if (x->v_input != x->v) free(x->v_input);
+  free(x->k), free(x->v), free(x->q);
 }
 
 static void print_table(const eval_options *o, const eval_data *x, const eval_row *rows, uint32_t count) {
@@ -424,13 +210,19 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
          "queries: the last %u positions x %u heads (%s mask); reference: exact attention in double\n\n",
          x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim, o->page_size, o->window, o->last,
          x->query_heads, o->mask == KVQ_MASK_CAUSAL ? "causal" : "no");
-  printf("%-30s %6s %6s %6s %9s %10s %10s %10s %10s %8s\n", "keys/values", "k-bits", "v-bits", "bits", "ip-err",
+  int policies = 0;
+  for (uint32_t i = 0; i < count; i++) policies |= rows[i].has_policy;
+  printf("%-32s %6s %6s %6s %9s %10s %10s %10s %8s %8s", "keys/values[@policy]", "k-bits", "v-bits", "bits", "ip-err",
          "score-mean", "score-max", "output-err", "top5%", "fixed-kB");
+  if (policies) printf(" %6s %8s", "kept", "h2o-ovl");
+  printf("\n");
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
-    printf("%-30s %6.3f %6.3f %6.3f %9.2e %10.2e %10.2e %10.2e %10.4f %8.1f\n", r->spec, r->key_bits, r->value_bits,
-           r->bits, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error, r->topk_overlap,
-           r->fixed_bytes / 1024.0);
+    printf("%-32s %6.3f %6.3f %6.3f %9.2e %10.2e %10.2e %10.2e %8.4f %8.1f", r->spec, r->key_bits, r->value_bits, r->bits,
+           r->ip_error, r->score_error_mean, r->score_error_max, r->output_error, r->topk_overlap, r->fixed_bytes / 1024.0);
+    if (r->has_policy) printf(" %6u %8.4f", r->kept, r->h2o_overlap);
+    else if (policies) printf(" %6s %8s", "-", "-");
+    printf("\n");
   }
   printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices and codebooks stored once\n"
          "per layer.\n");
@@ -441,34 +233,46 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
       break;
     }
   if (o->window)
-    printf("window: the newest %u tokens stay in full precision (not in the bits; they make the errors smaller).\n",
-           count ? (unsigned)rows[0].window_tokens : 0);
+    printf("window: the newest tokens stay in full precision (not in the bits; they make the errors smaller).\n");
   else
     printf("every token is quantized (a flush after the append).\n");
+  if (policies) {
+    const kvq_policy_config h2o = eval_policy(o, KVQ_POLICY_H2O, 0.0f), stream = eval_policy(o, KVQ_POLICY_STREAMING, 0.0f);
+    printf("@policy rows decode the last %u positions token by token (the newest partial page stays in full precision);\n"
+           "budget %u tokens: sinks %u + recent %u + heavy hitters %u (StreamingLLM: recent %u); kept: tokens kept at the\n"
+           "end; h2o-ovl: share of the tokens H2O keeps on the exact keys (outside sinks and recent) that the row keeps.\n",
+           o->last, o->budget, h2o.sinks, h2o.recent, h2o.heavy, stream.recent);
+  }
 }
 
 static void print_json(const eval_options *o, const eval_data *x, const eval_row *rows, uint32_t count) {
   printf("{\n  \"kvq_version\": \"%s\",\n  \"data\": {\"source\": \"%s\", \"tokens\": %u, \"query_heads\": %u, "
          "\"kv_heads\": %u, \"head_dim\": %u},\n",
          kvq_version(), x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim);
-  printf("  \"settings\": {\"page_size\": %u, \"window\": %u, \"queries\": %u, \"mask\": \"%s\", \"seed\": %llu},\n",
-         o->page_size, o->window, o->last, o->mask == KVQ_MASK_CAUSAL ? "causal" : "none", (unsigned long long)o->seed);
+  const kvq_policy_config h2o = eval_policy(o, KVQ_POLICY_H2O, 0.0f);
+  printf("  \"settings\": {\"page_size\": %u, \"window\": %u, \"queries\": %u, \"mask\": \"%s\", \"seed\": %llu, "
+         "\"budget\": %u, \"sinks\": %u, \"recent\": %u, \"heavy\": %u, \"lambda\": %g},\n",
+         o->page_size, o->window, o->last, o->mask == KVQ_MASK_CAUSAL ? "causal" : "none", (unsigned long long)o->seed,
+         o->budget, h2o.sinks, h2o.recent, h2o.heavy, (double)o->lambda);
   printf("  \"methods\": [\n");
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
     printf("    {\"method\": \"%s\", \"key_bits\": %.6f, \"value_bits\": %.6f, \"bits\": %.6f, \"fixed_bytes\": %llu, "
-           "\"window_tokens\": %llu, \"calibration_tokens\": %u, \"inner_product_error\": %.6e, \"score_error_mean\": %.6e, \"score_error_max\": %.6e, "
-           "\"output_error\": %.6e, \"topk_overlap\": %.6f}%s\n",
+           "\"window_tokens\": %llu, \"calibration_tokens\": %u, \"inner_product_error\": %.6e, "
+           "\"score_error_mean\": %.6e, \"score_error_max\": %.6e, \"output_error\": %.6e, \"topk_overlap\": %.6f",
            r->spec, r->key_bits, r->value_bits, r->bits, (unsigned long long)r->fixed_bytes,
-           (unsigned long long)r->window_tokens, r->calibration, r->ip_error, r->score_error_mean, r->score_error_max, r->output_error,
-           r->topk_overlap, i + 1 < count ? "," : "");
+           (unsigned long long)r->window_tokens, r->calibration, r->ip_error, r->score_error_mean, r->score_error_max,
+           r->output_error, r->topk_overlap);
+    if (r->has_policy) printf(", \"kept_tokens\": %u, \"h2o_overlap\": %.6f", r->kept, r->h2o_overlap);
+    printf("}%s\n", i + 1 < count ? "," : "");
   }
   printf("  ]\n}\n");
 }
 
 int kvq_cmd_eval(int argc, char **argv) {
   eval_options o = {.tokens = 2048, .query_heads = 8, .kv_heads = 2, .head_dim = 128, .last = 64, .page_size = 32,
-                    .seed = 1, .mask = KVQ_MASK_CAUSAL, .backend = KVQ_BACKEND_CPU};
+                    .sinks = 4, .recent = 64, .lambda = 0.5f, .seed = 1, .mask = KVQ_MASK_CAUSAL,
+                    .backend = KVQ_BACKEND_CPU};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
     uint32_t *number = !strcmp(a, "--tokens")      ? &o.tokens
@@ -479,6 +283,9 @@ int kvq_cmd_eval(int argc, char **argv) {
                        : !strcmp(a, "--page-size") ? &o.page_size
                        : !strcmp(a, "--window")    ? &o.window
                        : !strcmp(a, "--calibration") ? &o.calibration
+                       : !strcmp(a, "--budget")    ? &o.budget
+                       : !strcmp(a, "--sinks")     ? &o.sinks
+                       : !strcmp(a, "--recent")    ? &o.recent
                                                    : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
@@ -503,6 +310,15 @@ int kvq_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "kvq eval: --seed %s: not a number\n", value);
         return 2;
       }
+      i++;
+    } else if (!strcmp(a, "--lambda")) {
+      char *end;
+      const double lambda = strtod(value, &end);
+      if (end == value || *end || !(lambda >= 0.0 && lambda <= 1.0)) {
+        fprintf(stderr, "kvq eval: --lambda %s: a number from 0 to 1\n", value);
+        return 2;
+      }
+      o.lambda = (float)lambda;
       i++;
     } else if (!strcmp(a, "--keys")) o.keys = argv[++i];
     else if (!strcmp(a, "--values")) o.values = argv[++i];
@@ -529,47 +345,49 @@ int kvq_cmd_eval(int argc, char **argv) {
     }
   }
   eval_data x;
-  if (load_data(&o, &x) != 0) {
-    free(x.k), free(x.v), free(x.q);
+  if (load_data(&o, &x) != 0 || input_buffers(&x) != 0) {
+    free_data(&x);
     return 2;
   }
-  if (o.last == 0) {
-    fprintf(stderr, "kvq eval: --last must be at least 1\n");
-    free(x.k), free(x.v), free(x.q);
+  const char *why = o.last == 0 ? "--last must be at least 1"
+                    : o.calibration > x.tokens ? "--calibration is more than the data's tokens"
+                                               : NULL;
+  if (why) {
+    fprintf(stderr, "kvq eval: %s\n", why);
+    free_data(&x);
     return 2;
   }
   if (o.last > x.tokens) o.last = x.tokens; /* every position is a query */
-  if (o.calibration > x.tokens) {
-    fprintf(stderr, "kvq eval: --calibration %u: the data has %u tokens\n", o.calibration, x.tokens);
-    free(x.k), free(x.v), free(x.q);
-    return 2;
-  }
+  if (o.budget == 0) o.budget = x.tokens / 5;
   kvq_context_options copt = kvq_context_options_default();
   copt.backend = o.backend;
   kvq_context *ctx = NULL;
   if (kvq_context_create(&copt, &ctx) != KVQ_OK) {
     fprintf(stderr, "kvq eval: the requested backend is unavailable (see kvq info)\n");
-    free(x.k), free(x.v), free(x.q);
+    free_data(&x);
     return 2;
   }
   const size_t ns = (size_t)o.last * x.query_heads * x.tokens, no = (size_t)o.last * x.query_heads * x.head_dim;
-  double *s_ref = malloc(sizeof(double) * ns), *p_ref = malloc(sizeof(double) * ns), *o_ref = malloc(sizeof(double) * no);
+  eval_reference ref = {malloc(sizeof(double) * ns), malloc(sizeof(double) * ns), malloc(sizeof(double) * no), NULL, 0, 0};
   const char *list = o.methods ? o.methods : default_methods;
   uint32_t count = 1;
   for (const char *c = list; *c; c++) count += *c == ',';
   eval_row *rows = calloc(count, sizeof *rows);
   int rc = 0;
-  if (!s_ref || !p_ref || !o_ref || !rows) {
+  if (!ref.s || !ref.p || !ref.o || !rows) {
     fprintf(stderr, "kvq eval: out of memory for %zu scores\n", ns);
     rc = 1;
   } else {
-    exact_reference(&x, o.last, o.mask, s_ref, p_ref, o_ref);
+    exact_reference(&x, o.last, o.mask, &ref);
     const char *spec = list;
     for (uint32_t i = 0; i < count && rc == 0; i++) {
       const char *end = strchr(spec, ',');
       const size_t len = end ? (size_t)(end - spec) : strlen(spec);
       if (!o.quiet) fprintf(stderr, "[%u/%u] %.*s\n", i + 1, count, (int)len, spec);
-      if (run_row(ctx, &o, &x, spec, len, s_ref, p_ref, o_ref, &rows[i]) != 0) rc = 2;
+      const int policy = memchr(spec, '@', len) != NULL;
+      if ((policy ? eval_run_policy_row(ctx, &o, &x, spec, len, &ref, &rows[i])
+                  : eval_run_row(ctx, &o, &x, spec, len, &ref, &rows[i])) != 0)
+        rc = 2;
       spec = end ? end + 1 : spec + len;
     }
     if (rc == 0) {
@@ -577,8 +395,8 @@ int kvq_cmd_eval(int argc, char **argv) {
       else print_table(&o, &x, rows, count);
     }
   }
-  free(rows), free(s_ref), free(p_ref), free(o_ref);
-  free(x.k), free(x.v), free(x.q);
+  free(rows), free(ref.s), free(ref.p), free(ref.o), free(ref.h2o_kept);
+  free_data(&x);
   kvq_context_destroy(ctx);
   return rc;
 }
