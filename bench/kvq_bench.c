@@ -10,6 +10,7 @@
 
 #include "core/synth.h"
 #include "kvq/kvq.h"
+#include "method_spec.h"
 
 typedef struct options {
   uint32_t tokens, batch, heads, kv_heads, head_dim, page_size, iterations;
@@ -45,33 +46,11 @@ static double copy_bandwidth(void) {
   return 2.0 * size / best;
 }
 
-static int parse_method(const char *spec, uint32_t d, kvq_method_config *keys, kvq_method_config *values) {
-  /* the same names as kvq eval, a small subset: exact-f16, qjl-m<M>-k<K>, uniform-b<B> */
-  char k[64], v[64];
-  if (sscanf(spec, "%63[^/]/%63s", k, v) != 2) return -1;
-  unsigned m, o, b;
-  if (!strcmp(k, "exact-f16")) *keys = kvq_method_defaults(KVQ_METHOD_EXACT, d);
-  else if (sscanf(k, "qjl-m%u-k%u", &m, &o) == 2) {
-    *keys = kvq_method_defaults(KVQ_METHOD_QJL, d);
-    keys->qjl.sketch_dim = m;
-    keys->qjl.outlier_count = o;
-  } else if (sscanf(k, "uniform-b%u", &b) == 1) {
-    *keys = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
-    keys->uniform.bits = b;
-  } else return -1;
-  if (!strcmp(v, "exact-f16")) *values = kvq_method_defaults(KVQ_METHOD_EXACT, d);
-  else if (sscanf(v, "uniform-b%u", &b) == 1) {
-    *values = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
-    values->uniform.bits = b;
-  } else return -1;
-  return 0;
-}
-
 static int bench_one(kvq_context *ctx, const options *o, const char *spec, const float *k, const float *v,
                      const float *q, double copy_bw, int first) {
   kvq_layer_config layer = {.query_heads = o->heads, .kv_heads = o->kv_heads, .head_dim = o->head_dim};
-  if (parse_method(spec, o->head_dim, &layer.keys, &layer.values) != 0) {
-    fprintf(stderr, "kvq-bench: cannot read method '%s'\n", spec);
+  if (kvq_parse_layer_spec(spec, strlen(spec), o->head_dim, &layer.keys, &layer.values) != 0) {
+    fprintf(stderr, "kvq-bench: cannot read method '%s' (the names of kvq eval)\n", spec);
     return 2;
   }
   const uint32_t pages_per_seq = (o->tokens + o->page_size - 1) / o->page_size;
@@ -79,12 +58,19 @@ static int bench_one(kvq_context *ctx, const options *o, const char *spec, const
                              .page_size = o->page_size, .residual_window = 0,
                              .max_pages = pages_per_seq * o->batch, .max_sequences = o->batch, .seed = 1};
   kvq_cache *cache;
-  if (kvq_cache_create(ctx, &config, &cache) != KVQ_OK) {
-    fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
-    return 2;
-  }
   int64_t kv_shape[3] = {o->tokens, o->kv_heads, o->head_dim};
   kvq_tensor kt = kvq_tensor_host((void *)k, KVQ_DTYPE_F32, 3, kv_shape), vt = kvq_tensor_host((void *)v, KVQ_DTYPE_F32, 3, kv_shape);
+  /* learned codebooks (CQ, online PolarQuant) from the first tokens: speed does not depend on their
+   * quality, and 256 calibration tokens keep the learning short */
+  int64_t cal_shape[3] = {o->tokens < 256 ? o->tokens : 256, o->kv_heads, o->head_dim};
+  kvq_tensor kc = kvq_tensor_host((void *)k, KVQ_DTYPE_F32, 3, cal_shape), vc = kvq_tensor_host((void *)v, KVQ_DTYPE_F32, 3, cal_shape);
+  const int learns = kvq_method_learns(&layer.keys) || kvq_method_learns(&layer.values);
+  if (kvq_cache_create(ctx, &config, &cache) != KVQ_OK ||
+      (learns && kvq_codebooks_learn(cache, 0, &kc, &vc, NULL) != KVQ_OK)) {
+    fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
+    kvq_cache_destroy(cache);
+    return 2;
+  }
   uint32_t *seqs = malloc(sizeof(uint32_t) * o->batch);
   float *out = malloc(sizeof(float) * o->batch * o->heads * o->head_dim);
   kvq_attention_request *req = malloc(sizeof *req * o->batch);
@@ -139,7 +125,8 @@ done:
 int main(int argc, char **argv) {
   options o = {.tokens = 4096, .batch = 4, .heads = 32, .kv_heads = 8, .head_dim = 128, .page_size = 32,
                .iterations = 3, .backend = KVQ_BACKEND_CPU,
-               .methods = "exact-f16/exact-f16,qjl-m256-k8/uniform-b2,qjl-m256-k0/uniform-b2,uniform-b4/uniform-b4"};
+               .methods = "exact-f16/exact-f16,qjl-m256-k8/uniform-b2,qjl-m256-k0/uniform-b2,uniform-b4/uniform-b4,"
+                          "kivi-b2/uniform-b2,polar-b4222,cq-c4-b8"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     uint32_t *n = !strcmp(a, "--tokens") ? &o.tokens : !strcmp(a, "--batch") ? &o.batch : !strcmp(a, "--heads") ? &o.heads

@@ -9,102 +9,15 @@
 #include <string.h>
 
 #include "eval.h"
-
-static int parse_u32(const char *s, uint32_t *out) {
-  char *end;
-  unsigned long v = strtoul(s, &end, 10);
-  if (!*s || *end || v > 0xffffffffUL) return -1;
-  *out = (uint32_t)v;
-  return 0;
-}
-
-/* Parses one side's spec ("qjl-m256-k8", "uniform-b4-g32", "exact-f16"). */
-static int parse_method(const char *spec, size_t len, uint32_t d, int values, kvq_method_config *m) {
-  char buf[64];
-  if (len >= sizeof buf) return -1;
-  memcpy(buf, spec, len);
-  buf[len] = 0;
-  if (!strncmp(buf, "exact-", 6)) {
-    *m = kvq_method_defaults(KVQ_METHOD_EXACT, d);
-    if (!strcmp(buf + 6, "f16")) m->exact.dtype = KVQ_DTYPE_F16;
-    else if (!strcmp(buf + 6, "bf16")) m->exact.dtype = KVQ_DTYPE_BF16;
-    else if (!strcmp(buf + 6, "f32")) m->exact.dtype = KVQ_DTYPE_F32;
-    else return -1;
-    return 0;
-  }
-  char *part = strtok(buf, "-");
-  if (!part) return -1;
-  if (!strcmp(part, "qjl") && !values) {
-    *m = kvq_method_defaults(KVQ_METHOD_QJL, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'm' ? &m->qjl.sketch_dim : part[0] == 'k' ? &m->qjl.outlier_count
-                        : part[0] == 'o'                    ? &m->qjl.outlier_sketch_dim
-                                                            : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "kivi")) {
-    *m = kvq_method_defaults(KVQ_METHOD_KIVI, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'b' ? &m->kivi.bits : part[0] == 't' ? &m->kivi.group_tokens : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "polar")) { /* polar-b4222-hadamard-online: one digit of bits per level */
-    *m = kvq_method_defaults(KVQ_METHOD_POLAR, d);
-    while ((part = strtok(NULL, "-"))) {
-      if (!strcmp(part, "hadamard")) m->polar.rotation = KVQ_ROTATION_HADAMARD;
-      else if (!strcmp(part, "dense")) m->polar.rotation = KVQ_ROTATION_DENSE;
-      else if (!strcmp(part, "online")) m->polar.codebook = KVQ_CODEBOOK_ONLINE;
-      else if (!strcmp(part, "offline")) m->polar.codebook = KVQ_CODEBOOK_OFFLINE;
-      else if (part[0] == 'b' && part[1] && strlen(part + 1) <= KVQ_POLAR_MAX_LEVELS) {
-        m->polar.levels = (uint32_t)strlen(part + 1);
-        for (uint32_t l = 0; l < m->polar.levels; l++) {
-          if (part[1 + l] < '1' || part[1 + l] > '8') return -1;
-          m->polar.bits[l] = (uint32_t)(part[1 + l] - '0');
-        }
-      } else return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "cq")) {
-    *m = kvq_method_defaults(KVQ_METHOD_CQ, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'c' ? &m->cq.channels : part[0] == 'b' ? &m->cq.bits
-                        : part[0] == 'i'                   ? &m->cq.iterations
-                                                           : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "uniform")) {
-    *m = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
-    while ((part = strtok(NULL, "-"))) {
-      uint32_t *field = part[0] == 'b' ? &m->uniform.bits : part[0] == 'g' ? &m->uniform.group_size : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  return -1;
-}
+#include "method_spec.h"
 
 int eval_parse_layer(const char *spec, size_t len, const eval_data *x, kvq_layer_config *layer) {
-  const char *slash = memchr(spec, '/', len);
   *layer = (kvq_layer_config){.query_heads = x->query_heads, .kv_heads = x->kv_heads, .head_dim = x->head_dim};
-  const size_t key_len = slash ? (size_t)(slash - spec) : len; /* no slash: the same method for both */
-  const char *value_spec = slash ? slash + 1 : spec;
-  if (parse_method(spec, key_len, x->head_dim, 0, &layer->keys) != 0 ||
-      parse_method(value_spec, len - (size_t)(value_spec - spec), x->head_dim, 1, &layer->values) != 0) {
+  if (kvq_parse_layer_spec(spec, len, x->head_dim, &layer->keys, &layer->values) != 0) {
     fprintf(stderr, "kvq eval: cannot read method '%.*s' (see kvq eval --help)\n", (int)len, spec);
     return -1;
   }
   return 0;
-}
-
-static int needs_codebooks(const kvq_method_config *m) {
-  return m->method == KVQ_METHOD_CQ || (m->method == KVQ_METHOD_POLAR && m->polar.codebook == KVQ_CODEBOOK_ONLINE);
 }
 
 int eval_open_cache(kvq_context *ctx, const eval_options *o, const eval_data *x, const kvq_layer_config *layer,
@@ -122,7 +35,7 @@ int eval_open_cache(kvq_context *ctx, const eval_options *o, const eval_data *x,
   const uint32_t cal = o->calibration ? o->calibration : (n > o->last ? n - o->last : n);
   int64_t shape[3] = {cal, x->kv_heads, x->head_dim};
   kvq_tensor kc = kvq_tensor_host(x->k_input, x->dtype, 3, shape), vc = kvq_tensor_host(x->v_input, x->dtype, 3, shape);
-  row->calibration = needs_codebooks(&layer->keys) || needs_codebooks(&layer->values) ? cal : 0;
+  row->calibration = kvq_method_learns(&layer->keys) || kvq_method_learns(&layer->values) ? cal : 0;
   kvq_status st;
   if ((st = kvq_cache_create(ctx, &config, cache)) != KVQ_OK ||
       (row->calibration && (st = kvq_codebooks_learn(*cache, 0, &kc, &vc, NULL)) != KVQ_OK) ||
