@@ -64,6 +64,25 @@ static void copy_saved_files(const char *dir) {
   }
 }
 
+/* Checks the CPU against a (modified) golden file alone in a directory with the committed saved
+ * files, logging the checker's lines; frees g. Returns the check's exit status. */
+static int check_file(golden_file *g, const char *case_name, golden_totals *t) {
+  char error[512], out_path[1024], *dir = make_temp_dir();
+  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
+  cr_assert_eq(golden_save(g, out_path, error, sizeof error), 0, "%s", error);
+  golden_free(g);
+  copy_saved_files(dir);
+  FILE *out = tmpfile();
+  const int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, t);
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+  remove_dir(dir);
+  free(dir);
+  return rc;
+}
+
 Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
   golden_totals t;
   FILE *out = tmpfile();
@@ -184,18 +203,8 @@ Test(golden, near_ties_are_proven_and_nothing_else_is, .timeout = 120) {
   const uint32_t norms = kvq_qjl_norm_in_offset(P, m, 0, 0);
   block[norms + 2 * 2] += 1; /* |k_in| of token 2: +1 ulp */
   block[norms + 2 * 3] += 3; /* |k_in| of token 3: +3 ulps */
-  char *dir = make_temp_dir(), out_path[1024];
-  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
-  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
-  golden_free(&g);
-  copy_saved_files(dir);
   golden_totals t;
-  FILE *out = tmpfile();
-  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, &t);
-  rewind(out);
-  char line[512];
-  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
-  fclose(out);
+  const int rc = check_file(&g, case_name, &t);
   cr_assert_eq(rc, 1, "the check must fail");
   cr_assert_eq(t.near_ties, 1u, "the orthogonal token's bit is a proven near-tie (got %llu)", (unsigned long long)t.near_ties);
   cr_assert_eq(t.unexplained, 1u, "the far bit is unexplained (got %llu)", (unsigned long long)t.unexplained);
@@ -203,8 +212,6 @@ Test(golden, near_ties_are_proven_and_nothing_else_is, .timeout = 120) {
   cr_assert_eq(t.side_one_ulp, 1u);
   cr_assert_eq(t.side_beyond, 1u);
   free(S);
-  remove_dir(dir);
-  free(dir);
 }
 
 /* The tool, as users' CI runs it: exit status and summary lines. */
@@ -256,17 +263,7 @@ static int check_with_changed_byte(const char *case_name, const char *record, si
   golden_record *r = find_mut(&g, record);
   cr_assert(r && offset < r->bytes, "%s: record %s has %llu bytes", case_name, record, r ? (unsigned long long)r->bytes : 0ull);
   r->data[offset] ^= flip;
-  char *dir = make_temp_dir(), out_path[1024];
-  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
-  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
-  golden_free(&g);
-  copy_saved_files(dir);
-  FILE *out = tmpfile();
-  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, t);
-  fclose(out);
-  remove_dir(dir);
-  free(dir);
-  return rc;
+  return check_file(&g, case_name, t);
 }
 
 /* Every kind of byte of a page is compared: padding, codes and side data of tokens past the valid
@@ -422,23 +419,11 @@ Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
     if (cq_dist(v3, mu + j * c, c) > cq_dist(v3, mu + far * c, c)) far = j;
   set_code(vpage, 3 * groups, 8, far);
   kvq_cache_destroy(cache); /* mu points into it */
-  char *dir = make_temp_dir(), out_path[1024];
-  snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
-  cr_assert_eq(golden_save(&g, out_path, error, sizeof error), 0, "%s", error);
-  golden_free(&g);
-  copy_saved_files(dir);
   golden_totals t;
-  FILE *out = tmpfile();
-  int rc = kvq_golden_check(dir, KVQ_BACKEND_CPU, out, &t);
-  rewind(out);
-  char line[512];
-  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
-  fclose(out);
+  const int rc = check_file(&g, case_name, &t);
   cr_assert_eq(rc, 1, "the check must fail");
   cr_assert_eq(t.near_ties, 2u, "the two tied codes are proven near-ties (got %llu)", (unsigned long long)t.near_ties);
   cr_assert_eq(t.unexplained, 2u, "the two far codes are unexplained (got %llu)", (unsigned long long)t.unexplained);
-  remove_dir(dir);
-  free(dir);
 }
 
 /* Token-policy cases: a kept set that differs from the golden one after any decoding step fails

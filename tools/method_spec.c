@@ -33,26 +33,22 @@ int kvq_parse_method_spec(const char *spec, size_t len, uint32_t d, int values, 
   for (char *c = buf; *c && count < 16; c++)
     if (*c == '-') *c = 0, parts[count++] = c + 1;
   char *part = parts[0];
-  if (!part) return -1;
+  /* numeric parameters: "<letter><number>" parts, the letters per method */
+  const char *letters = NULL;
+  uint32_t *fields[3] = {NULL, NULL, NULL};
   if (!strcmp(part, "qjl") && !values) {
     *m = kvq_method_defaults(KVQ_METHOD_QJL, d);
-    while (next < count && (part = parts[next++])) {
-      uint32_t *field = part[0] == 'm' ? &m->qjl.sketch_dim : part[0] == 'k' ? &m->qjl.outlier_count
-                        : part[0] == 'o'                    ? &m->qjl.outlier_sketch_dim
-                                                            : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "kivi")) {
+    letters = "mko", fields[0] = &m->qjl.sketch_dim, fields[1] = &m->qjl.outlier_count, fields[2] = &m->qjl.outlier_sketch_dim;
+  } else if (!strcmp(part, "kivi")) {
     *m = kvq_method_defaults(KVQ_METHOD_KIVI, d);
-    while (next < count && (part = parts[next++])) {
-      uint32_t *field = part[0] == 'b' ? &m->kivi.bits : part[0] == 't' ? &m->kivi.group_tokens : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  if (!strcmp(part, "polar")) { /* polar-b4222-hadamard-online: one digit of bits per level */
+    letters = "bt", fields[0] = &m->kivi.bits, fields[1] = &m->kivi.group_tokens;
+  } else if (!strcmp(part, "cq")) {
+    *m = kvq_method_defaults(KVQ_METHOD_CQ, d);
+    letters = "cbi", fields[0] = &m->cq.channels, fields[1] = &m->cq.bits, fields[2] = &m->cq.iterations;
+  } else if (!strcmp(part, "uniform")) {
+    *m = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
+    letters = "bg", fields[0] = &m->uniform.bits, fields[1] = &m->uniform.group_size;
+  } else if (!strcmp(part, "polar")) { /* polar-b4222-hadamard-online: one digit of bits per level */
     *m = kvq_method_defaults(KVQ_METHOD_POLAR, d);
     while (next < count && (part = parts[next++])) {
       if (!strcmp(part, "hadamard")) m->polar.rotation = KVQ_ROTATION_HADAMARD;
@@ -68,26 +64,14 @@ int kvq_parse_method_spec(const char *spec, size_t len, uint32_t d, int values, 
       } else return -1;
     }
     return 0;
+  } else {
+    return -1;
   }
-  if (!strcmp(part, "cq")) {
-    *m = kvq_method_defaults(KVQ_METHOD_CQ, d);
-    while (next < count && (part = parts[next++])) {
-      uint32_t *field = part[0] == 'c' ? &m->cq.channels : part[0] == 'b' ? &m->cq.bits
-                        : part[0] == 'i'                   ? &m->cq.iterations
-                                                           : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
+  while (next < count && (part = parts[next++])) {
+    const char *letter = part[0] ? strchr(letters, part[0]) : NULL;
+    if (!letter || parse_u32(part + 1, fields[letter - letters]) != 0) return -1;
   }
-  if (!strcmp(part, "uniform")) {
-    *m = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
-    while (next < count && (part = parts[next++])) {
-      uint32_t *field = part[0] == 'b' ? &m->uniform.bits : part[0] == 'g' ? &m->uniform.group_size : NULL;
-      if (!field || parse_u32(part + 1, field) != 0) return -1;
-    }
-    return 0;
-  }
-  return -1;
+  return 0;
 }
 
 int kvq_parse_layer_spec(const char *spec, size_t len, uint32_t d, kvq_method_config *keys, kvq_method_config *values) {
