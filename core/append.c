@@ -160,6 +160,7 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   /* A page the policy may free must not be counted before the policy ran: capacity is checked
    * after it (below). */
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  kvq_policy_plan plan = {0};
   uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
   if (!packed[0] || !packed[1]) {
     st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
@@ -172,16 +173,22 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   }
   if (st != KVQ_OK) goto done;
   /* The policy runs once per decoding step: before the step's first append, when every layer
-   * holds the same tokens. It may free pages this append then uses. */
-  if (layer == 0 && count > 0 && kvq_sequence_in_step(cache, seq) && (st = kvq_policy_run(cache, seq)) != KVQ_OK) goto done;
+   * holds the same tokens. It may free pages this append then uses, so it is planned first and
+   * applied only once nothing can refuse the append any more: a refused append evicts nothing. */
+  if (layer == 0 && count > 0 && kvq_sequence_in_step(cache, seq) &&
+      (st = kvq_policy_plan_make(cache, seq, &plan)) != KVQ_OK)
+    goto done;
   const uint32_t new_pages = pages_needed > seq->page_end ? pages_needed - seq->page_end : 0;
-  if (new_pages > cache->free_count) {
-    st = kvq_fail(ctx, KVQ_ERROR_CAPACITY, "kvq_append: needs %u new pages, %u of %u are free", new_pages,
-                  cache->free_count, cache->config.max_pages);
+  if (new_pages > cache->free_count + plan.pages_freed) {
+    st = kvq_fail(ctx, KVQ_ERROR_CAPACITY,
+                  "kvq_append: needs %u new pages, %u of %u are free (%u more after evictions)", new_pages,
+                  cache->free_count, cache->config.max_pages, plan.pages_freed);
     goto done;
   }
+  /* reserved for the page table and statistics before the evictions shrink them: enough after */
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) goto done;
   if ((st = kvq_tracked_reserve(cache, seq, n_new)) != KVQ_OK) goto done;
+  kvq_policy_plan_apply(cache, seq, &plan);
 
   /* From here on only backend (device) failures are possible. Both sides are quantized before
    * either ring is written, so the window still holds every token until the pages exist. */
@@ -213,6 +220,7 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     seq->tracked.end = tracked_before.end;
   }
 done:
+  kvq_policy_plan_free(&plan); /* a plan not applied */
   free(packed[0]);
   free(packed[1]);
   return st;

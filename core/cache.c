@@ -316,11 +316,11 @@ kvq_status kvq_sequence_positions(const kvq_cache *cache, uint32_t id, uint32_t 
   if (!count) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_positions: count is NULL");
   kvq_layer_view view;
   kvq_layer_view_get(cache, seq, layer, &view);
-  *count = view.kept;
-  if (!positions) return KVQ_OK;
-  if (capacity < view.kept)
+  /* a failing call writes nothing, *count included (kvq.h); positions == NULL asks for the count */
+  if (positions && capacity < view.kept)
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_sequence_positions: %u kept tokens, room for %zu", view.kept,
                     capacity);
-  kvq_layer_view_kept(cache, seq, &view, NULL, positions);
+  if (positions) kvq_layer_view_kept(cache, seq, &view, NULL, positions);
+  *count = view.kept;
   return KVQ_OK;
 }

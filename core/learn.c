@@ -242,9 +242,11 @@ kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tenso
   if (weights) {
     double total = 0.0;
     for (int64_t t = 0; t < tokens; t++) {
+      /* NaN and infinities are non-finite input; a finite negative weight is out of the documented range */
       if (!isfinite(weights[t]) || weights[t] < 0.0f)
-        return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "kvq_codebooks_learn: weight %lld is %g, need finite and >= 0",
-                        (long long)t, (double)weights[t]);
+        return kvq_fail(ctx, isfinite(weights[t]) ? KVQ_ERROR_OUT_OF_RANGE : KVQ_ERROR_NON_FINITE,
+                        "kvq_codebooks_learn: weight %lld is %g, need finite and >= 0", (long long)t,
+                        (double)weights[t]);
       total += weights[t];
     }
     if (!(total > 0.0)) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_codebooks_learn: the weights sum to 0");

@@ -28,6 +28,9 @@ kvq_policy_config kvq_policy_defaults(kvq_policy_kind kind) {
 
 kvq_status kvq_policy_validate(const kvq_policy_config *p, uint32_t page_size, uint32_t residual_window, char *message,
                                size_t size) {
+  /* kvq_cache_config_check allows message == NULL with any size; snprintf may only skip writing
+   * when the size is 0 */
+  if (!message) size = 0;
   if ((unsigned)p->kind > KVQ_POLICY_QHITTER) {
     snprintf(message, size, "policy.kind = %d: must be KEEP_ALL, STREAMING, H2O or QHITTER", (int)p->kind);
     return KVQ_ERROR_INVALID_ARGUMENT;
@@ -41,10 +44,16 @@ kvq_status kvq_policy_validate(const kvq_policy_config *p, uint32_t page_size, u
              p->recent, (unsigned long long)minimum);
     return KVQ_ERROR_OUT_OF_RANGE;
   }
-  if (p->sinks > 0x7fffffffu || p->recent > 0x7fffffffu || p->heavy > 0x7fffffffu) {
-    snprintf(message, size, "policy: sinks, recent and heavy must be below 2^31");
-    return KVQ_ERROR_OUT_OF_RANGE;
-  }
+  /* positions are 32-bit signed in jobs and kernels; the message names the field at fault */
+  const struct {
+    const char *name;
+    uint32_t value;
+  } counts[] = {{"sinks", p->sinks}, {"recent", p->recent}, {"heavy", p->heavy}};
+  for (int i = 0; i < 3; i++)
+    if (counts[i].value > 0x7fffffffu) {
+      snprintf(message, size, "policy.%s = %u: must be below 2^31", counts[i].name, counts[i].value);
+      return KVQ_ERROR_OUT_OF_RANGE;
+    }
   if (!(p->heavy_fraction >= 0.0f && p->heavy_fraction <= 1.0f)) {
     snprintf(message, size, "policy.heavy_fraction = %g: must be from 0 to 1", (double)p->heavy_fraction);
     return KVQ_ERROR_OUT_OF_RANGE;
@@ -174,10 +183,10 @@ static int by_rank(const void *a, const void *b) {
   return x->position < y->position ? -1 : x->position > y->position;
 }
 
-/* Clears a token's kept bit. */
-static void evict(kvq_cache *cache, kvq_sequence *seq, uint32_t position) {
+/* Clears a token's kept bit in a copy of the sequence's masks (a plan's). */
+static void evict(const kvq_cache *cache, const kvq_sequence *seq, uint32_t *alive, uint32_t position) {
   const uint32_t P = cache->config.page_size, e = kvq_page_entry(seq, position / P), i = position % P;
-  if (e != UINT32_MAX) seq->alive[e * cache->alive_words + i / 32] &= ~(1u << (i % 32));
+  if (e != UINT32_MAX) alive[e * cache->alive_words + i / 32] &= ~(1u << (i % 32));
 }
 
 /* Returns the pages whose tokens were all evicted to the pool. */
@@ -245,43 +254,78 @@ double kvq_policy_margin(const kvq_cache *cache, const kvq_sequence *seq) {
   return margin;
 }
 
-kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq) {
+void kvq_policy_plan_free(kvq_policy_plan *plan) {
+  free(plan->alive);
+  free(plan->drop);
+  memset(plan, 0, sizeof *plan);
+}
+
+kvq_status kvq_policy_plan_make(const kvq_cache *cache, const kvq_sequence *seq, kvq_policy_plan *plan) {
+  memset(plan, 0, sizeof *plan);
   const kvq_policy_config *p = &cache->config.policy;
   if (p->kind == KVQ_POLICY_KEEP_ALL) return KVQ_OK;
-  const uint32_t P = cache->config.page_size, n = seq->layers[0].tokens;
+  const uint32_t P = cache->config.page_size, n = seq->layers[0].tokens, words = cache->alive_words;
   const uint32_t first = p->sinks, last = n > p->recent ? n - p->recent : 0; /* candidates: [first, last) */
   if (first >= last) return KVQ_OK;
-  if (p->kind == KVQ_POLICY_STREAMING) {
+  ranked *r = NULL;
+  uint32_t candidates = 0, heavy = 0;
+  if (p->kind != KVQ_POLICY_STREAMING) {
+    kvq_status st = rank_candidates(cache, seq, &r, &candidates, &heavy);
+    if (st != KVQ_OK || !r) return st;
+  }
+  plan->alive = malloc(sizeof(uint32_t) * ((size_t)seq->page_count * words + 1));
+  plan->drop = r ? calloc(seq->tracked.count, 1) : NULL;
+  if (!plan->alive || (r && !plan->drop)) {
+    free(r);
+    kvq_policy_plan_free(plan);
+    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a token policy");
+  }
+  memcpy(plan->alive, seq->alive, sizeof(uint32_t) * seq->page_count * words);
+  if (!r) { /* STREAMING: every candidate goes */
     for (uint32_t e = 0; e < seq->page_count && seq->page_index[e] * P < last; e++)
       for (uint32_t i = 0; i < P; i++) {
         const uint32_t position = seq->page_index[e] * P + i;
-        if (position >= first && position < last) evict(cache, seq, position);
+        if (position >= first && position < last) evict(cache, seq, plan->alive, position);
       }
-    release_empty_pages(cache, seq);
-    return KVQ_OK;
+  } else {
+    for (uint32_t k = heavy; k < candidates; k++) {
+      evict(cache, seq, plan->alive, r[k].position);
+      plan->drop[r[k].index] = 1;
+    }
+    free(r);
   }
-  kvq_tracked *t = &seq->tracked;
-  ranked *r;
-  uint32_t candidates, heavy;
-  kvq_status st = rank_candidates(cache, seq, &r, &candidates, &heavy);
-  if (st != KVQ_OK || !r) return st;
-  for (uint32_t k = heavy; k < candidates; k++) {
-    evict(cache, seq, r[k].position);
-    t->position[r[k].index] = UINT32_MAX; /* marked, removed below */
+  for (uint32_t e = 0; e < seq->page_count; e++) {
+    uint32_t any = 0;
+    for (uint32_t w = 0; w < words; w++) any |= plan->alive[e * words + w];
+    plan->pages_freed += !any;
   }
-  free(r);
-  uint32_t kept = 0;
-  for (uint32_t k = 0; k < t->count; k++) {
-    if (t->position[k] == UINT32_MAX) continue;
-    t->position[kept] = t->position[k];
-    t->attention[kept] = t->attention[k];
-    t->key_error[kept] = t->key_error[k];
-    t->value_error[kept] = t->value_error[k];
-    kept++;
-  }
-  t->count = kept;
-  release_empty_pages(cache, seq);
   return KVQ_OK;
+}
+
+void kvq_policy_plan_apply(kvq_cache *cache, kvq_sequence *seq, kvq_policy_plan *plan) {
+  if (plan->alive) memcpy(seq->alive, plan->alive, sizeof(uint32_t) * seq->page_count * cache->alive_words);
+  if (plan->drop) {
+    kvq_tracked *t = &seq->tracked;
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < t->count; k++) {
+      if (plan->drop[k]) continue;
+      t->position[kept] = t->position[k];
+      t->attention[kept] = t->attention[k];
+      t->key_error[kept] = t->key_error[k];
+      t->value_error[kept] = t->value_error[k];
+      kept++;
+    }
+    t->count = kept;
+  }
+  if (plan->alive) release_empty_pages(cache, seq);
+  kvq_policy_plan_free(plan);
+}
+
+kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq) {
+  kvq_policy_plan plan;
+  const kvq_status st = kvq_policy_plan_make(cache, seq, &plan);
+  if (st == KVQ_OK) kvq_policy_plan_apply(cache, seq, &plan);
+  return st;
 }
 
 kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t id, kvq_token_stats *stats, size_t capacity,
@@ -295,12 +339,12 @@ kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t id, kvq_tok
     return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT,
                     "kvq_sequence_token_stats: the cache's policy keeps no statistics (only H2O and Q-Hitter do)");
   const kvq_tracked *t = &seq->tracked;
-  *count = t->count;
-  if (!stats) return KVQ_OK;
-  if (capacity < t->count)
+  /* a failing call writes nothing, *count included (kvq.h); stats == NULL asks for the count */
+  if (stats && capacity < t->count)
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_sequence_token_stats: %u tokens, room for %zu", t->count, capacity);
-  for (uint32_t k = 0; k < t->count; k++)
+  for (uint32_t k = 0; stats && k < t->count; k++)
     stats[k] = (kvq_token_stats){t->position[k], t->attention[k], t->key_error[k], t->value_error[k]};
+  *count = t->count;
   return KVQ_OK;
 }
 

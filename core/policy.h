@@ -33,6 +33,21 @@ void kvq_policy_add_errors(const kvq_cache *cache, kvq_sequence *seq, int side, 
  * no decision depends on the scores. For golden files (kept sets must agree unless near a tie). */
 double kvq_policy_margin(const kvq_cache *cache, const kvq_sequence *seq);
 
+/* What running the policy would do, decided without changing anything, so that a call can still
+ * fail (kvq_append when the pages are too few even after the evictions) and leave the cache as it
+ * was: the sequence's kept-token masks afterwards (NULL: nothing evicted), which statistics entries
+ * go (NULL: none), and how many pages that empties. Valid until the page table or the statistics
+ * change; growing their capacity is fine. */
+typedef struct kvq_policy_plan {
+  uint32_t *alive;
+  uint8_t *drop;
+  uint32_t pages_freed;
+} kvq_policy_plan;
+kvq_status kvq_policy_plan_make(const kvq_cache *cache, const kvq_sequence *seq, kvq_policy_plan *plan);
+/* Applies a plan (cannot fail) and frees it. */
+void kvq_policy_plan_apply(kvq_cache *cache, kvq_sequence *seq, kvq_policy_plan *plan);
+void kvq_policy_plan_free(kvq_policy_plan *plan);
+
 /* Runs the policy on a sequence whose layers all hold the same number of tokens. */
 kvq_status kvq_policy_run(kvq_cache *cache, kvq_sequence *seq);
 

@@ -854,6 +854,14 @@ kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, 
     free(layers);
     return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: malformed config section");
   }
+  /* same_codebooks() derives page layouts from the file's methods, which divide by and shift with
+   * their parameters (cq.channels 0, polar.levels beyond bits[]): only a config kvq could have
+   * written may get that far, as when loading caches */
+  char why[512];
+  if (kvq_config_validate(&config, why, sizeof why) != KVQ_OK) {
+    free(layers);
+    return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: invalid config: %s", why);
+  }
   kvq_status st = KVQ_OK;
   const uint32_t L = cache->config.layer_count;
   if (config.layer_count != L) st = kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: the file is for %u layers, the cache has %u",

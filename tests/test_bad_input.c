@@ -4,7 +4,7 @@
  *   - the exact kvq_status;
  *   - a fresh, non-empty kvq_context_last_error() naming the offending parameter where that is
  *     reasonable (the context is first primed with a known message, so a stale one is caught);
- *   - an unchanged cache: memory report, every live sequence's info in every layer, every token
+ *   - an unchanged cache: memory report, every live sequence's info in every layer, every kept token
  *     decoded, and the bytes kvq_cache_save_to_memory() writes, compared before and after;
  *   - untouched outputs: output tensors and out-parameters keep their sentinel bytes, and `**out`
  *     parameters are NULL after a failure. */
@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/sha256.h"
 #include "helpers.h"
 
 enum { HQ = 4, HKV = 2, D = 32, P = 16, R = 16, MAX_PAGES = 8, MAX_SEQS = 4 };
@@ -107,13 +108,15 @@ static void append_ok(fixture *f, uint32_t seq, uint32_t layer, uint32_t n, uint
 
 static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, D); }
 
-static void build_with(fixture *f, kvq_dtype input) {
+/* The default fixture (above) under a token policy; zeroed: KEEP_ALL. */
+static void build_full(fixture *f, kvq_dtype input, kvq_policy_config policy) {
   memset(f, 0, sizeof *f);
   f->input = input;
   f->layer_count = 2;
   f->layers[0] = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
   f->layers[1] = th_layer(HQ, HKV, D, method(KVQ_METHOD_EXACT), method(KVQ_METHOD_EXACT));
   kvq_cache_config config = th_config(f->layers, 2, input, P, R, MAX_PAGES, MAX_SEQS, 2024);
+  config.policy = policy;
   f->ctx = th_cpu_context();
   KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
   KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[A]));
@@ -134,7 +137,39 @@ static void build_with(fixture *f, kvq_dtype input) {
   cr_assert_eq(r.sequences_used, 3);
 }
 
+static void build_with(fixture *f, kvq_dtype input) { build_full(f, input, (kvq_policy_config){0}); }
+
 static void build(fixture *f) { build_with(f, KVQ_DTYPE_F16); }
+
+/* Tokens of c the policy of build_policy() evicts: STREAMING every candidate, H2O all but
+ * floor(0.2 * 64) = 12 of them (no attention yet, so ties keep the older tokens). */
+enum { POLICY_C_TOKENS = 64, STREAMING_EVICTED = 28, H2O_EVICTED = 16 };
+
+/*
+ * The default fixture under a STREAMING or H2O policy with its defaults (sinks 4, recent the
+ * minimum R + P = 32). a and b are as there (a's layers hold different token counts, so the policy
+ * never ran on it); c holds 64 tokens in both layers, and the policy then ran on it: candidates are
+ * positions [4, 32), of which STREAMING evicts all and H2O positions 16..31. Either way page 1 of c
+ * went back to the pool: 7 of 8 pages are in use.
+ */
+static void build_policy(fixture *f, kvq_policy_kind kind) {
+  cr_assert(kind == KVQ_POLICY_STREAMING || kind == KVQ_POLICY_H2O);
+  build_full(f, KVQ_DTYPE_F16, kvq_policy_defaults(kind));
+  append_ok(f, f->seq[C], 0, POLICY_C_TOKENS, 6);
+  append_ok(f, f->seq[C], 1, POLICY_C_TOKENS, 7);
+  KVQ_CHECK(f->ctx, kvq_sequence_apply_policy(f->cache, f->seq[C]));
+  const uint64_t kept = POLICY_C_TOKENS - (kind == KVQ_POLICY_STREAMING ? STREAMING_EVICTED : H2O_EVICTED);
+  for (uint32_t l = 0; l < 2; l++) {
+    kvq_sequence_info info;
+    KVQ_CHECK(f->ctx, kvq_sequence_info_get(f->cache, f->seq[C], l, &info));
+    cr_assert(info.tokens == POLICY_C_TOKENS && info.kept_tokens == kept,
+              "fixture: c keeps %llu of %llu tokens in layer %u", (unsigned long long)info.kept_tokens,
+              (unsigned long long)info.tokens, l);
+  }
+  kvq_memory_report r;
+  KVQ_CHECK(f->ctx, kvq_cache_memory(f->cache, &r));
+  cr_assert_eq(r.pages_used, 7, "fixture: %u pages used", r.pages_used);
+}
 
 /* A one-layer cache with the given methods and sequence a of 20 tokens (b and c do not exist). */
 static void build_single(fixture *f, kvq_dtype input, kvq_method_config keys, kvq_method_config values) {
@@ -149,6 +184,55 @@ static void build_single(fixture *f, kvq_dtype input, kvq_method_config keys, kv
   f->live[A] = 1;
   append_ok(f, f->seq[A], 0, 20, 5);
 }
+
+/* Methods that learn codebooks: CQ (4 channels of 4 bits, at most 8 Lloyd iterations: quick to
+ * learn) and PolarQuant with online codebooks. */
+static kvq_method_config cq_method(void) {
+  kvq_method_config m = method(KVQ_METHOD_CQ);
+  m.cq = (kvq_cq_config){.channels = 4, .bits = 4, .iterations = 8};
+  return m;
+}
+
+static kvq_method_config polar_online(void) {
+  kvq_method_config m = method(KVQ_METHOD_POLAR);
+  m.polar.codebook = KVQ_CODEBOOK_ONLINE;
+  return m;
+}
+
+enum { CALIBRATION = 48 };
+
+/* Layer 0 with the given methods, layer 1 exact fp16 keys and values (which learn nothing). */
+static kvq_cache_config codebook_config(kvq_layer_config layers[2], kvq_method_config keys, kvq_method_config values,
+                                        uint64_t seed) {
+  layers[0] = th_layer(HQ, HKV, D, keys, values);
+  layers[1] = th_layer(HQ, HKV, D, method(KVQ_METHOD_EXACT), method(KVQ_METHOD_EXACT));
+  return th_config(layers, 2, KVQ_DTYPE_F16, P, R, MAX_PAGES, MAX_SEQS, seed);
+}
+
+/*
+ * Layer 0 learns codebooks with `keys` and `values`, layer 1 learns none (codebook_config). Sequence
+ * a holds 24 tokens in layer 1 and none in layer 0, so codebooks may still be learned (b and c do
+ * not exist). With `learned`, layer 0's codebooks are learned from 48 calibration tokens first.
+ */
+static void build_codebooks_with(fixture *f, kvq_method_config keys, kvq_method_config values, int learned) {
+  memset(f, 0, sizeof *f);
+  f->input = KVQ_DTYPE_F16;
+  f->layer_count = 2;
+  kvq_cache_config config = codebook_config(f->layers, keys, values, 11);
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seq[A]));
+  f->live[A] = 1;
+  append_ok(f, f->seq[A], 1, 24, 9);
+  if (learned) { /* tokens in another layer do not stand in the way */
+    kv x = kv_random(KVQ_DTYPE_F32, CALIBRATION, 8);
+    KVQ_CHECK(f->ctx, kvq_codebooks_learn(f->cache, 0, &x.k, &x.v, NULL));
+    kv_free(&x);
+  }
+}
+
+/* CQ keys and PolarQuant values with online codebooks in layer 0. */
+static void build_codebooks(fixture *f, int learned) { build_codebooks_with(f, cq_method(), polar_online(), learned); }
 
 /* Whether an id is one the fixture holds live (ids meant to be unknown are skipped if so). */
 static int issued(const fixture *f, uint32_t id) {
@@ -180,7 +264,8 @@ static void snap(fixture *f, snapshot *s) {
     if (!f->live[i]) continue;
     for (uint32_t l = 0; l < f->layer_count; l++) {
       KVQ_CHECK(f->ctx, kvq_sequence_info_get(f->cache, f->seq[i], l, &s->info[i][l]));
-      const uint64_t n = s->info[i][l].tokens;
+      /* kvq_dequantize indexes the kept tokens: fewer than those appended once a policy evicted some */
+      const uint64_t n = s->info[i][l].kept_tokens;
       if (n == 0) continue;
       int64_t shape[3] = {(int64_t)n, HKV, D};
       for (int side = 0; side < 2; side++) {
@@ -218,14 +303,18 @@ static void expect_unchanged(fixture *f, const snapshot *before, const char *wha
     if (!f->live[i]) continue;
     for (uint32_t l = 0; l < f->layer_count; l++) {
       const kvq_sequence_info *x = &before->info[i][l], *y = &after.info[i][l];
-      cr_assert(x->tokens == y->tokens && x->quantized_tokens == y->quantized_tokens && x->pages == y->pages,
-                "%s changed sequence %d layer %u: tokens %llu -> %llu, quantized %llu -> %llu, pages %u -> %u", what, i, l,
-                (unsigned long long)x->tokens, (unsigned long long)y->tokens, (unsigned long long)x->quantized_tokens,
-                (unsigned long long)y->quantized_tokens, x->pages, y->pages);
+      cr_assert(x->tokens == y->tokens && x->quantized_tokens == y->quantized_tokens && x->pages == y->pages &&
+                    x->kept_tokens == y->kept_tokens,
+                "%s changed sequence %d layer %u: tokens %llu -> %llu, quantized %llu -> %llu, pages %u -> %u, "
+                "kept %llu -> %llu",
+                what, i, l, (unsigned long long)x->tokens, (unsigned long long)y->tokens,
+                (unsigned long long)x->quantized_tokens, (unsigned long long)y->quantized_tokens, x->pages, y->pages,
+                (unsigned long long)x->kept_tokens, (unsigned long long)y->kept_tokens);
       for (int side = 0; side < 2; side++)
-        if (x->tokens)
-          cr_assert_eq(memcmp(before->decoded[i][l][side], after.decoded[i][l][side], sizeof(float) * x->tokens * HKV * D), 0,
-                       "%s changed the %s of sequence %d layer %u", what, side ? "values" : "keys", i, l);
+        if (x->kept_tokens)
+          cr_assert_eq(memcmp(before->decoded[i][l][side], after.decoded[i][l][side],
+                              sizeof(float) * x->kept_tokens * HKV * D),
+                       0, "%s changed the %s of sequence %d layer %u", what, side ? "values" : "keys", i, l);
     }
   }
   cr_assert(before->file_size == after.file_size && memcmp(before->file, after.file, after.file_size) == 0,
@@ -424,16 +513,16 @@ static int edit_applies(const tensor_edit *e, int rows) { return e->rows == ANY_
  * ============================================================================================== */
 
 Test(status, string_for_every_value_and_beyond) {
-  const char *seen[KVQ_ERROR_INTERNAL + 1];
-  const char *unknown = kvq_status_string((kvq_status)(KVQ_ERROR_INTERNAL + 1));
+  const char *seen[KVQ_ERROR_NO_CODEBOOK + 1]; /* the last status */
+  const char *unknown = kvq_status_string((kvq_status)(KVQ_ERROR_NO_CODEBOOK + 1));
   cr_assert(unknown != NULL && unknown[0] != 0, "out-of-range status: NULL or empty string");
-  for (int s = KVQ_OK; s <= KVQ_ERROR_INTERNAL; s++) {
+  for (int s = KVQ_OK; s <= KVQ_ERROR_NO_CODEBOOK; s++) {
     seen[s] = kvq_status_string((kvq_status)s);
     cr_assert(seen[s] != NULL && seen[s][0] != 0, "status %d: NULL or empty string", s);
     cr_assert(strcmp(seen[s], unknown) != 0, "status %d reads like an unknown status: \"%s\"", s, seen[s]);
     for (int t = 0; t < s; t++) cr_assert(strcmp(seen[s], seen[t]) != 0, "statuses %d and %d share \"%s\"", t, s, seen[s]);
   }
-  const int beyond[] = {KVQ_ERROR_INTERNAL + 1, 100, 0x7fffffff, -1};
+  const int beyond[] = {KVQ_ERROR_NO_CODEBOOK + 1, 100, 0x7fffffff, -1};
   for (size_t i = 0; i < sizeof beyond / sizeof beyond[0]; i++) {
     const char *s = kvq_status_string((kvq_status)beyond[i]);
     cr_assert(s != NULL && s[0] != 0, "status %d: NULL or empty string", beyond[i]);
@@ -897,6 +986,117 @@ Test(config, uniform_group_size_not_dividing_head_dim) {
   kvq_context_destroy(ctx);
 }
 
+/* KIVI, PolarQuant and CQ: set_key_NAME and set_value_NAME make one side method `m` (its defaults
+ * at head_dim D) and set one of its fields to the value. */
+#define SIDE_EDITS(name, m, field)                                                                               \
+  static void set_key_##name(kvq_layer_config *L, uint32_t v) {                                                  \
+    L->keys = method(m);                                                                                         \
+    L->keys.field = v;                                                                                           \
+  }                                                                                                              \
+  static void set_value_##name(kvq_layer_config *L, uint32_t v) {                                                \
+    L->values = method(m);                                                                                       \
+    L->values.field = v;                                                                                         \
+  }
+SIDE_EDITS(kivi_bits, KVQ_METHOD_KIVI, kivi.bits)
+SIDE_EDITS(kivi_group_tokens, KVQ_METHOD_KIVI, kivi.group_tokens)
+SIDE_EDITS(polar_levels, KVQ_METHOD_POLAR, polar.levels)
+SIDE_EDITS(polar_bits_first, KVQ_METHOD_POLAR, polar.bits[0])
+SIDE_EDITS(polar_bits_last, KVQ_METHOD_POLAR, polar.bits[3]) /* the defaults have 4 levels */
+SIDE_EDITS(polar_rotation, KVQ_METHOD_POLAR, polar.rotation)
+SIDE_EDITS(polar_codebook, KVQ_METHOD_POLAR, polar.codebook)
+SIDE_EDITS(cq_channels, KVQ_METHOD_CQ, cq.channels)
+SIDE_EDITS(cq_bits, KVQ_METHOD_CQ, cq.bits)
+SIDE_EDITS(cq_iterations, KVQ_METHOD_CQ, cq.iterations)
+
+Test(config, kivi_bits) {
+  CHECK_LAYER(set_key_kivi_bits, KVQ_ERROR_OUT_OF_RANGE, "keys.kivi.bits", 0, 5, 6, 7, 9, 16, UINT32_MAX);
+  CHECK_LAYER(set_value_kivi_bits, KVQ_ERROR_OUT_OF_RANGE, "values.kivi.bits", 0, 5, 6, 7, 9, 16, UINT32_MAX);
+}
+/* 0 (the whole page), 4, 8 and 16 are valid at page size 16; 32 is a power of two that does not
+ * divide it. */
+Test(config, kivi_group_tokens) {
+  CHECK_LAYER(set_key_kivi_group_tokens, KVQ_ERROR_OUT_OF_RANGE, "keys.kivi.group_tokens", 1, 2, 3, 5, 12, 24, 32, 64,
+              256, 1u << 31, UINT32_MAX);
+  CHECK_LAYER(set_value_kivi_group_tokens, KVQ_ERROR_OUT_OF_RANGE, "values.kivi.group_tokens", 1, 2, 3, 12, 32,
+              UINT32_MAX);
+}
+/* 2^levels must divide head_dim 32: levels 6 to 8 are in 1..8 but do not. */
+Test(config, polar_levels) {
+  CHECK_LAYER(set_key_polar_levels, KVQ_ERROR_OUT_OF_RANGE, "keys.polar.levels", 0, 6, 7, 8, 9, 31, 32, 33, UINT32_MAX);
+  CHECK_LAYER(set_value_polar_levels, KVQ_ERROR_OUT_OF_RANGE, "values.polar.levels", 0, 6, 9, 32, UINT32_MAX);
+}
+Test(config, polar_levels_not_dividing_head_dim) {
+  kvq_context *ctx = th_cpu_context();
+  const struct {
+    uint32_t head_dim, levels;
+  } cases[] = {{48, 5}, {16, 5}, {80, 5}, {96, 6}, {16, 8}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int side = 0; side < 2; side++) {
+      cfg c;
+      cfg_init(&c, 1);
+      kvq_method_config polar = kvq_method_defaults(KVQ_METHOD_POLAR, cases[i].head_dim);
+      polar.polar.levels = cases[i].levels;
+      for (uint32_t l = 0; l < KVQ_POLAR_MAX_LEVELS; l++) polar.polar.bits[l] = 2; /* only the levels are wrong */
+      kvq_method_config other = kvq_method_defaults(KVQ_METHOD_EXACT, cases[i].head_dim);
+      c.layers[0] = th_layer(HQ, HKV, cases[i].head_dim, side ? other : polar, side ? polar : other);
+      char what[64];
+      snprintf(what, sizeof what, "%u levels at head_dim %u (%s)", cases[i].levels, cases[i].head_dim,
+               side ? "values" : "keys");
+      expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE, side ? "values.polar.levels" : "keys.polar.levels",
+                       what);
+    }
+  kvq_context_destroy(ctx);
+}
+/* Every level up to `levels` needs 1..8 bits (bits[3] is the last of the defaults' 4 levels). */
+Test(config, polar_bits) {
+  CHECK_LAYER(set_key_polar_bits_first, KVQ_ERROR_OUT_OF_RANGE, "keys.polar.bits[0]", 0, 9, 16, UINT32_MAX);
+  CHECK_LAYER(set_key_polar_bits_last, KVQ_ERROR_OUT_OF_RANGE, "keys.polar.bits[3]", 0, 9, UINT32_MAX);
+  CHECK_LAYER(set_value_polar_bits_first, KVQ_ERROR_OUT_OF_RANGE, "values.polar.bits[0]", 0, 9, UINT32_MAX);
+  CHECK_LAYER(set_value_polar_bits_last, KVQ_ERROR_OUT_OF_RANGE, "values.polar.bits[3]", 0, 9, UINT32_MAX);
+}
+Test(config, polar_unknown_rotation) {
+  CHECK_LAYER(set_key_polar_rotation, KVQ_ERROR_INVALID_ARGUMENT, "keys.polar.rotation", 2, 99, UINT32_MAX);
+  CHECK_LAYER(set_value_polar_rotation, KVQ_ERROR_INVALID_ARGUMENT, "values.polar.rotation", 2, 99, UINT32_MAX);
+}
+Test(config, polar_unknown_codebook_source) {
+  CHECK_LAYER(set_key_polar_codebook, KVQ_ERROR_INVALID_ARGUMENT, "keys.polar.codebook", 2, 99, UINT32_MAX);
+  CHECK_LAYER(set_value_polar_codebook, KVQ_ERROR_INVALID_ARGUMENT, "values.polar.codebook", 2, 99, UINT32_MAX);
+}
+/* A Walsh-Hadamard transform needs a power-of-two head_dim: every valid head_dim that is not. */
+Test(config, polar_hadamard_needs_a_power_of_two_head_dim) {
+  kvq_context *ctx = th_cpu_context();
+  for (uint32_t d = 48; d <= 256; d += 16) {
+    if ((d & (d - 1)) == 0) continue;
+    for (int side = 0; side < 2; side++) {
+      cfg c;
+      cfg_init(&c, 1);
+      kvq_method_config polar = kvq_method_defaults(KVQ_METHOD_POLAR, d);
+      polar.polar.rotation = KVQ_ROTATION_HADAMARD;
+      kvq_method_config other = kvq_method_defaults(KVQ_METHOD_EXACT, d);
+      c.layers[0] = th_layer(HQ, HKV, d, side ? other : polar, side ? polar : other);
+      char what[64];
+      snprintf(what, sizeof what, "Hadamard %s at head_dim %u", side ? "values" : "keys", d);
+      expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE,
+                       side ? "values.polar.rotation" : "keys.polar.rotation", what);
+    }
+  }
+  kvq_context_destroy(ctx);
+}
+/* 1, 2, 4, 8 and 16 channels (each divides every valid head_dim). */
+Test(config, cq_channels) {
+  CHECK_LAYER(set_key_cq_channels, KVQ_ERROR_OUT_OF_RANGE, "keys.cq.channels", 0, 3, 5, 6, 12, 32, 64, 1u << 31,
+              UINT32_MAX);
+  CHECK_LAYER(set_value_cq_channels, KVQ_ERROR_OUT_OF_RANGE, "values.cq.channels", 0, 3, 32, UINT32_MAX);
+}
+Test(config, cq_bits) {
+  CHECK_LAYER(set_key_cq_bits, KVQ_ERROR_OUT_OF_RANGE, "keys.cq.bits", 0, 13, 16, 32, 64, UINT32_MAX);
+  CHECK_LAYER(set_value_cq_bits, KVQ_ERROR_OUT_OF_RANGE, "values.cq.bits", 0, 13, UINT32_MAX);
+}
+Test(config, cq_iterations) {
+  CHECK_LAYER(set_key_cq_iterations, KVQ_ERROR_OUT_OF_RANGE, "keys.cq.iterations", 100001, 1u << 31, UINT32_MAX);
+  CHECK_LAYER(set_value_cq_iterations, KVQ_ERROR_OUT_OF_RANGE, "values.cq.iterations", 100001, UINT32_MAX);
+}
+
 Test(config, method_defaults_for_bad_arguments_are_rejected) {
   kvq_context *ctx = th_cpu_context();
   cfg c;
@@ -906,6 +1106,124 @@ Test(config, method_defaults_for_bad_arguments_are_rejected) {
   cfg_init(&c, 1);
   c.layers[0] = th_layer(HQ, HKV, 0, kvq_method_defaults(KVQ_METHOD_QJL, 0), kvq_method_defaults(KVQ_METHOD_UNIFORM, 0));
   expect_bad_layer(ctx, &c.config, 0, KVQ_ERROR_OUT_OF_RANGE, "head_dim", "defaults at head_dim 0");
+  kvq_context_destroy(ctx);
+}
+
+/* kvq_cache_config_check documents message == NULL as "no message" whatever message_size says. */
+Test(config, null_message_with_a_size) {
+  cfg c;
+  cfg_init(&c, 2);
+  c.layers[1].keys.qjl.sketch_dim = 33;
+  cr_assert_eq(kvq_cache_config_check(&c.config, NULL, 64), KVQ_ERROR_OUT_OF_RANGE, "a bad layer");
+  cfg_init(&c, 2);
+  c.config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+  c.config.policy.lambda = 2.0f;
+  cr_assert_eq(kvq_cache_config_check(&c.config, NULL, 64), KVQ_ERROR_OUT_OF_RANGE, "a bad policy");
+  c.config.policy.kind = (kvq_policy_kind)7;
+  cr_assert_eq(kvq_cache_config_check(&c.config, NULL, 64), KVQ_ERROR_INVALID_ARGUMENT, "an unknown policy");
+}
+
+/* ---- Token policies: kvq_cache_config.policy ---------------------------------------------------- */
+
+static const kvq_policy_kind evicting_kinds[] = {KVQ_POLICY_STREAMING, KVQ_POLICY_H2O, KVQ_POLICY_QHITTER};
+static const kvq_policy_kind heavy_kinds[] = {KVQ_POLICY_H2O, KVQ_POLICY_QHITTER};
+
+/* The fixture's layers and sizes (R = 16, P = 16) with a policy: its defaults, one field edited. */
+typedef void (*policy_edit)(kvq_policy_config *p, double value);
+
+static void check_policy_values(const kvq_policy_kind *kinds, size_t kind_count, policy_edit edit, const double *values,
+                                size_t count, kvq_status want, const char *mention) {
+  kvq_context *ctx = th_cpu_context();
+  for (size_t k = 0; k < kind_count; k++)
+    for (size_t i = 0; i < count; i++) {
+      cfg c;
+      cfg_init(&c, 2);
+      c.config.policy = kvq_policy_defaults(kinds[k]);
+      edit(&c.config.policy, values[i]);
+      char what[96];
+      snprintf(what, sizeof what, "%s = %g under policy kind %d", mention, values[i], (int)kinds[k]);
+      expect_bad_config(ctx, &c.config, want, mention, what);
+    }
+  kvq_context_destroy(ctx);
+}
+#define CHECK_POLICY(kinds, edit, want, mention, ...)                                                            \
+  do {                                                                                                           \
+    const double v_[] = {__VA_ARGS__};                                                                           \
+    check_policy_values((kinds), sizeof(kinds) / sizeof(kinds)[0], (edit), v_, sizeof v_ / sizeof v_[0], (want),  \
+                        (mention));                                                                              \
+  } while (0)
+
+static void set_policy_kind(kvq_policy_config *p, double v) { p->kind = (kvq_policy_kind)(int64_t)v; }
+static void set_policy_sinks(kvq_policy_config *p, double v) { p->sinks = (uint32_t)v; }
+static void set_policy_recent(kvq_policy_config *p, double v) { p->recent = (uint32_t)v; }
+static void set_policy_heavy(kvq_policy_config *p, double v) { p->heavy = (uint32_t)v; }
+static void set_policy_heavy_fraction(kvq_policy_config *p, double v) { p->heavy_fraction = (float)v; }
+static void set_policy_lambda(kvq_policy_config *p, double v) { p->lambda = (float)v; }
+
+Test(policy_config, unknown_kind) {
+  static const kvq_policy_kind one[] = {KVQ_POLICY_H2O};
+  CHECK_POLICY(one, set_policy_kind, KVQ_ERROR_INVALID_ARGUMENT, "policy.kind", 4, 5, 99, 0x7fffffff, -1, INT32_MIN);
+}
+
+/* recent >= residual_window + page_size = 32, or 0 for exactly that. */
+Test(policy_config, recent_below_the_window_and_a_page) {
+  CHECK_POLICY(evicting_kinds, set_policy_recent, KVQ_ERROR_OUT_OF_RANGE, "policy.recent", 1, 4, 16, 31);
+  kvq_context *ctx = th_cpu_context();
+  cfg c;
+  cfg_init(&c, 1);
+  c.config.residual_window = 0; /* the minimum is then one page */
+  c.config.policy = kvq_policy_defaults(KVQ_POLICY_STREAMING);
+  c.config.policy.recent = P - 1;
+  expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "policy.recent", "recent 15 without a window");
+  c.config.policy.recent = P;
+  cr_assert_eq(kvq_cache_config_check(&c.config, NULL, 0), KVQ_OK, "recent 16 = page_size without a window");
+  /* the edges: 0 (the minimum, filled in by kvq_cache_create) and the minimum itself */
+  cfg_init(&c, 1);
+  c.config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+  c.config.policy.recent = R + P;
+  cr_assert_eq(kvq_cache_config_check(&c.config, NULL, 0), KVQ_OK, "recent = R + P");
+  c.config.policy.recent = 0;
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &c.config, &cache));
+  kvq_cache_config got;
+  KVQ_CHECK(ctx, kvq_cache_get_config(cache, &got));
+  cr_assert_eq(got.policy.recent, R + P, "recent 0 became %u, not residual_window + page_size", got.policy.recent);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+Test(policy_config, sinks_recent_and_heavy_from_2_31) {
+  CHECK_POLICY(evicting_kinds, set_policy_sinks, KVQ_ERROR_OUT_OF_RANGE, "policy.sinks", 2147483648.0, 4294967295.0);
+  CHECK_POLICY(evicting_kinds, set_policy_recent, KVQ_ERROR_OUT_OF_RANGE, "policy.recent", 2147483648.0, 4294967295.0);
+  CHECK_POLICY(heavy_kinds, set_policy_heavy, KVQ_ERROR_OUT_OF_RANGE, "policy.heavy", 2147483648.0, 4294967295.0);
+}
+
+Test(policy_config, heavy_fraction_outside_0_to_1) {
+  CHECK_POLICY(heavy_kinds, set_policy_heavy_fraction, KVQ_ERROR_OUT_OF_RANGE, "policy.heavy_fraction", -0.1,
+               -(double)FLT_MIN, 1.0 + FLT_EPSILON, 2.0, 1e30, NAN, INFINITY, -INFINITY);
+}
+
+Test(policy_config, lambda_outside_0_to_1) {
+  static const kvq_policy_kind qhitter[] = {KVQ_POLICY_QHITTER};
+  CHECK_POLICY(qhitter, set_policy_lambda, KVQ_ERROR_OUT_OF_RANGE, "policy.lambda", -0.5, -(double)FLT_MIN,
+               1.0 + FLT_EPSILON, 3.0, NAN, -NAN, INFINITY, -INFINITY);
+}
+
+/* The defaults of an unknown kind keep the kind, so the mistake is reported where the config is
+ * used instead of turning silently into some valid policy. */
+Test(policy_config, defaults_of_an_unknown_kind_are_rejected) {
+  kvq_context *ctx = th_cpu_context();
+  const int kinds[] = {4, 99, 0x7fffffff, -1};
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    cfg c;
+    cfg_init(&c, 2);
+    c.config.policy = kvq_policy_defaults((kvq_policy_kind)kinds[i]);
+    cr_assert_eq((int)c.config.policy.kind, kinds[i], "kvq_policy_defaults(%d) changed the kind to %d", kinds[i],
+                 (int)c.config.policy.kind);
+    char what[64];
+    snprintf(what, sizeof what, "kvq_policy_defaults(%d)", kinds[i]);
+    expect_bad_config(ctx, &c.config, KVQ_ERROR_INVALID_ARGUMENT, "policy.kind", what);
+  }
   kvq_context_destroy(ctx);
 }
 
@@ -1081,6 +1399,240 @@ Test(sequence_info, bad_arguments) {
   destroy(&f);
 }
 
+/* ---- kvq_sequence_positions -------------------------------------------------------------------- */
+
+/* Sentinel-filled room for 200 positions and a sentinel count. */
+typedef struct positions_out {
+  uint32_t positions[200];
+  size_t count;
+} positions_out;
+
+static void positions_reset(positions_out *o) { memset(o, SENTINEL, sizeof *o); }
+
+Test(sequence_positions, null_cache) {
+  fixture f;
+  build(&f);
+  positions_out o;
+  positions_reset(&o);
+  REJECTS_SILENTLY(&f, kvq_sequence_positions(NULL, f.seq[A], 0, o.positions, 200, &o.count),
+                   KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS_SILENTLY(&f, kvq_sequence_positions(NULL, f.seq[A], 0, NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&o, sizeof o, "kvq_sequence_positions(NULL cache)");
+  destroy(&f);
+}
+
+Test(sequence_positions, unknown_and_stale_sequences) {
+  fixture f;
+  build(&f);
+  positions_out o;
+  positions_reset(&o);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i]))
+      REJECTS(&f, kvq_sequence_positions(f.cache, ids[i], 0, o.positions, 200, &o.count), KVQ_ERROR_NOT_FOUND,
+              "sequence");
+  free_seq(&f, C);
+  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[C], 0, NULL, 0, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
+  expect_untouched(&o, sizeof o, "kvq_sequence_positions of an unknown sequence");
+  destroy(&f);
+}
+
+Test(sequence_positions, layer_out_of_range) {
+  fixture f;
+  build(&f);
+  positions_out o;
+  positions_reset(&o);
+  const uint32_t layers[] = {2, 1000, UINT32_MAX};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
+    REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], layers[i], o.positions, 200, &o.count),
+            KVQ_ERROR_OUT_OF_RANGE, "layer");
+  expect_untouched(&o, sizeof o, "kvq_sequence_positions of a missing layer");
+  destroy(&f);
+}
+
+Test(sequence_positions, null_count) {
+  fixture f;
+  build(&f);
+  positions_out o;
+  positions_reset(&o);
+  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], 0, o.positions, 200, NULL), KVQ_ERROR_INVALID_ARGUMENT,
+          "count");
+  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], 1, NULL, 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
+  expect_untouched(&o, sizeof o, "kvq_sequence_positions without a count");
+  destroy(&f);
+}
+
+/* One position too few: nothing written, neither the positions nor the count. */
+static void positions_too_small(fixture *f, uint32_t seq, uint32_t layer, size_t kept) {
+  const size_t capacities[] = {0, 1, kept / 2, kept - 1};
+  char needed[32];
+  snprintf(needed, sizeof needed, "%zu", kept);
+  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+    positions_out o;
+    positions_reset(&o);
+    char what[96];
+    snprintf(what, sizeof what, "kvq_sequence_positions: %zu kept tokens, capacity %zu", kept, capacities[i]);
+    begin(f);
+    kvq_status st = kvq_sequence_positions(f->cache, seq, layer, o.positions, capacities[i], &o.count);
+    end(f, st, KVQ_ERROR_CAPACITY, needed, what);
+    expect_untouched(&o, sizeof o, what);
+  }
+  /* the edge: room for exactly the kept tokens */
+  positions_out o;
+  positions_reset(&o);
+  KVQ_CHECK(f->ctx, kvq_sequence_positions(f->cache, seq, layer, o.positions, kept, &o.count));
+  cr_assert_eq(o.count, kept);
+  expect_untouched(o.positions + kept, sizeof o.positions - kept * sizeof(uint32_t),
+                   "kvq_sequence_positions past count");
+}
+
+Test(sequence_positions, capacity_below_the_kept_tokens) {
+  fixture f;
+  build(&f);
+  positions_too_small(&f, f.seq[A], 0, 72);
+  positions_too_small(&f, f.seq[A], 1, 70);
+  positions_too_small(&f, f.seq[B], 0, 20);
+  destroy(&f);
+  /* with evictions the kept tokens count, not those appended */
+  build_policy(&f, KVQ_POLICY_STREAMING);
+  positions_too_small(&f, f.seq[C], 0, POLICY_C_TOKENS - STREAMING_EVICTED);
+  positions_too_small(&f, f.seq[C], 1, POLICY_C_TOKENS - STREAMING_EVICTED);
+  destroy(&f);
+}
+
+/* ---- kvq_sequence_token_stats ------------------------------------------------------------------ */
+
+typedef struct stats_out {
+  kvq_token_stats stats[100];
+  size_t count;
+} stats_out;
+
+static void stats_reset(stats_out *o) { memset(o, SENTINEL, sizeof *o); }
+
+Test(sequence_token_stats, null_cache) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_H2O);
+  stats_out o;
+  stats_reset(&o);
+  REJECTS_SILENTLY(&f, kvq_sequence_token_stats(NULL, f.seq[A], o.stats, 100, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS_SILENTLY(&f, kvq_sequence_token_stats(NULL, f.seq[A], NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats(NULL cache)");
+  destroy(&f);
+}
+
+Test(sequence_token_stats, unknown_and_stale_sequences) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_H2O);
+  stats_out o;
+  stats_reset(&o);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i]))
+      REJECTS(&f, kvq_sequence_token_stats(f.cache, ids[i], o.stats, 100, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
+  free_seq(&f, B);
+  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[B], NULL, 0, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
+  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats of an unknown sequence");
+  destroy(&f);
+}
+
+Test(sequence_token_stats, null_count) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_H2O);
+  stats_out o;
+  stats_reset(&o);
+  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[A], o.stats, 100, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
+  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[C], NULL, 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
+  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats without a count");
+  destroy(&f);
+}
+
+/* a: every position below 72 (the longer layer) has statistics; c: the 48 it keeps. */
+Test(sequence_token_stats, capacity_below_the_tracked_tokens) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_H2O);
+  const struct {
+    int seq;
+    size_t tracked;
+  } cases[] = {{A, 72}, {B, 20}, {C, POLICY_C_TOKENS - H2O_EVICTED}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const size_t n = cases[c].tracked, capacities[] = {0, 1, n - 1};
+    char needed[32];
+    snprintf(needed, sizeof needed, "%zu", n);
+    for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+      stats_out o;
+      stats_reset(&o);
+      char what[96];
+      snprintf(what, sizeof what, "kvq_sequence_token_stats: %zu tokens, capacity %zu", n, capacities[i]);
+      begin(&f);
+      kvq_status st = kvq_sequence_token_stats(f.cache, f.seq[cases[c].seq], o.stats, capacities[i], &o.count);
+      end(&f, st, KVQ_ERROR_CAPACITY, needed, what);
+      expect_untouched(&o, sizeof o, what);
+    }
+    stats_out o;
+    stats_reset(&o);
+    KVQ_CHECK(f.ctx, kvq_sequence_token_stats(f.cache, f.seq[cases[c].seq], o.stats, n, &o.count));
+    cr_assert_eq(o.count, n);
+    expect_untouched(o.stats + n, sizeof o.stats - n * sizeof o.stats[0], "kvq_sequence_token_stats past count");
+  }
+  destroy(&f);
+}
+
+/* Only H2O and Q-Hitter keep statistics. */
+Test(sequence_token_stats, policy_keeps_no_statistics) {
+  for (int streaming = 0; streaming < 2; streaming++) {
+    fixture f;
+    if (streaming) build_policy(&f, KVQ_POLICY_STREAMING);
+    else build(&f);
+    for (int i = 0; i < 3; i++) {
+      stats_out o;
+      stats_reset(&o);
+      REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[i], o.stats, 100, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
+              "statistics");
+      REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[i], NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
+              "statistics");
+      expect_untouched(&o, sizeof o, streaming ? "token_stats under STREAMING" : "token_stats under KEEP_ALL");
+    }
+    destroy(&f);
+  }
+}
+
+/* ---- kvq_sequence_apply_policy ----------------------------------------------------------------- */
+
+Test(sequence_apply_policy, null_cache) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_H2O);
+  REJECTS_SILENTLY(&f, kvq_sequence_apply_policy(NULL, f.seq[C]), KVQ_ERROR_INVALID_ARGUMENT);
+  destroy(&f);
+}
+
+Test(sequence_apply_policy, unknown_and_stale_sequences) {
+  for (int policy = 0; policy < 2; policy++) {
+    fixture f;
+    if (policy) build_policy(&f, KVQ_POLICY_STREAMING);
+    else build(&f);
+    const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+      if (!issued(&f, ids[i])) REJECTS(&f, kvq_sequence_apply_policy(f.cache, ids[i]), KVQ_ERROR_NOT_FOUND, "sequence");
+    free_seq(&f, C);
+    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[C]), KVQ_ERROR_NOT_FOUND, "sequence");
+    destroy(&f);
+  }
+}
+
+/* a holds 72 tokens in layer 0 and 70 in layer 1, b 20 and none: the policy needs all layers in step
+ * (KEEP_ALL too, as documented). */
+Test(sequence_apply_policy, layers_hold_different_token_counts) {
+  const kvq_policy_kind kinds[] = {KVQ_POLICY_KEEP_ALL, KVQ_POLICY_STREAMING, KVQ_POLICY_H2O};
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    fixture f;
+    if (kinds[k] == KVQ_POLICY_KEEP_ALL) build(&f);
+    else build_policy(&f, kinds[k]);
+    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[A]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
+    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[B]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
+    destroy(&f);
+  }
+}
+
 /* ================================================================================================
  * kvq_append
  * ============================================================================================== */
@@ -1203,6 +1755,22 @@ Test(append, past_the_free_pages) {
   REJECTS(&f, kvq_append(f.cache, f.seq[B], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
   kv_free(&x);
   destroy(&f);
+}
+
+/* An append to layer 0 runs the policy first, since evictions may free the pages it needs; when the
+ * pages are still too few, the policy's evictions must not happen either. */
+Test(append, past_the_free_pages_under_a_policy) {
+  const kvq_policy_kind kinds[] = {KVQ_POLICY_STREAMING, KVQ_POLICY_H2O};
+  for (size_t k = 0; k < 2; k++) {
+    fixture f;
+    build_policy(&f, kinds[k]); /* 1 page free */
+    append_ok(&f, f.seq[C], 0, 8, 60); /* the policy runs on c's 64 tokens and evicts nothing new */
+    append_ok(&f, f.seq[C], 1, 8, 61); /* 72 in both layers: positions 32..39 are new candidates */
+    kv x = kv_random(f.input, 40, 62); /* 112 tokens: 6 pages quantized, 3 of them new */
+    REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
+    kv_free(&x);
+    destroy(&f);
+  }
 }
 
 /* One bad number in an otherwise good block of 24 tokens (which would quantize a page of a): first
@@ -1716,6 +2284,22 @@ Test(scores, score_tensor_for_the_wrong_token_count) {
   destroy(&f);
 }
 
+/* Under a policy the scores cover the kept tokens: c keeps 36 of its 64 in both layers. */
+Test(scores, score_tensor_for_the_appended_instead_of_the_kept_tokens) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_STREAMING);
+  const int64_t kept = POLICY_C_TOKENS - STREAMING_EVICTED, counts[] = {POLICY_C_TOKENS, kept + 1, kept - 1};
+  for (uint32_t layer = 0; layer < 2; layer++)
+    for (size_t i = 0; i < 3; i++) {
+      scores_call c;
+      scores_make(&c, 2, counts[i], 88);
+      scores_rejects(&f, f.seq[C], layer, &c, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, KVQ_ERROR_INVALID_ARGUMENT, "shape[2]",
+                     "scores sized for other than the kept tokens");
+      scores_free(&c);
+    }
+  destroy(&f);
+}
+
 Test(scores, nonfinite_queries) {
   fixture f;
   build(&f);
@@ -1845,6 +2429,28 @@ Test(dequantize, ranges_outside_the_sequence) {
   destroy(&f);
 }
 
+/* Under a policy first and count index the kept tokens: c keeps 36 of its 64 in both layers. */
+Test(dequantize, ranges_past_the_kept_tokens) {
+  fixture f;
+  build_policy(&f, KVQ_POLICY_STREAMING);
+  const uint64_t kept = POLICY_C_TOKENS - STREAMING_EVICTED;
+  const struct {
+    uint64_t first, count;
+  } ranges[] = {{0, kept + 1}, {kept, 1}, {kept - 5, 6}, {0, POLICY_C_TOKENS}, {POLICY_C_TOKENS - 1, 1}};
+  for (uint32_t layer = 0; layer < 2; layer++)
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+      deq d;
+      deq_make(&d, (int64_t)ranges[i].count);
+      char what[96];
+      snprintf(what, sizeof what, "kept tokens [%llu, +%llu) of %llu in layer %u", (unsigned long long)ranges[i].first,
+               (unsigned long long)ranges[i].count, (unsigned long long)kept, layer);
+      deq_rejects(&f, f.seq[C], layer, ranges[i].first, ranges[i].count, &d, &d.k, &d.v, KVQ_ERROR_OUT_OF_RANGE,
+                  "tokens", what);
+      deq_free(&d);
+    }
+  destroy(&f);
+}
+
 static void dequantize_tensor_edits(int side) {
   fixture f;
   build(&f);
@@ -1951,7 +2557,8 @@ static char *temp_dir(void) {
 
 static void remove_temp_dir(void) {
   if (!temp_path[0]) return;
-  const char *names[] = {"good.kvq", "good.kvq.tmp-kvq", "empty.kvq", "garbage.kvq", "missing.kvq"};
+  const char *names[] = {"good.kvq",  "good.kvq.tmp-kvq",  "empty.kvq",    "garbage.kvq", "missing.kvq",
+                         "cache.kvq", "cache.kvq.tmp-kvq", "truncated.kvq"};
   char path[128];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", temp_path, names[i]);
@@ -2077,5 +2684,549 @@ Test(load, from_memory_bad_buffers) {
   for (int i = 0; i < 200; i++) garbage[i] = (uint8_t)(i * 91 + 7);
   expect_load_memory_fails(&f, garbage, sizeof garbage, KVQ_ERROR_BAD_FORMAT, NULL, "garbage");
   free(data);
+  destroy(&f);
+}
+
+/* ================================================================================================
+ * Codebooks: appending before them, kvq_codebooks_learn, saving and loading them
+ * ============================================================================================== */
+
+Test(append, before_the_codebooks_exist) {
+  const kvq_method_config exact = method(KVQ_METHOD_EXACT);
+  const struct {
+    kvq_method_config keys, values;
+    const char *side; /* the first side that lacks codebooks */
+  } cases[] = {{cq_method(), polar_online(), "keys"}, {cq_method(), exact, "keys"}, {exact, cq_method(), "values"},
+               {polar_online(), exact, "keys"},      {exact, polar_online(), "values"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fixture f;
+    build_codebooks_with(&f, cases[i].keys, cases[i].values, 0);
+    kv x = kv_random(f.input, 24, 70);
+    REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_NO_CODEBOOK, cases[i].side);
+    expect_mention(f.ctx, "codebooks", "kvq_append before the codebooks exist");
+    kv_free(&x);
+    x = kv_random(f.input, 1, 71);
+    REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_NO_CODEBOOK, cases[i].side);
+    kv_free(&x);
+    destroy(&f);
+  }
+}
+
+/* ---- kvq_codebooks_learn ----------------------------------------------------------------------- */
+
+static kv calibration(kvq_dtype dtype, uint32_t seed) { return kv_random(dtype, CALIBRATION, seed); }
+
+Test(codebooks_learn, null_cache) {
+  fixture f;
+  build_codebooks(&f, 0);
+  kv x = calibration(KVQ_DTYPE_F32, 80);
+  REJECTS_SILENTLY(&f, kvq_codebooks_learn(NULL, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  kv_free(&x);
+  destroy(&f);
+}
+
+Test(codebooks_learn, layer_out_of_range) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 81);
+  const uint32_t layers[] = {2, 1000, UINT32_MAX};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
+    REJECTS(&f, kvq_codebooks_learn(f.cache, layers[i], &x.k, &x.v, NULL), KVQ_ERROR_OUT_OF_RANGE, "layer");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* Exact, QJL, uniform and KIVI learn nothing, nor does PolarQuant with offline codebooks. */
+Test(codebooks_learn, layer_that_learns_nothing) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 82);
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 1, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "codebooks");
+  destroy(&f);
+  build(&f);
+  for (uint32_t l = 0; l < 2; l++)
+    REJECTS(&f, kvq_codebooks_learn(f.cache, l, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "codebooks");
+  destroy(&f);
+  build_codebooks_with(&f, method(KVQ_METHOD_POLAR), method(KVQ_METHOD_KIVI), 0);
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "codebooks");
+  destroy(&f);
+  kv_free(&x);
+}
+
+Test(codebooks_learn, missing_calibration_data) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 83);
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, NULL, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, NULL, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  destroy(&f);
+  /* CQ values and exact keys: the values are still needed */
+  build_codebooks_with(&f, method(KVQ_METHOD_EXACT), cq_method(), 0);
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
+  destroy(&f);
+  kv_free(&x);
+}
+
+static void learn_tensor_edits(int side) {
+  fixture f;
+  build_codebooks(&f, 1);
+  for (size_t i = 0; i < EDIT_COUNT; i++) {
+    if (!edit_applies(&edits[i], FREE_ROWS)) continue;
+    kv x = calibration(KVQ_DTYPE_F32, 84);
+    edits[i].apply(side ? &x.v : &x.k);
+    char what[128];
+    snprintf(what, sizeof what, "kvq_codebooks_learn with %s: %s", side ? "values" : "keys", edits[i].name);
+    begin(&f);
+    kvq_status st = kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL);
+    end(&f, st, edits[i].want, edits[i].mention, what);
+    expect_mention(f.ctx, side ? "values" : "keys", what);
+    kv_free(&x);
+  }
+  destroy(&f);
+}
+
+Test(codebooks_learn, bad_key_tensors) { learn_tensor_edits(0); }
+Test(codebooks_learn, bad_value_tensors) { learn_tensor_edits(1); }
+
+Test(codebooks_learn, key_and_value_token_counts_differ) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 85);
+  x.v.shape[0] = CALIBRATION - 1;
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "token counts");
+  x.v.shape[0] = CALIBRATION;
+  x.k.shape[0] = 1;
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "token counts");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* 2^24 + 1 tokens over a small buffer (rows one element apart): refused before a byte is read. */
+Test(codebooks_learn, more_than_2_24_calibration_tokens) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 86);
+  for (int side = 0; side < 2; side++) {
+    kvq_tensor *t = side ? &x.v : &x.k;
+    t->shape[0] = ((int64_t)1 << 24) + 1;
+    t->strides[0] = 1;
+  }
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_OUT_OF_RANGE, "2^24");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* One bad number in otherwise good calibration data: first or last element, keys or values, NaN or an
+ * infinity, in every input dtype. */
+Test(codebooks_learn, nonfinite_calibration_data) {
+  fixture f;
+  build_codebooks(&f, 1);
+  const kvq_dtype dtypes[] = {KVQ_DTYPE_F32, KVQ_DTYPE_F16, KVQ_DTYPE_BF16};
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  for (int d = 0; d < 3; d++)
+    for (int side = 0; side < 2; side++)
+      for (int b = 0; b < 3; b++)
+        for (int last = 0; last < 2; last++) {
+          float *kf = random_tokens(CALIBRATION, HKV, 87), *vf = random_tokens(CALIBRATION, HKV, 88);
+          (side ? vf : kf)[last ? (size_t)CALIBRATION * HKV * D - 1 : 0] = bad[b];
+          kv x = kv_from(kf, vf, dtypes[d], CALIBRATION);
+          char what[128];
+          snprintf(what, sizeof what, "%g in the %s element of the calibration %s, dtype %d", (double)bad[b],
+                   last ? "last" : "first", side ? "values" : "keys", (int)dtypes[d]);
+          begin(&f);
+          kvq_status st = kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL);
+          end(&f, st, KVQ_ERROR_NON_FINITE, side ? "values" : "keys", what);
+          kv_free(&x);
+        }
+  destroy(&f);
+}
+
+/* Weights are finite and non-negative (NaN and infinities: non-finite; negative: out of range), and
+ * not all zero. */
+Test(codebooks_learn, bad_weights) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kv x = calibration(KVQ_DTYPE_F32, 89);
+  float w[CALIBRATION];
+  const struct {
+    float value;
+    kvq_status want;
+  } cases[] = {{-1.0f, KVQ_ERROR_OUT_OF_RANGE}, {-FLT_MIN, KVQ_ERROR_OUT_OF_RANGE}, {-FLT_MAX, KVQ_ERROR_OUT_OF_RANGE},
+               {NAN, KVQ_ERROR_NON_FINITE},     {INFINITY, KVQ_ERROR_NON_FINITE},  {-INFINITY, KVQ_ERROR_NON_FINITE}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int last = 0; last < 2; last++) {
+      for (int t = 0; t < CALIBRATION; t++) w[t] = 1.0f;
+      w[last ? CALIBRATION - 1 : 0] = cases[i].value;
+      char what[96];
+      snprintf(what, sizeof what, "weight %g at token %d", (double)cases[i].value, last ? CALIBRATION - 1 : 0);
+      begin(&f);
+      kvq_status st = kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, w);
+      end(&f, st, cases[i].want, "weight", what);
+    }
+  for (int t = 0; t < CALIBRATION; t++) w[t] = 0.0f;
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, w), KVQ_ERROR_OUT_OF_RANGE, "weights");
+  w[7] = -0.0f;
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, w), KVQ_ERROR_OUT_OF_RANGE, "weights");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* Codes already stored would change meaning: refused while any sequence holds tokens in the layer. */
+Test(codebooks_learn, while_the_layer_holds_tokens) {
+  fixture f;
+  build_codebooks(&f, 1);
+  append_ok(&f, f.seq[A], 0, 20, 90);
+  kv x = calibration(KVQ_DTYPE_F32, 91);
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "holds tokens");
+  /* an empty second sequence changes nothing; a flushed first one neither */
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seq[B]));
+  f.live[B] = 1;
+  KVQ_CHECK(f.ctx, kvq_flush(f.cache, f.seq[A]));
+  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "holds tokens");
+  kv_free(&x);
+  destroy(&f);
+}
+
+/* ---- kvq_codebooks_save_size, kvq_codebooks_save_to_memory, kvq_codebooks_save ----------------- */
+
+Test(codebooks_save, size_null_arguments) {
+  fixture f;
+  build_codebooks(&f, 1);
+  uint64_t bytes;
+  memset(&bytes, SENTINEL, sizeof bytes);
+  REJECTS_SILENTLY(&f, kvq_codebooks_save_size(NULL, &bytes), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&bytes, sizeof bytes, "kvq_codebooks_save_size(NULL, &bytes)");
+  REJECTS(&f, kvq_codebooks_save_size(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "bytes");
+  destroy(&f);
+}
+
+Test(codebooks_save, to_memory_null_arguments) {
+  fixture f;
+  build_codebooks(&f, 1);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_codebooks_save_size(f.cache, &size));
+  out_buf b = {malloc((size_t)size), (size_t)size};
+  memset(b.data, SENTINEL, b.bytes);
+  size_t written;
+  memset(&written, SENTINEL, sizeof written);
+  REJECTS_SILENTLY(&f, kvq_codebooks_save_to_memory(NULL, b.data, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_codebooks_save_to_memory(f.cache, NULL, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
+  REJECTS(&f, kvq_codebooks_save_to_memory(f.cache, b.data, b.bytes, NULL), KVQ_ERROR_INVALID_ARGUMENT, "written");
+  expect_sentinel(&b, "kvq_codebooks_save_to_memory with a NULL argument");
+  expect_untouched(&written, sizeof written, "kvq_codebooks_save_to_memory with a NULL argument");
+  free(b.data);
+  destroy(&f);
+}
+
+Test(codebooks_save, to_memory_buffer_too_small) {
+  fixture f;
+  build_codebooks(&f, 1);
+  uint64_t size;
+  KVQ_CHECK(f.ctx, kvq_codebooks_save_size(f.cache, &size));
+  out_buf b = {malloc((size_t)size), (size_t)size};
+  char needed[32];
+  snprintf(needed, sizeof needed, "%llu", (unsigned long long)size);
+  const size_t capacities[] = {0, 1, 64, (size_t)size / 2, (size_t)size - 32, (size_t)size - 1};
+  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+    memset(b.data, SENTINEL, b.bytes);
+    size_t written;
+    memset(&written, SENTINEL, sizeof written);
+    char what[80];
+    snprintf(what, sizeof what, "codebooks_save_to_memory into %zu of %llu bytes", capacities[i],
+             (unsigned long long)size);
+    begin(&f);
+    kvq_status st = kvq_codebooks_save_to_memory(f.cache, b.data, capacities[i], &written);
+    end(&f, st, KVQ_ERROR_BUFFER_TOO_SMALL, needed, what);
+    expect_sentinel(&b, what);
+    expect_untouched(&written, sizeof written, what);
+  }
+  free(b.data);
+  destroy(&f);
+}
+
+Test(codebooks_save, to_a_file_bad_paths, .fini = remove_temp_dir) {
+  fixture f;
+  build_codebooks(&f, 1);
+  REJECTS_SILENTLY(&f, kvq_codebooks_save(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert(!exists("/tmp/kvq-never-written.kvq"));
+  REJECTS(&f, kvq_codebooks_save(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS(&f, kvq_codebooks_save(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS(&f, kvq_codebooks_save(f.cache, "/nonexistent-kvq-dir/codebooks.kvq"), KVQ_ERROR_IO,
+          "/nonexistent-kvq-dir/codebooks.kvq");
+  char *dir = temp_dir();
+  char tmp[128];
+  snprintf(tmp, sizeof tmp, "%s.tmp-kvq", dir);
+  REJECTS(&f, kvq_codebooks_save(f.cache, dir), KVQ_ERROR_IO, dir);
+  struct stat st;
+  cr_assert(stat(dir, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
+  cr_assert(!exists(tmp), "a temporary file %s was left behind", tmp);
+  destroy(&f);
+}
+
+/* ---- kvq_codebooks_load, kvq_codebooks_load_from_memory ---------------------------------------- */
+
+/* The codebook file of a cache, in memory (free() it). */
+static uint8_t *codebooks_image(kvq_context *ctx, kvq_cache *cache, size_t *size) {
+  uint64_t bytes;
+  KVQ_CHECK(ctx, kvq_codebooks_save_size(cache, &bytes));
+  uint8_t *data = malloc((size_t)bytes + 64); /* room to append bytes */
+  cr_assert_not_null(data);
+  KVQ_CHECK(ctx, kvq_codebooks_save_to_memory(cache, data, (size_t)bytes, size));
+  return data;
+}
+
+/* The codebook file of a new cache with this config, learned from calibration data drawn with
+ * `seed` (0: not learned). */
+static uint8_t *codebooks_of(kvq_context *ctx, const kvq_cache_config *config, uint32_t seed, size_t *size) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, config, &cache));
+  if (seed) {
+    kv x = calibration(KVQ_DTYPE_F32, seed);
+    KVQ_CHECK(ctx, kvq_codebooks_learn(cache, 0, &x.k, &x.v, NULL));
+    kv_free(&x);
+  }
+  uint8_t *data = codebooks_image(ctx, cache, size);
+  kvq_cache_destroy(cache);
+  return data;
+}
+
+static void write_file(const char *path, const void *data, size_t size) {
+  FILE *fp = fopen(path, "wb");
+  cr_assert_not_null(fp);
+  cr_assert_eq(fwrite(data, 1, size, fp), size);
+  cr_assert_eq(fclose(fp), 0);
+}
+
+static void expect_codebooks_rejected(fixture *f, const void *data, size_t size, kvq_status want, const char *mention,
+                                      const char *what) {
+  begin(f);
+  kvq_status st = kvq_codebooks_load_from_memory(f->cache, data, size);
+  end(f, st, want, mention, what);
+}
+
+Test(codebooks_load, null_arguments) {
+  fixture f;
+  build_codebooks(&f, 1);
+  size_t size;
+  uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
+  REJECTS_SILENTLY(&f, kvq_codebooks_load(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_codebooks_load(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS(&f, kvq_codebooks_load(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS_SILENTLY(&f, kvq_codebooks_load_from_memory(NULL, data, size), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_codebooks_load_from_memory(f.cache, NULL, size), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
+  REJECTS(&f, kvq_codebooks_load_from_memory(f.cache, NULL, 0), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
+  free(data);
+  destroy(&f);
+}
+
+Test(codebooks_load, bad_files, .fini = remove_temp_dir) {
+  fixture f;
+  build_codebooks(&f, 1);
+  char *dir = temp_dir();
+  char missing[128], empty[128], garbage[128], truncated[128], cache[128];
+  snprintf(missing, sizeof missing, "%s/missing.kvq", dir);
+  snprintf(empty, sizeof empty, "%s/empty.kvq", dir);
+  snprintf(garbage, sizeof garbage, "%s/garbage.kvq", dir);
+  snprintf(truncated, sizeof truncated, "%s/truncated.kvq", dir);
+  snprintf(cache, sizeof cache, "%s/cache.kvq", dir);
+  REJECTS(&f, kvq_codebooks_load(f.cache, missing), KVQ_ERROR_IO, missing);
+  REJECTS(&f, kvq_codebooks_load(f.cache, dir), KVQ_ERROR_IO, dir);
+  write_file(empty, "", 0);
+  REJECTS(&f, kvq_codebooks_load(f.cache, empty), KVQ_ERROR_TRUNCATED, "kvq_codebooks_load");
+  uint8_t junk[1000];
+  for (int i = 0; i < 1000; i++) junk[i] = (uint8_t)(i * 37);
+  write_file(garbage, junk, sizeof junk);
+  REJECTS(&f, kvq_codebooks_load(f.cache, garbage), KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load");
+  size_t size;
+  uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
+  write_file(truncated, data, size - 1);
+  REJECTS(&f, kvq_codebooks_load(f.cache, truncated), KVQ_ERROR_TRUNCATED, "kvq_codebooks_load");
+  KVQ_CHECK(f.ctx, kvq_cache_save(f.cache, cache)); /* a cache file is not a codebook file */
+  REJECTS(&f, kvq_codebooks_load(f.cache, cache), KVQ_ERROR_BAD_FORMAT, "codebook file");
+  free(data);
+  destroy(&f);
+}
+
+Test(codebooks_load, truncated_buffers) {
+  fixture f;
+  build_codebooks(&f, 1);
+  size_t size;
+  uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
+  const size_t sizes[] = {0, 5, 8, 63, 64, 100, size / 2, size - 32, size - 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%zu of %zu bytes", sizes[i], size);
+    expect_codebooks_rejected(&f, data, sizes[i], KVQ_ERROR_TRUNCATED, "kvq_codebooks_load", what);
+  }
+  free(data);
+  destroy(&f);
+}
+
+Test(codebooks_load, corrupted_buffers) {
+  fixture f;
+  build_codebooks(&f, 1);
+  size_t size;
+  uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
+  const size_t flips[] = {24, 100, size / 2, size - 40, size - 1}; /* header, config, codebooks, checksum */
+  for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+    data[flips[i]] ^= 0x10;
+    char what[64];
+    snprintf(what, sizeof what, "byte %zu of %zu flipped", flips[i], size);
+    expect_codebooks_rejected(&f, data, size, KVQ_ERROR_CHECKSUM, "SHA-256", what);
+    data[flips[i]] ^= 0x10;
+  }
+  data[8] += 1; /* the format version */
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_VERSION, "version", "another format version");
+  data[8] -= 1;
+  data[size] = 0;
+  expect_codebooks_rejected(&f, data, size + 1, KVQ_ERROR_BAD_FORMAT, "trailing", "a byte after the checksum");
+  memcpy(data, "KVQCACHE", 8);
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, "codebook file", "a cache file's magic");
+  uint8_t junk[200];
+  for (int i = 0; i < 200; i++) junk[i] = (uint8_t)(i * 91 + 7);
+  expect_codebooks_rejected(&f, junk, sizeof junk, KVQ_ERROR_BAD_FORMAT, "codebook file", "garbage");
+  free(data);
+  destroy(&f);
+}
+
+/* ---- Files with a correct checksum but content kvq could not have written ---------------------- */
+
+static uint32_t get_le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static void put_le32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* Where the payload of section `index` (0: CONF, 1: CODE) of a codebook file starts. */
+static size_t section_payload(const uint8_t *data, int index) {
+  size_t at = 64; /* the header */
+  for (int i = 0; i < index; i++) {
+    const uint64_t n = get_le32(data + at + 8) | (uint64_t)get_le32(data + at + 12) << 32;
+    at += 16 + n + (8 - n % 8) % 8;
+  }
+  return at + 16;
+}
+
+/* Word `word` of a method record of layer 0 (side 0: keys, 1: values) in the CONF section. */
+static uint8_t *method_word(uint8_t *data, int side, uint32_t word) {
+  return data + section_payload(data, 0) + 32 + 12 + (size_t)side * 23 * 4 + (size_t)word * 4;
+}
+
+static void reseal(uint8_t *data, size_t size) { kvq_sha256_digest(data, size - 32, data + size - 32); }
+
+Test(codebooks_load, consistent_checksum_bad_content) {
+  fixture f;
+  build_codebooks(&f, 1);
+  size_t size;
+  uint8_t *good = codebooks_image(f.ctx, f.cache, &size), *data = malloc(size);
+  cr_assert_eq(get_le32(method_word(good, 0, 0)), KVQ_METHOD_CQ, "the config record's layout");
+  cr_assert_eq(get_le32(method_word(good, 1, 0)), KVQ_METHOD_POLAR, "the config record's layout");
+  const struct {
+    int side;
+    uint32_t word, value;
+    const char *what;
+  } configs[] = {
+      {0, 20, 0, "cq.channels 0"},           {0, 20, 3, "cq.channels 3"},         {0, 21, 0, "cq.bits 0"},
+      {0, 21, 64, "cq.bits 64"},             {0, 0, 77, "an unknown key method"}, {1, 9, 0, "polar.levels 0"},
+      {1, 9, 1000, "polar.levels 1000"},     {1, 10, 0, "polar.bits[0] = 0"},     {1, 18, 5, "an unknown rotation"},
+      {1, 19, 9, "an unknown codebook source"}};
+  for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+    memcpy(data, good, size);
+    put_le32(method_word(data, configs[i].side, configs[i].word), configs[i].value);
+    reseal(data, size);
+    expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, "config", configs[i].what);
+  }
+  /* the first codebook array (layer 0's keys): u32 count, then layer, side, index, kind, ready, 0,
+   * u64 floats, SHA-256 of the floats, the floats */
+  const size_t code = section_payload(good, 1), sha = code + 4 + 24 + 8, floats = sha + 32;
+  const uint32_t count = get_le32(good + code + 28);
+  cr_assert_eq(get_le32(good + code), 2, "two codebook arrays");
+  cr_assert_eq(count, (uint32_t)HKV * D << 4, "CQ keys: kv_heads * head_dim * 2^bits floats");
+  const float nan = NAN, big = 1e30f;
+  for (int resign = 0; resign < 2; resign++) {
+    memcpy(data, good, size);
+    memcpy(data + floats + 4 * 5, resign ? &nan : &big, 4);
+    if (resign) kvq_sha256_digest(data + floats, (size_t)count * 4, data + sha);
+    reseal(data, size);
+    expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, resign ? "non-finite" : "SHA-256",
+                              resign ? "a NaN centroid" : "a centroid that does not match its SHA-256");
+  }
+  memcpy(data, good, size);
+  data[40] = 1; /* reserved header bytes */
+  reseal(data, size);
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, "reserved", "reserved header bytes");
+  memcpy(data, good, size);
+  put_le32(data + code + 4 + 16, 2); /* the readiness flag of the first array */
+  reseal(data, size);
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, "codebook", "readiness 2");
+  free(data);
+  free(good);
+  destroy(&f);
+}
+
+/* Codebooks of another shape, rotation or layer count: INVALID_ARGUMENT, as documented. */
+Test(codebooks_load, from_a_cache_of_another_shape) {
+  fixture f;
+  build_codebooks(&f, 1);
+  kvq_layer_config layers[2];
+  kvq_method_config cq5 = cq_method(), hadamard = polar_online(), polar3 = polar_online();
+  cq5.cq.bits = 5;
+  hadamard.polar.rotation = KVQ_ROTATION_HADAMARD;
+  polar3.polar.levels = 3;
+  const struct {
+    kvq_cache_config config;
+    const char *what;
+  } others[] = {
+      {codebook_config(layers, cq5, polar_online(), 11), "CQ keys of 5 bits"},
+      {codebook_config(layers, cq_method(), hadamard, 11), "a Hadamard rotation"},
+      {codebook_config(layers, cq_method(), polar3, 11), "3 levels"},
+      {codebook_config(layers, cq_method(), polar_online(), 12), "another seed (another rotation)"},
+      {codebook_config(layers, method(KVQ_METHOD_EXACT), polar_online(), 11), "no key codebooks"},
+      {codebook_config(layers, cq_method(), method(KVQ_METHOD_POLAR), 11), "offline value codebooks"},
+  };
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    size_t size;
+    uint8_t *data = codebooks_of(f.ctx, &others[i].config, 92, &size);
+    expect_codebooks_rejected(&f, data, size, KVQ_ERROR_INVALID_ARGUMENT, "codebooks", others[i].what);
+    free(data);
+  }
+  /* one layer instead of two */
+  kvq_cache_config one = codebook_config(layers, cq_method(), polar_online(), 11);
+  one.layer_count = 1;
+  size_t size;
+  uint8_t *data = codebooks_of(f.ctx, &one, 93, &size);
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_INVALID_ARGUMENT, "layers", "a one-layer cache's codebooks");
+  free(data);
+  /* the default fixture learns none: neither side accepts the other's file */
+  data = codebooks_image(f.ctx, f.cache, &size);
+  fixture g;
+  build(&g);
+  expect_codebooks_rejected(&g, data, size, KVQ_ERROR_INVALID_ARGUMENT, "codebooks", "codebooks into a cache without");
+  free(data);
+  data = codebooks_image(g.ctx, g.cache, &size);
+  expect_codebooks_rejected(&f, data, size, KVQ_ERROR_INVALID_ARGUMENT, "codebooks", "no codebooks into a cache with");
+  free(data);
+  destroy(&g);
+  destroy(&f);
+}
+
+/* Tokens already coded keep their codebooks: only the identical ones may be loaded. */
+Test(codebooks_load, into_a_layer_holding_tokens) {
+  fixture f;
+  build_codebooks(&f, 1);
+  append_ok(&f, f.seq[A], 0, 20, 94);
+  kvq_layer_config layers[2];
+  const kvq_cache_config same = codebook_config(layers, cq_method(), polar_online(), 11);
+  const uint32_t seeds[] = {95, 0}; /* other calibration data; not learned at all */
+  for (size_t i = 0; i < 2; i++) {
+    size_t size;
+    uint8_t *data = codebooks_of(f.ctx, &same, seeds[i], &size);
+    expect_codebooks_rejected(&f, data, size, KVQ_ERROR_INVALID_ARGUMENT, "holds tokens",
+                              seeds[i] ? "other codebooks" : "codebooks not learned");
+    free(data);
+  }
   destroy(&f);
 }

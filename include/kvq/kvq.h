@@ -434,10 +434,10 @@ KVQ_API kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t seq
 
 /*
  * Runs the cache's token policy on a sequence now. It also runs by itself at the start of every
- * kvq_append to layer 0 (after the new tokens are validated) whenever all layers hold the same
- * number of tokens, which is once per decoding step in the usual loop (append and attend layer by
- * layer). Requires all layers to hold the same number of tokens (KVQ_ERROR_INVALID_ARGUMENT
- * otherwise); KEEP_ALL does nothing.
+ * kvq_append to layer 0 whenever all layers hold the same number of tokens, which is once per
+ * decoding step in the usual loop (append and attend layer by layer); the pages it frees count for
+ * that append, and an append that fails evicts nothing. Requires all layers to hold the same number
+ * of tokens (KVQ_ERROR_INVALID_ARGUMENT otherwise); KEEP_ALL does nothing.
  */
 KVQ_API kvq_status kvq_sequence_apply_policy(kvq_cache *cache, uint32_t sequence);
 
