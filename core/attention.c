@@ -14,7 +14,8 @@
 #include "policy.h"
 #include "tensor.h"
 
-/* Score floats per batch: 64 MiB of fp32. Bounds the memory of one step, not the problem size. */
+/* Score and prepared-query floats per batch: 64 MiB of fp32. Bounds the memory of one step, not
+ * the problem size. */
 #define SCORE_BUDGET ((uint64_t)16 << 20)
 
 typedef enum stage { STAGE_LOGITS, STAGE_PROBABILITIES, STAGE_OUTPUT } stage;
@@ -29,6 +30,9 @@ typedef struct attend_item {
   const float *queries;  /* [rows][Hq][d] */
   float *scores;         /* [rows][Hq][slots + window] (LOGITS / PROBABILITIES) */
   float *output;         /* [rows][Hq][d] (OUTPUT) */
+  double *sums;          /* H2O, Q-Hitter: each slot's probability mass over the item's rows, applied to
+                            the statistics only once the whole call succeeded (a failed call changes
+                            nothing) */
 } attend_item;
 
 typedef struct batch {
@@ -36,6 +40,7 @@ typedef struct batch {
   uint32_t *slots, *index, *alive; /* per listed page: pool slot, page number, kept masks */
   uint32_t seq_count, slot_count, rows;
   uint64_t score_floats, accumulate_floats;
+  uint64_t budget_floats; /* scores and prepared queries: what SCORE_BUDGET bounds */
 } batch;
 
 static uint64_t row_width(const attend_item *it) { return (uint64_t)it->view.slots + it->view.window; }
@@ -123,7 +128,7 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     float *sums = malloc(sizeof(float) * (n ? n : 1));
     if (!sums) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
     st = be->ops->buffer_read(be, accumulate, b->seqs[i].accumulate_offset * 4, sums, n * 4);
-    if (st == KVQ_OK) kvq_policy_add_attention(cache, parts[i]->seq, &parts[i]->view, sums);
+    for (uint64_t t = 0; st == KVQ_OK && t < n; t++) parts[i]->sums[t] += sums[t]; /* parts of one item add up */
     free(sums);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
   }
@@ -136,8 +141,10 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
   const kvq_layer_config *L = &cache->layers[layer];
   const uint32_t words = cache->alive_words;
   size_t total_pages = 0, parts_max = 0;
+  /* the scratch a query row needs: its scores, and its prepared query (CQ's tables are large) */
+  const uint64_t prepared_per_row = (uint64_t)L->query_heads * kvq_prepared_floats(&cache->storage[layer].side[KVQ_SIDE_KEYS].layout);
   for (size_t i = 0; i < count; i++) {
-    const uint64_t floats_per_row = (uint64_t)L->query_heads * row_width(&items[i]);
+    const uint64_t floats_per_row = (uint64_t)L->query_heads * row_width(&items[i]) + prepared_per_row;
     const uint64_t rows_per_part = floats_per_row ? SCORE_BUDGET / floats_per_row : items[i].rows;
     const uint64_t parts_of_item = rows_per_part ? (items[i].rows + rows_per_part - 1) / rows_per_part : items[i].rows;
     total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
@@ -158,15 +165,15 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     attend_item *it = &items[i];
     const uint64_t n = row_width(it);
-    const uint64_t floats_per_row = (uint64_t)L->query_heads * n;
+    const uint64_t score_floats = (uint64_t)L->query_heads * n, floats_per_row = score_floats + prepared_per_row;
     uint32_t rows_per_part = (uint32_t)(SCORE_BUDGET / floats_per_row);
     if (rows_per_part == 0) rows_per_part = 1; /* one row always fits: n <= 2^31 tokens */
     for (uint32_t row0 = 0; row0 < it->rows && st == KVQ_OK; row0 += rows_per_part) {
       uint32_t rows = it->rows - row0 < rows_per_part ? it->rows - row0 : rows_per_part;
-      if (b.seq_count > 0 && b.score_floats + rows * floats_per_row > SCORE_BUDGET) {
+      if (b.seq_count > 0 && b.budget_floats + rows * floats_per_row > SCORE_BUDGET) {
         st = run_batch(cache, layer, upto, &b, parts, part_row0);
         b.seq_count = b.slot_count = b.rows = 0;
-        b.score_floats = b.accumulate_floats = 0;
+        b.score_floats = b.accumulate_floats = b.budget_floats = 0;
         if (st != KVQ_OK) break;
       }
       const uint32_t pages = it->view.pages;
@@ -194,7 +201,8 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
       b.seq_count++;
       b.slot_count += pages;
       b.rows += rows;
-      b.score_floats += rows * floats_per_row;
+      b.score_floats += rows * score_floats;
+      b.budget_floats += rows * floats_per_row;
       b.accumulate_floats += n;
     }
   }
@@ -293,7 +301,8 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
     float *q = malloc(items[i].rows * row_floats * 4);
     items[i].output = malloc(items[i].rows * row_floats * 4);
     items[i].queries = q;
-    if (!q || !items[i].output) {
+    if (kvq_policy_tracks(&cache->config.policy)) items[i].sums = calloc(row_width(&items[i]) + 1, sizeof(double));
+    if (!q || !items[i].output || (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
       st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
     } else {
       kvq_tensor_gather(&requests[i].queries, q, KVQ_DTYPE_F32);
@@ -307,10 +316,14 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
   if (st == KVQ_OK)
-    for (size_t i = 0; i < count; i++) kvq_tensor_scatter(&requests[i].output, items[i].output);
+    for (size_t i = 0; i < count; i++) {
+      kvq_tensor_scatter(&requests[i].output, items[i].output);
+      if (items[i].sums) kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
+    }
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);
     free(items[i].output);
+    free(items[i].sums);
   }
   free(items);
   return st;

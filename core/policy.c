@@ -124,7 +124,7 @@ uint32_t kvq_tracked_find(const kvq_tracked *t, uint32_t position) {
   return k < t->count && t->position[k] == position ? k : UINT32_MAX;
 }
 
-void kvq_policy_add_attention(const kvq_cache *cache, kvq_sequence *seq, const kvq_layer_view *view, const float *sums) {
+void kvq_policy_add_attention(const kvq_cache *cache, kvq_sequence *seq, const kvq_layer_view *view, const double *sums) {
   kvq_tracked *t = &seq->tracked;
   if (!t->position) return;
   const uint32_t P = cache->config.page_size;

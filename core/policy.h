@@ -21,7 +21,7 @@ uint32_t kvq_tracked_find(const kvq_tracked *tracked, uint32_t position);
 
 /* Adds one attention call's sums (per slot of a layer's view, kvq_job_attention.accumulate) to the
  * statistics of the tokens those slots hold. */
-void kvq_policy_add_attention(const kvq_cache *cache, kvq_sequence *seq, const kvq_layer_view *view, const float *sums);
+void kvq_policy_add_attention(const kvq_cache *cache, kvq_sequence *seq, const kvq_layer_view *view, const double *sums);
 
 /* Adds the quantization errors of full pages (fp32 [pages][P][kv_heads], one side of one layer) to
  * the statistics: page i of the run is page first_page + i of the sequence. */

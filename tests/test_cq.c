@@ -220,3 +220,39 @@ Test(polar, online_codebooks, .timeout = 120) {
   cr_assert(err[1] < err[0], "online codebooks (%.3f) should beat offline ones (%.3f) on their own data", err[1], err[0]);
   free(k), free(v), free(out);
 }
+
+/* Attention splits a long block of queries so that its scratch stays within the planner's budget of
+ * 64 MiB for scores and prepared queries together: CQ's prepared queries are lookup tables of
+ * (d/c) 2^b floats per query head (here 64 x 4096 x 4 heads = 4 MiB per query row), so a 256-row
+ * prefill would need 1 GiB unsplit. Every scratch buffer grows with 25% headroom: the bound is
+ * 1.25 x 64 MiB plus the queries and outputs (under 1 MiB here). */
+Test(cq, long_prefill_scratch_stays_within_the_budget, .timeout = 120) {
+  const uint32_t d = 64, hq = 4, n = 256;
+  kvq_method_config wide = cq(1, 12);
+  wide.cq.iterations = 2;
+  kvq_layer_config layer = th_layer(hq, 1, d, wide, th_exact(KVQ_DTYPE_F16));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, n / 16 + 1, 1, 3);
+  kvq_context *ctx = th_cpu_context();
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  float *k = malloc(sizeof(float) * n * d), *v = malloc(sizeof(float) * n * d), *q = malloc(sizeof(float) * n * hq * d);
+  kvq_synth_config sc = kvq_synth_defaults(n, 1, hq, d, 4);
+  kvq_synth_generate(&sc, k, v, q);
+  int64_t shape[3] = {n, 1, d}, qshape[3] = {n, hq, d};
+  kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape);
+  KVQ_CHECK(ctx, kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  th_append(ctx, cache, seq, 0, k, v, 0, n, 1, d, KVQ_DTYPE_F32);
+  float *out = malloc(sizeof(float) * n * hq * d);
+  kvq_attention_request r = {seq, KVQ_MASK_CAUSAL, kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                             kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &r, 1));
+  kvq_memory_report mem;
+  KVQ_CHECK(ctx, kvq_cache_memory(cache, &mem));
+  cr_assert_leq(mem.scratch_bytes, (uint64_t)(1.25 * (64u << 20)) + (1u << 20), "scratch %llu bytes",
+                (unsigned long long)mem.scratch_bytes);
+  free(k), free(v), free(q), free(out);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}

@@ -445,3 +445,40 @@ Test(policy, save_and_load_mid_stream, .timeout = 120) {
   }
   free_stream(&s);
 }
+
+/* A failed kvq_attention changes nothing, the policy's statistics included: values of 70000 make
+ * the fp16 output overflow (KVQ_ERROR_NON_FINITE) after the probabilities were computed. */
+Test(policy, a_failed_attention_adds_no_statistics) {
+  const uint32_t hq = 2, hkv = 1, d = 16, n = 40;
+  kvq_layer_config layer = th_layer(hq, hkv, d, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 8, 1, 1);
+  config.policy = policy(KVQ_POLICY_H2O, 2, 16, 8, 0.5f);
+  kvq_context *ctx = th_cpu_context();
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  float *k = calloc(n * d, sizeof(float)), *v = malloc(sizeof(float) * n * d), q[2 * 16] = {0};
+  for (uint32_t i = 0; i < n * d; i++) v[i] = 70000.0f;
+  th_append(ctx, cache, seq, 0, k, v, 0, n, hkv, d, KVQ_DTYPE_F32);
+  size_t count;
+  kvq_token_stats before[40], after[40];
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, before, 40, &count));
+  uint16_t out[2 * 16];
+  int64_t shape[3] = {1, hq, d};
+  kvq_attention_request r = {seq, KVQ_MASK_CAUSAL, kvq_tensor_host(q, KVQ_DTYPE_F32, 3, shape),
+                             kvq_tensor_host(out, KVQ_DTYPE_F16, 3, shape)};
+  cr_assert_eq(kvq_attention(cache, 0, &r, 1), KVQ_ERROR_NON_FINITE, "%s", kvq_context_last_error(ctx));
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, after, 40, &count));
+  for (size_t i = 0; i < count; i++) /* field by field: the struct has padding */
+    cr_assert(before[i].attention == after[i].attention && before[i].position == after[i].position,
+              "the failed call added attention to token %u", before[i].position);
+  float out32[2 * 16];
+  r.output = kvq_tensor_host(out32, KVQ_DTYPE_F32, 3, shape);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &r, 1)); /* the same call succeeds in fp32 and adds */
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, after, 40, &count));
+  cr_assert_gt(after[0].attention, 0.0);
+  free(k), free(v);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}

@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/internal.h"
+#include "core/page_check.h"
 #include "core/sha256.h"
 #include "core/synth.h"
 #include "helpers.h"
@@ -321,4 +323,130 @@ Test(savefile, freed_ids_stay_freed) {
   kvq_cache_destroy(loaded);
   free(data);
   destroy(&f);
+}
+
+/* ---- Every method through save and load ------------------------------------------------------- */
+
+static kvq_method_config method_with(kvq_method kind, uint32_t a, uint32_t b) {
+  kvq_method_config m = kvq_method_defaults(kind, D);
+  if (kind == KVQ_METHOD_KIVI) m.kivi.bits = a, m.kivi.group_tokens = b;
+  if (kind == KVQ_METHOD_POLAR) m.polar.rotation = (kvq_rotation)a, m.polar.codebook = (kvq_codebook_source)b;
+  if (kind == KVQ_METHOD_CQ) m.cq.channels = a, m.cq.bits = b, m.cq.iterations = 10;
+  return m;
+}
+
+/* One layer of each key/value method pair: 61 tokens flushed (a partial page) and 37 in a second
+ * sequence with a window, learned codebooks where needed. Saving, loading and saving again gives
+ * the same bytes, and the loaded cache decodes and attends exactly as the original. */
+Test(savefile, every_method_round_trips, .timeout = 120) {
+  const kvq_method_config pairs[][2] = {
+      {method_with(KVQ_METHOD_KIVI, 2, 0), method_with(KVQ_METHOD_KIVI, 3, 8)},
+      {method_with(KVQ_METHOD_POLAR, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE),
+       method_with(KVQ_METHOD_POLAR, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
+      {method_with(KVQ_METHOD_CQ, 4, 8), method_with(KVQ_METHOD_CQ, 1, 3)},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    fixture f;
+    memset(&f, 0, sizeof f);
+    f.layers[0] = th_layer(HQ, HKV, D, pairs[i][0], pairs[i][1]);
+    f.layers[1] = f.layers[0];
+    kvq_cache_config config = th_config(f.layers, 2, KVQ_DTYPE_F16, 16, 16, 20, 2, 5);
+    f.ctx = th_cpu_context();
+    KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
+    f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
+    f.q = malloc(sizeof(float) * N * HQ * D);
+    kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 9);
+    kvq_synth_generate(&sc, f.k, f.v, f.q);
+    int64_t shape[3] = {N, HKV, D};
+    kvq_tensor kt = kvq_tensor_host(f.k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(f.v, KVQ_DTYPE_F32, 3, shape);
+    for (uint32_t l = 0; l < 2 && i != 0; l++) KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, l, &kt, &vt, NULL));
+    KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[0]));
+    KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[1]));
+    for (uint32_t l = 0; l < 2; l++) {
+      th_append(f.ctx, f.cache, f.seqs[0], l, f.k, f.v, 0, 61, HKV, D, KVQ_DTYPE_F16);
+      th_append(f.ctx, f.cache, f.seqs[1], l, f.k, f.v, 0, 37, HKV, D, KVQ_DTYPE_F16);
+    }
+    KVQ_CHECK(f.ctx, kvq_flush(f.cache, f.seqs[0]));
+    size_t size, size2;
+    uint8_t *data = save(&f, f.cache, &size);
+    kvq_cache *loaded;
+    KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+    uint8_t *again = save(&f, loaded, &size2);
+    cr_assert(size == size2 && memcmp(data, again, size) == 0, "pair %zu: a loaded cache re-saves to the same bytes", i);
+    for (int s = 0; s < 2; s++) expect_same(&f, f.cache, loaded, f.seqs[s]);
+    kvq_cache_destroy(loaded);
+    free(data), free(again);
+    destroy(&f);
+  }
+}
+
+static kvq_method_config polar3222(void) {
+  kvq_method_config m = method_with(KVQ_METHOD_POLAR, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE);
+  m.polar.bits[0] = 3;
+  return m;
+}
+
+/* Loading checks every page image of every method (core/page_check.c): a page the encoder wrote
+ * passes; the same page with a bit set in the unused top bits of a 3-bit code word, with a code bit
+ * of a token past the valid count, in the block padding, or with impossible side data does not.
+ * Offsets follow docs/FORMAT.md for one-head blocks with d = 64, P = 16 and 5 valid tokens. */
+Test(savefile, page_checks_cover_every_method) {
+  struct {
+    kvq_method_config m;
+    uint32_t past_valid_code_byte; /* a byte of codes of token 5 */
+    uint32_t padding_byte;         /* a byte of block padding (0: the block has none) */
+    uint32_t side_offset;          /* an fp16 side datum of token 0 made negative (0: none) */
+  } cases[] = {
+      /* KIVI 3 bits, groups of 4 tokens: 1024 codes 10 per word = 103 words (412 bytes; token 5's
+       * codes 320.. from word 32 = byte 128); params at 412, 4 groups x 64 channels, to 1436; padding
+       * to 1440 */
+      {method_with(KVQ_METHOD_KIVI, 3, 4), 128, 1437, 412},
+      /* PolarQuant 3,2,2,2: level 1 has 512 codes 10 per word (52 words, token 5's codes 160.. from
+       * word 16 = byte 64), then levels 2-4 (64, 32, 16 bytes) and the radii at 320 */
+      {polar3222(), 64, 0, 320},
+      /* CQ 1 channel, 3 bits: 1024 codes 10 per word = 103 words (token 5 from word 32 = byte 128),
+       * padding from 412 to 416 */
+      {method_with(KVQ_METHOD_CQ, 1, 3), 128, 413, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fixture f;
+    memset(&f, 0, sizeof f);
+    f.layers[0] = th_layer(1, 1, D, cases[i].m, th_exact(KVQ_DTYPE_F16));
+    kvq_cache_config config = th_config(f.layers, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 5);
+    f.ctx = th_cpu_context();
+    KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
+    float *k = malloc(sizeof(float) * 40 * D), *v = malloc(sizeof(float) * 40 * D);
+    kvq_synth_config sc = kvq_synth_defaults(40, 1, 1, D, 3);
+    kvq_synth_generate(&sc, k, v, NULL);
+    int64_t shape[3] = {40, 1, D};
+    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape);
+    if (cases[i].m.method == KVQ_METHOD_CQ) KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, 0, &kt, NULL, NULL));
+    KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[0]));
+    th_append(f.ctx, f.cache, f.seqs[0], 0, k, v, 0, 5, 1, D, KVQ_DTYPE_F32);
+    KVQ_CHECK(f.ctx, kvq_flush(f.cache, f.seqs[0]));
+    const kvq_side_layout *s = &f.cache->storage[0].side[0].layout;
+    uint8_t *page = malloc(s->page_bytes), *bad = malloc(s->page_bytes);
+    uint32_t pages;
+    KVQ_CHECK(f.ctx, kvq_cache_read_pages(f.cache, f.seqs[0], 0, 0, page, &pages));
+    char why[256];
+    cr_assert_eq(kvq_page_image_check(s, page, 5, why, sizeof why), 0, "case %zu: the encoder's page: %s", i, why);
+    cr_assert_neq(kvq_page_image_check(s, page, 4, why, sizeof why), 0, "case %zu: 5 tokens are not 4", i);
+    const struct {
+      uint32_t offset;
+      uint8_t bits;
+      const char *what;
+    } changes[] = {{3, 0x80, "the unused top bits of a code word"},
+                   {cases[i].past_valid_code_byte, 0x01, "a code past the valid tokens"},
+                   {cases[i].padding_byte, 0x01, "block padding"},
+                   {cases[i].side_offset + 1, 0x80, "a negative side datum"}};
+    for (size_t c = 0; c < sizeof changes / sizeof changes[0]; c++) {
+      if (changes[c].offset <= 1 && c >= 2) continue; /* the case has no such bytes */
+      cr_assert_lt(changes[c].offset, s->head_bytes, "case %zu: %s", i, changes[c].what);
+      memcpy(bad, page, s->page_bytes);
+      bad[changes[c].offset] ^= changes[c].bits;
+      cr_assert_neq(kvq_page_image_check(s, bad, 5, why, sizeof why), 0, "case %zu: %s passes", i, changes[c].what);
+    }
+    free(page), free(bad), free(k), free(v);
+    destroy(&f);
+  }
 }
