@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fixed_check.h"
 #include "layout.h"
 #include "page_check.h"
 #include "sha256.h"
@@ -427,6 +428,9 @@ static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader
     if (memcmp(md, sha, 32) != 0) st = bad(ctx, "a matrix or codebook does not match its SHA-256");
     for (uint64_t e = 0; e < floats && st == KVQ_OK; e++)
       if (!isfinite(m[e])) st = bad(ctx, "a matrix or codebook holds a non-finite number");
+    char why[256];
+    if (st == KVQ_OK && kvq_fixed_check(layout, (int)i, m, (int)is_ready, why, sizeof why) != 0)
+      st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s", l, s ? "values" : "keys", why);
     if (kind == KVQ_FIXED_LEARNED) ready[l * 2 + s] = (int)is_ready;
   }
   free(seen);
@@ -624,6 +628,13 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
     goto fail;
   }
   if ((st = load_sequences(cache, &r, page_owner, (flags & FLAG_POLICY) != 0)) != KVQ_OK) goto fail;
+  for (uint32_t l = 0; l < L; l++) /* tokens are only ever coded with learned codebooks */
+    for (uint32_t slot = 0; slot < config.max_sequences; slot++)
+      if (cache->seqs[slot].live && cache->seqs[slot].layers[l].tokens > 0 &&
+          (!cache->storage[l].learned[0] || !cache->storage[l].learned[1])) {
+        st = bad(ctx, "a layer holds tokens but its codebooks are not learned");
+        goto fail;
+      }
   if (flags & FLAG_POLICY) {
     if (!next_section(&file, TAG_PLCY, &r)) {
       st = bad(ctx, "expected the policy section");

@@ -79,8 +79,10 @@ static uint32_t pages_taken(const kvq_cache *cache, const kvq_sequence *seq) {
 }
 
 /* Whether a page's kept-token masks are possible: no bit past P, at least one bit, and every token
- * at or after `never_before` (the window and partial pages, which no policy evicts) kept. */
-static int masks_possible(const kvq_cache *cache, const uint32_t *alive, uint32_t page, uint32_t never_before) {
+ * the policy never evicts kept: the sinks, and every token at or after `never_before` (the recent
+ * window of the last possible decision, which covers the full-precision window and partial pages). */
+static int masks_possible(const kvq_cache *cache, const uint32_t *alive, uint32_t page, uint32_t sinks,
+                          uint32_t never_before) {
   const uint32_t P = cache->config.page_size;
   uint32_t any = 0;
   for (uint32_t w = 0; w < cache->alive_words; w++) {
@@ -88,8 +90,10 @@ static int masks_possible(const kvq_cache *cache, const uint32_t *alive, uint32_
     if (alive[w] & ~valid) return 0;
     any |= alive[w];
   }
-  for (uint32_t i = 0; i < P; i++)
-    if ((uint64_t)page * P + i >= never_before && !(alive[i / 32] >> (i % 32) & 1u)) return 0;
+  for (uint32_t i = 0; i < P; i++) {
+    const uint64_t position = (uint64_t)page * P + i;
+    if ((position < sinks || position >= never_before) && !(alive[i / 32] >> (i % 32) & 1u)) return 0;
+  }
   return any != 0;
 }
 
@@ -122,11 +126,16 @@ kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r) {
     kvq_sequence *seq = &cache->seqs[slot];
     if (!seq->live) continue;
     seq->page_end = kvq_get_u32(r);
-    uint32_t never_before = UINT32_MAX, end = 0;
+    /* A decision happens with every layer at the same count n <= the smallest count now and evicts
+     * only below n - recent: nothing at or after (smallest count) - recent, nor in any window. */
+    uint32_t never_before = UINT32_MAX, end = 0, fewest = UINT32_MAX;
     for (uint32_t l = 0; l < c->layer_count; l++) {
       never_before = seq->layers[l].ring_start < never_before ? seq->layers[l].ring_start : never_before;
       end = seq->layers[l].tokens > end ? seq->layers[l].tokens : end;
+      fewest = seq->layers[l].tokens < fewest ? seq->layers[l].tokens : fewest;
     }
+    const uint32_t recent_from = fewest > p.recent ? fewest - p.recent : 0;
+    never_before = recent_from < never_before ? recent_from : never_before;
     if (r->short_read || seq->page_end != pages_taken(cache, seq)) return bad(ctx, "a sequence's page count is inconsistent");
     for (uint32_t e = 0; e < seq->page_count; e++) {
       seq->page_index[e] = kvq_get_u32(r);
@@ -138,7 +147,7 @@ kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r) {
       if (kvq_page_entry(seq, j) == UINT32_MAX) return bad(ctx, "a page table lacks a page still in use");
     for (uint32_t e = 0; e < seq->page_count; e++) {
       for (uint32_t w = 0; w < words; w++) seq->alive[e * words + w] = kvq_get_u32(r);
-      if (r->short_read || !masks_possible(cache, seq->alive + e * words, seq->page_index[e], never_before))
+      if (r->short_read || !masks_possible(cache, seq->alive + e * words, seq->page_index[e], p.sinks, never_before))
         return bad(ctx, "a page's kept-token masks are impossible");
     }
     /* the statistics: exactly the kept positions below `end`, ascending */

@@ -437,8 +437,7 @@ Test(policy, save_and_load_mid_stream, .timeout = 120) {
       cr_assert(ca == cb && memcmp(pa, pb, sizeof(uint32_t) * ca) == 0, "policy %d step %u: kept sets differ", k, t);
       free(pa), free(pb);
     }
-    /* a file whose statistics no longer match the kept tokens is refused */
-    free(file), free(again);
+    free(file), free(again); /* forged policy sections: test_savefile.c */
     kvq_cache_destroy(loaded);
     kvq_cache_destroy(cache);
     kvq_context_destroy(ctx);

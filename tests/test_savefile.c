@@ -1,4 +1,5 @@
 /* Saving and loading caches: round trips, and every way a file can be bad. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,12 +282,16 @@ Test(savefile, forged_content_is_refused) {
     reseal(copy, size);
     expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, forged[i].what);
   }
-  /* the same matrix twice (S recorded in place of S_o: equal sizes here) */
+  /* the same matrix twice (S recorded in place of S_o: equal sizes here); a MATX record is 6 u32,
+   * u64 float count, 32 bytes of SHA-256, the floats */
   memcpy(copy, data, size);
   const size_t matx = section_payload(copy, size, "MATX", &n);
-  uint32_t rows;
-  memcpy(&rows, copy + matx + 4 + 12, 4);
-  const size_t second = matx + 4 + 20 + 32 + (size_t)rows * 64 * 4;
+  uint64_t floats;
+  memcpy(&floats, copy + matx + 4 + 24, 8);
+  const size_t second = matx + 4 + 24 + 8 + 32 + (size_t)floats * 4;
+  uint32_t index;
+  memcpy(&index, copy + second + 8, 4);
+  cr_assert_eq(index, 1u, "the second record is S_o");
   memset(copy + second + 8, 0, 4); /* index 1 -> 0 */
   reseal(copy, size);
   expect_load_fails(&f, copy, size, KVQ_ERROR_BAD_FORMAT, "a matrix recorded twice");
@@ -449,4 +454,129 @@ Test(savefile, page_checks_cover_every_method) {
     free(page), free(bad), free(k), free(v);
     destroy(&f);
   }
+}
+
+/* A forged file refused as BAD_FORMAT for the reason it was forged for (the message says which). */
+static void expect_refused(fixture *f, const uint8_t *data, size_t size, const char *what, const char *reason) {
+  expect_load_fails(f, data, size, KVQ_ERROR_BAD_FORMAT, what);
+  cr_assert_not_null(strstr(kvq_context_last_error(f->ctx), reason), "%s: refused for another reason: %s", what,
+                     kvq_context_last_error(f->ctx));
+}
+
+/* The fixed array (layer, side, index) in a saved file's MATX section: the offset of its record
+ * (6 u32, u64 floats, SHA-256, data) and its float count. */
+static size_t matx_record(const uint8_t *data, size_t size, uint32_t layer, uint32_t side, uint32_t index, uint64_t *floats) {
+  uint64_t n;
+  size_t at = section_payload(data, size, "MATX", &n);
+  uint32_t count;
+  memcpy(&count, data + at, 4);
+  at += 4;
+  for (uint32_t k = 0; k < count; k++) {
+    uint32_t head[6];
+    memcpy(head, data + at, 24);
+    memcpy(floats, data + at + 24, 8);
+    if (head[0] == layer && head[1] == side && head[2] == index) return at;
+    at += 24 + 8 + 32 + (size_t)*floats * 4;
+  }
+  cr_assert_fail("no fixed array %u/%u/%u", layer, side, index);
+  return 0;
+}
+
+/* Rewrites a fixed array's data (and its SHA-256) in a saved file. */
+static void set_fixed(uint8_t *copy, size_t at, uint64_t floats, uint64_t element, float value) {
+  memcpy(copy + at + 24 + 8 + 32 + element * 4, &value, 4);
+  kvq_sha256_digest(copy + at + 24 + 8 + 32, (size_t)floats * 4, copy + at + 24 + 8);
+}
+
+/*
+ * Matrices, codebooks and policy state that kvq could not have written are refused too, even with
+ * consistent checksums: a Hadamard sign that is not +-1, offline codebook tables that differ from
+ * the ones the config defines, learned tables whose centroids are not unit vectors, codebooks marked
+ * not learned while the layer holds tokens, and an evicted attention sink.
+ */
+Test(savefile, forged_codebooks_and_policy_state_are_refused) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  kvq_method_config keys = kvq_method_defaults(KVQ_METHOD_POLAR, D), values = keys;
+  keys.polar.rotation = KVQ_ROTATION_HADAMARD;
+  values.polar.codebook = KVQ_CODEBOOK_ONLINE;
+  f.layers[0] = th_layer(HQ, HKV, D, keys, values);
+  kvq_cache_config config = th_config(f.layers, 1, KVQ_DTYPE_F32, 16, 0, 12, 1, 6);
+  config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+  config.policy.sinks = 2, config.policy.heavy_fraction = 0.0f, config.policy.heavy = 8;
+  f.ctx = th_cpu_context();
+  KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
+  f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
+  f.q = malloc(sizeof(float) * N * HQ * D);
+  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 10);
+  kvq_synth_generate(&sc, f.k, f.v, f.q);
+  int64_t shape[3] = {N, HKV, D}, qshape[3] = {1, HQ, D};
+  kvq_tensor vt = kvq_tensor_host(f.v, KVQ_DTYPE_F32, 3, shape);
+  KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, 0, NULL, &vt, NULL));
+  KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[0]));
+  float out[HQ * D];
+  for (uint32_t t = 0; t < N; t++) { /* decode: the policy evicts as it goes */
+    th_append(f.ctx, f.cache, f.seqs[0], 0, f.k, f.v, t, 1, HKV, D, KVQ_DTYPE_F32);
+    kvq_attention_request r = {f.seqs[0], KVQ_MASK_CAUSAL, kvq_tensor_host(f.q + (size_t)t * HQ * D, KVQ_DTYPE_F32, 3, qshape),
+                               kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+    KVQ_CHECK(f.ctx, kvq_attention(f.cache, 0, &r, 1));
+  }
+  kvq_sequence_info info;
+  KVQ_CHECK(f.ctx, kvq_sequence_info_get(f.cache, f.seqs[0], 0, &info));
+  cr_assert_lt(info.kept_tokens, info.tokens, "the policy evicted");
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size), *copy = malloc(size);
+  uint64_t floats;
+  size_t at = matx_record(data, size, 0, 0, 0, &floats); /* the keys' Hadamard signs */
+  memcpy(copy, data, size);
+  set_fixed(copy, at, floats, 5, 0.5f);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "a Hadamard sign of 0.5", "Hadamard sign");
+  at = matx_record(data, size, 0, 0, 1, &floats); /* the keys' offline tables */
+  memcpy(copy, data, size);
+  float centroid;
+  memcpy(&centroid, copy + at + 64 + 4 * 2, 4);
+  set_fixed(copy, at, floats, 2, nextafterf(centroid, 2.0f));
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "offline tables one ulp off", "offline codebook tables differ");
+  at = matx_record(data, size, 0, 1, 1, &floats); /* the values' learned tables */
+  memcpy(copy, data, size);
+  set_fixed(copy, at, floats, 0, 0.5f); /* level 1, centroid 0: cos 0.5 with its old sin */
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "a learned centroid off the unit circle", "not unit centroids");
+  memcpy(copy, data, size);
+  memset(copy + at + 16, 0, 4); /* ready 0 */
+  memset(copy + at + 24 + 8 + 32, 0, (size_t)floats * 4);
+  kvq_sha256_digest(copy + at + 24 + 8 + 32, (size_t)floats * 4, copy + at + 24 + 8);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "codebooks not learned under tokens", "codebooks are not learned");
+  /* PLCY: policy (6 u32), then the sequence: pages taken, page numbers, masks (1 word per page) */
+  uint64_t n;
+  const size_t plcy = section_payload(data, size, "PLCY", &n);
+  memcpy(copy, data, size);
+  uint32_t page_index, mask;
+  memcpy(&page_index, copy + plcy + 24 + 4, 4);
+  cr_assert_eq(page_index, 0u, "the sinks' page is kept");
+  const size_t masks = plcy + 24 + 4 + 4 * (size_t)info.pages;
+  memcpy(&mask, copy + masks, 4);
+  cr_assert(mask & 1u, "the first sink is kept");
+  mask &= ~1u;
+  memcpy(copy + masks, &mask, 4);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "an evicted sink", "kept-token masks");
+  memcpy(copy, data, size); /* then the statistics: u32 count, per kept token u32 position, f64, f32, f32 */
+  const size_t stats = masks + 4 * (size_t)info.pages;
+  uint32_t count, position;
+  memcpy(&count, copy + stats, 4);
+  memcpy(&position, copy + stats + 4, 4);
+  cr_assert(count == info.kept_tokens && position == 0, "statistics of the kept tokens, from position 0");
+  position = 1;
+  memcpy(copy + stats + 4, &position, 4);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "statistics of another token", "statistics do not match");
+  kvq_cache *loaded; /* and the file as saved loads */
+  KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+  kvq_cache_destroy(loaded);
+  free(copy), free(data);
+  destroy(&f);
 }

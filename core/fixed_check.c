@@ -1,0 +1,75 @@
+#include "fixed_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codebook.h"
+#include "layout.h"
+
+/* cos and sin are each rounded once from double to fp32: cos^2 + sin^2 lies within 4 * 2^-24 of 1
+ * (with room for the products' own rounding), and so does a boundary's cos^2 + sin^2. */
+#define UNIT_TOLERANCE 1e-6
+
+static int unit(double c, double s) { return fabs(c * c + s * s - 1.0) <= UNIT_TOLERANCE; }
+
+static int learned_level_ok(const float *t, uint32_t level, uint32_t K) {
+  for (uint32_t j = 0; j < K; j++) {
+    const float c = t[2 * j], s = t[2 * j + 1];
+    if (!unit(c, s)) return 0;
+    if (level >= 2 && (c < 0.0f || s < 0.0f)) return 0;                          /* angles in [0, pi/2] */
+    if (level >= 2 && j > 0 && c > t[2 * (j - 1)]) return 0;                     /* ascending angles */
+  }
+  const float *b = t + 2 * K;
+  for (uint32_t j = 0; j < K; j++) {
+    const int used = level >= 2 && j + 1 < K;
+    if (!used && (b[2 * j] != 0.0f || b[2 * j + 1] != 0.0f)) return 0;
+    if (used && (b[2 * j] < 0.0f || b[2 * j + 1] < 0.0f || fabs((double)b[2 * j] + b[2 * j + 1] - 1.0) > UNIT_TOLERANCE)) return 0;
+  }
+  return 1;
+}
+
+int kvq_fixed_check(const kvq_side_layout *s, int index, const float *data, int ready, char *why, size_t size) {
+  const kvq_fixed_kind kind = kvq_side_fixed_kind(s, index);
+  const uint64_t floats = kvq_side_fixed_floats(s, index);
+  if (kind == KVQ_FIXED_LEARNED && !ready) {
+    for (uint64_t i = 0; i < floats; i++)
+      if (data[i] != 0.0f) {
+        snprintf(why, size, "codebooks not learned yet hold data");
+        return -1;
+      }
+    return 0;
+  }
+  if (s->method != KVQ_LAYOUT_POLAR) return 0;
+  if (index == 0) {
+    for (uint64_t i = 0; i < floats && s->rotation == KVQ_ROTATION_HADAMARD; i++)
+      if (data[i] != 1.0f && data[i] != -1.0f) {
+        snprintf(why, size, "a Hadamard sign is %g, not +-1", (double)data[i]);
+        return -1;
+      }
+    return 0;
+  }
+  if (kind == KVQ_FIXED_COMPUTED) { /* offline tables: recomputed, as creating the cache would */
+    float *expect = malloc(sizeof(float) * floats);
+    if (!expect) {
+      snprintf(why, size, "out of host memory checking codebook tables");
+      return -1;
+    }
+    kvq_polar_offline_tables(s->levels, s->level_bits, expect);
+    const int same = memcmp(expect, data, sizeof(float) * floats) == 0;
+    free(expect);
+    if (!same) snprintf(why, size, "offline codebook tables differ from the ones the config defines");
+    return same ? 0 : -1;
+  }
+  const uint32_t table_floats = kvq_polar_table_floats(s->levels, s->level_bits);
+  for (uint64_t set = 0; set < floats / table_floats; set++)
+    for (uint32_t l = 1; l <= s->levels; l++)
+      if (!learned_level_ok(data + set * table_floats + kvq_polar_table_level_offset(s->level_bits, l), l,
+                            1u << kvq_polar_level_bits(s->level_bits, l))) {
+        snprintf(why, size, "learned codebook tables of kv head %llu, level %u are not unit centroids with their boundaries",
+                 (unsigned long long)set, l);
+        return -1;
+      }
+  return 0;
+}
