@@ -52,7 +52,32 @@ static kvq_status copy_from_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ri
 /* Quantizes pages of one side from `src`: page i of the run (sequence page first_page + i) holds
  * its tokens at src_offset + i * page_stride; the last page of the run holds `last_tokens` valid
  * tokens, the others P. One QUANTIZE job for the whole run. */
-static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq_sequence *seq, uint32_t first_page,
+/* Quantization errors read back but not yet added to the statistics: an append adds them only when
+ * it succeeds, so a device failure part way cannot count a page's errors twice on a retry. */
+typedef struct error_run {
+  int side;
+  uint32_t first_page, pages, kv_heads;
+  float *errors;
+} error_run;
+typedef struct pending_errors {
+  error_run *runs;
+  uint32_t count, capacity;
+} pending_errors;
+
+static void pending_apply(kvq_cache *cache, kvq_sequence *seq, pending_errors *p) {
+  for (uint32_t i = 0; i < p->count; i++)
+    kvq_policy_add_errors(cache, seq, p->runs[i].side, p->runs[i].first_page, p->runs[i].pages, p->runs[i].kv_heads,
+                          p->runs[i].errors);
+}
+
+static void pending_free(pending_errors *p) {
+  for (uint32_t i = 0; i < p->count; i++) free(p->runs[i].errors);
+  free(p->runs);
+  memset(p, 0, sizeof *p);
+}
+
+static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq_sequence *seq, pending_errors *pending,
+                                 uint32_t first_page,
                                  uint32_t count, uint32_t last_tokens, kvq_buffer *src, uint64_t src_offset,
                                  uint64_t page_stride) {
   kvq_layer_storage *ls = &cache->storage[layer];
@@ -90,8 +115,22 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
   if (st == KVQ_OK && (st = be->ops->quantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "quantizing pages");
   if (st == KVQ_OK && errors_wanted) {
     st = be->ops->buffer_read(be, errors, 0, host_errors, (uint64_t)whole * P * kv_heads * 4);
-    if (st != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
-    else kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
+    if (st != KVQ_OK) {
+      st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
+    } else if (!pending) {
+      kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
+    } else { /* kept for the caller to add on success */
+      if (pending->count == pending->capacity) {
+        const uint32_t capacity = pending->capacity ? 2 * pending->capacity : 4;
+        error_run *grown = realloc(pending->runs, sizeof *grown * capacity);
+        if (!grown) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
+        else pending->runs = grown, pending->capacity = capacity;
+      }
+      if (st == KVQ_OK) {
+        pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
+        host_errors = NULL;
+      }
+    }
   }
   free(items);
   free(host_errors);
@@ -161,6 +200,7 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
    * after it (below). */
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
   kvq_policy_plan plan = {0};
+  pending_errors pending = {0};
   uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
   if (!packed[0] || !packed[1]) {
     st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
@@ -204,7 +244,8 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
       const uint32_t to = F_new - from < chunk ? F_new : from + chunk;
       st = stage(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, n, packed[s], from, to);
       if (st == KVQ_OK)
-        st = quantize_pages(cache, layer, s, seq, from / P, (to - from) / P, P, cache->staging, 0, (uint64_t)P * token_bytes);
+        st = quantize_pages(cache, layer, s, seq, &pending, from / P, (to - from) / P, P, cache->staging, 0,
+                            (uint64_t)P * token_bytes);
     }
   /* The tokens that stay in the window go to their ring slots. */
   const uint32_t keep_from = n > F_new ? n : F_new;
@@ -215,12 +256,14 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     state->tokens = n_new;
     state->ring_start = F_new;
     state->quantized = quantized_new;
+    pending_apply(cache, seq, &pending);
   } else {
     seq->tracked.count = tracked_before.count;
     seq->tracked.end = tracked_before.end;
   }
 done:
   kvq_policy_plan_free(&plan); /* a plan not applied */
+  pending_free(&pending);
   free(packed[0]);
   free(packed[1]);
   return st;
@@ -257,7 +300,7 @@ kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
         const uint32_t until_wrap = (cache->ring_capacity - slot) / P, pages_left = ceil_div(n - first, P);
         const uint32_t pages = pages_left < until_wrap ? pages_left : until_wrap;
         const uint32_t last = first + (pages - 1) * P;
-        st = quantize_pages(cache, l, s, seq, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
+        st = quantize_pages(cache, l, s, seq, NULL, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
                             ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
         first += pages * P;
       }

@@ -84,8 +84,7 @@ static int build_fixed(const kvq_cache_config *config, uint32_t layer, const kvq
     return kvq_build_sketch(config->seed, layer, kvq_side_fixed_purpose(layout, index),
                             (uint32_t)(kvq_side_fixed_floats(layout, index) / d), d, out);
   case KVQ_FIXED_COMPUTED:
-    kvq_polar_offline_tables(layout->levels, layout->level_bits, out);
-    return 0;
+    return kvq_polar_offline_tables(layout->levels, layout->level_bits, out);
   case KVQ_FIXED_LEARNED:
   case KVQ_FIXED_NONE: break;
   }

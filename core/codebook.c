@@ -52,20 +52,20 @@ static double at(const double *cumulative, double h, double x) {
   return cumulative[i] + (cumulative[i + 1] - cumulative[i]) * (cell - i);
 }
 
-void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *c) {
+int kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *c) {
   const uint32_t K = 1u << bits;
   if (level == 1) {
     for (uint32_t j = 0; j < K; j++) c[j] = (j + 0.5) * 2.0 * pi / K;
-    return;
+    return 0;
   }
   const uint32_t n = (1u << (level - 1)) - 1u;
   const double top = pi / 2.0;
   for (uint32_t j = 0; j < K; j++) c[j] = (j + 0.5) * top / K;
   moments m;
-  if (moments_init(&m, n) != 0) { /* no memory: the evenly spaced start is still a valid codebook */
+  if (moments_init(&m, n) != 0) { /* no memory: fail rather than return other tables than documented */
     free(m.m0);
     free(m.m1);
-    return;
+    return -1;
   }
   /* Lloyd's iteration converges linearly, slowly for many bins: stop when no centroid moves by
    * 1e-12, after at most 200000 steps. The sequence is deterministic, so is where it stops. */
@@ -83,6 +83,7 @@ void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *c) {
   }
   free(m.m0);
   free(m.m1);
+  return 0;
 }
 
 void kvq_polar_fill_level(uint32_t level, uint32_t bits, const double *c, float *table) {
@@ -101,11 +102,12 @@ void kvq_polar_fill_level(uint32_t level, uint32_t bits, const double *c, float 
   }
 }
 
-void kvq_polar_offline_tables(uint32_t levels, uint32_t level_bits, float *tables) {
+int kvq_polar_offline_tables(uint32_t levels, uint32_t level_bits, float *tables) {
   double c[1u << KVQ_MAX_POLAR_BITS];
   for (uint32_t l = 1; l <= levels; l++) {
     const uint32_t bits = kvq_polar_level_bits(level_bits, l);
-    kvq_polar_lloyd_max(l, bits, c);
+    if (kvq_polar_lloyd_max(l, bits, c) != 0) return -1;
     kvq_polar_fill_level(l, bits, c, tables + kvq_polar_table_level_offset(level_bits, l));
   }
+  return 0;
 }

@@ -14,7 +14,7 @@
  * proportional to sin(2 psi)^(2^(l-1) - 1). Deterministic: kvq's own sin, cumulative trapezoid
  * moments on 65536 cells (linear between them), Lloyd iterations from evenly spaced centroids until
  * none moves by 1e-12 (at most 200000). */
-void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *centroids);
+int kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *centroids);
 
 /* Fills one level's table (4 * 2^bits floats, layout.h) from ascending centroids (radians):
  * centroid (cos, sin) pairs, then for level >= 2 the (cos^2, sin^2) of the midpoints between
@@ -22,6 +22,6 @@ void kvq_polar_lloyd_max(uint32_t level, uint32_t bits, double *centroids);
 void kvq_polar_fill_level(uint32_t level, uint32_t bits, const double *centroids, float *table);
 
 /* The offline tables of a side: every level of kvq_polar_table_floats(levels, level_bits). */
-void kvq_polar_offline_tables(uint32_t levels, uint32_t level_bits, float *tables);
+int kvq_polar_offline_tables(uint32_t levels, uint32_t level_bits, float *tables);
 
 #endif

@@ -52,11 +52,11 @@ int kvq_fixed_check(const kvq_side_layout *s, int index, const float *data, int 
   }
   if (kind == KVQ_FIXED_COMPUTED) { /* offline tables: recomputed, as creating the cache would */
     float *expect = malloc(sizeof(float) * floats);
-    if (!expect) {
+    if (!expect || kvq_polar_offline_tables(s->levels, s->level_bits, expect) != 0) {
+      free(expect);
       snprintf(why, size, "out of host memory checking codebook tables");
-      return -1;
+      return -2;
     }
-    kvq_polar_offline_tables(s->levels, s->level_bits, expect);
     const int same = memcmp(expect, data, sizeof(float) * floats) == 0;
     free(expect);
     if (!same) snprintf(why, size, "offline codebook tables differ from the ones the config defines");

@@ -7,7 +7,7 @@
 
 #include "config.h"
 
-/* 0, or -1 with a reason: Hadamard signs are +-1; offline PolarQuant tables equal the ones the
+/* 0; -2 when host memory runs out; or -1 with a reason: Hadamard signs are +-1; offline PolarQuant tables equal the ones the
  * config computes (bit for bit); learned PolarQuant tables hold unit (cos, sin) centroids, level
  * 1 no boundaries, levels >= 2 ascending centroids in [0, pi/2] with (cos^2, sin^2) boundaries in
  * between and the last pair zero; learned arrays not yet learned are zero. Random matrices and CQ

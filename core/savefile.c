@@ -429,8 +429,10 @@ static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader
     for (uint64_t e = 0; e < floats && st == KVQ_OK; e++)
       if (!isfinite(m[e])) st = bad(ctx, "a matrix or codebook holds a non-finite number");
     char why[256];
-    if (st == KVQ_OK && kvq_fixed_check(layout, (int)i, m, (int)is_ready, why, sizeof why) != 0)
-      st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s", l, s ? "values" : "keys", why);
+    const int check = st == KVQ_OK ? kvq_fixed_check(layout, (int)i, m, (int)is_ready, why, sizeof why) : 0;
+    if (check != 0)
+      st = kvq_fail(ctx, check == -2 ? KVQ_ERROR_OUT_OF_MEMORY : KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s", l,
+                    s ? "values" : "keys", why);
     if (kind == KVQ_FIXED_LEARNED) ready[l * 2 + s] = (int)is_ready;
   }
   free(seen);
