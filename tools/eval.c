@@ -62,7 +62,10 @@ static void usage(FILE *f) {
           "  --page-size P       (default 32)\n"
           "  --window R          full-precision window: no flush, the newest R..R+P-1 tokens stay exact and are\n"
           "                      reported separately (default 0: flush, every token quantized)\n"
-          "  --calibration N     learned codebooks (CQ, online PolarQuant) come from the first N tokens\n"
+          "  --calibration N     learned codebooks (CQ, online PolarQuant) come from N tokens (default: as many\n"
+          "                      as precede the queries): with synthetic data, other tokens of the same model;\n"
+          "                      with files, the first N tokens of the files\n"
+          "  --in-sample         (synthetic data) calibrate on the first N evaluated tokens instead\n"
           "                      (default: every token before the queries, the prefill)\n"
           "  --budget N          token policies: tokens kept (default: a fifth of the tokens)\n"
           "  --sinks N           token policies: first tokens always kept (default 4)\n"
@@ -199,7 +202,30 @@ static int input_buffers(eval_data *x) {
   return 0;
 }
 
+/* --held-out: calibration tokens that are not evaluated but come from the same "model": the
+ * generator draws each head's channel scales and means first and then independent tokens, so the
+ * tokens after the evaluated ones of a longer draw with the same seed are new text of the same
+ * model, as calibration data would be. */
+static int held_out_data(const eval_options *o, eval_data *x) {
+  if (o->in_sample || o->keys) return 0; /* files: their first tokens */
+  const uint32_t n = x->tokens, total = 2 * n;
+  const size_t kv = (size_t)n * x->kv_heads * x->head_dim;
+  float *k = malloc(sizeof(float) * kv * 2), *v = malloc(sizeof(float) * kv * 2);
+  x->k_held_out = malloc(sizeof(float) * kv);
+  x->v_held_out = malloc(sizeof(float) * kv);
+  kvq_synth_config sc = kvq_synth_defaults(total, x->kv_heads, x->query_heads, x->head_dim, o->seed);
+  const int ok = k && v && x->k_held_out && x->v_held_out && kvq_synth_generate(&sc, k, v, NULL) == 0;
+  if (ok) {
+    memcpy(x->k_held_out, k + kv, sizeof(float) * kv);
+    memcpy(x->v_held_out, v + kv, sizeof(float) * kv);
+  }
+  free(k), free(v);
+  if (!ok) fprintf(stderr, "kvq eval: out of memory\n");
+  return ok ? 0 : -1;
+}
+
 static void free_data(eval_data *x) {
+  free(x->k_held_out), free(x->v_held_out);
   if (x->k_input != x->k) free(x->k_input);
   if (x->v_input != x->v) free(x->v_input);
   free(x->k), free(x->v), free(x->q);
@@ -228,7 +254,9 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
          "per layer.\n");
   for (uint32_t i = 0; i < count; i++)
     if (rows[i].calibration) {
-      printf("learned codebooks (CQ, online PolarQuant): k-means on the first %u tokens (--calibration).\n",
+      printf(x->k_held_out ? "learned codebooks (CQ, online PolarQuant): k-means on %u other tokens of the same synthetic "
+                             "model.\n"
+                           : "learned codebooks (CQ, online PolarQuant): k-means on the first %u evaluated tokens (in-sample).\n",
              rows[i].calibration);
       break;
     }
@@ -294,6 +322,8 @@ int kvq_cmd_eval(int argc, char **argv) {
       o.json = 1;
     } else if (!strcmp(a, "--quiet")) {
       o.quiet = 1;
+    } else if (!strcmp(a, "--in-sample")) {
+      o.in_sample = 1;
     } else if (!value) {
       fprintf(stderr, "kvq eval: %s needs a value (or is unknown)\n", a);
       return 2;
@@ -345,7 +375,7 @@ int kvq_cmd_eval(int argc, char **argv) {
     }
   }
   eval_data x;
-  if (load_data(&o, &x) != 0 || input_buffers(&x) != 0) {
+  if (load_data(&o, &x) != 0 || input_buffers(&x) != 0 || held_out_data(&o, &x) != 0) {
     free_data(&x);
     return 2;
   }

@@ -15,6 +15,7 @@ typedef struct eval_options {
   uint32_t tokens, query_heads, kv_heads, head_dim, last;
   uint32_t page_size, window;
   uint32_t calibration; /* tokens the codebooks are learned from (the first ones); 0: all but the queries */
+  int in_sample;        /* synthetic data: learn from the evaluated tokens instead of other tokens of the model */
   uint32_t budget;      /* token policies: tokens kept; 0: a fifth of the tokens */
   uint32_t sinks, recent;
   float lambda;
@@ -28,6 +29,7 @@ typedef struct eval_options {
 typedef struct eval_data {
   float *k, *v, *q; /* [tokens][kv_heads][d], [tokens][kv_heads][d], [tokens][query_heads][d] */
   void *k_input, *v_input; /* k and v in the input dtype (fp16 files stay fp16 in the cache) */
+  float *k_held_out, *v_held_out; /* --held-out: calibration keys and values from another draw, or NULL */
   uint32_t tokens, query_heads, kv_heads, head_dim;
   kvq_dtype dtype;
   const char *source;

@@ -34,7 +34,10 @@ int eval_open_cache(kvq_context *ctx, const eval_options *o, const eval_data *x,
   /* learned codebooks come from the first tokens (the prefill), as PolarQuant's online mode does */
   const uint32_t cal = o->calibration ? o->calibration : (n > o->last ? n - o->last : n);
   int64_t shape[3] = {cal, x->kv_heads, x->head_dim};
-  kvq_tensor kc = kvq_tensor_host(x->k_input, x->dtype, 3, shape), vc = kvq_tensor_host(x->v_input, x->dtype, 3, shape);
+  kvq_tensor kc = x->k_held_out ? kvq_tensor_host(x->k_held_out, KVQ_DTYPE_F32, 3, shape)
+                                : kvq_tensor_host(x->k_input, x->dtype, 3, shape);
+  kvq_tensor vc = x->v_held_out ? kvq_tensor_host(x->v_held_out, KVQ_DTYPE_F32, 3, shape)
+                                : kvq_tensor_host(x->v_input, x->dtype, 3, shape);
   row->calibration = kvq_method_learns(&layer->keys) || kvq_method_learns(&layer->values) ? cal : 0;
   kvq_status st;
   if ((st = kvq_cache_create(ctx, &config, cache)) != KVQ_OK ||

@@ -292,7 +292,10 @@ typedef struct kvq_layer_config {
  * are more than `heavy`, the others are evicted, the lowest scores first (ties: the older token is
  * kept; Q-Hitter's equal scores fall back to A_t, so lambda = 1 selects exactly as H2O). Evicted
  * tokens are gone from attention, scores and dequantization in every layer; a page whose tokens
- * are all evicted returns to the pool, so a cache of fixed size can stream without end.
+ * are all evicted returns to the pool. After a decision a sequence keeps sinks + recent + heavy
+ * tokens (attention in that step also sees the step's new token); with an absolute `heavy`
+ * (heavy_fraction 0) that is a constant, so a cache of fixed size streams without end, while with
+ * heavy_fraction the kept tokens grow with the stream.
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum kvq_policy_kind {
@@ -419,8 +422,9 @@ KVQ_API kvq_status kvq_sequence_positions(const kvq_cache *cache, uint32_t seque
 typedef struct kvq_token_stats {
   uint32_t position;
   double attention;           /* A_t (see "Token policies") */
-  float key_error;            /* E^K_t; 0 until the token's page is quantized whole in every layer */
-  float value_error;          /* E^V_t; likewise (Q-Hitter only: 0 under H2O) */
+  float key_error;            /* E^K_t: the errors of the layers that quantized the token's page whole so
+                                 far (all of them once the token is a candidate); Q-Hitter only */
+  float value_error;          /* E^V_t; likewise */
 } kvq_token_stats;
 
 /*
