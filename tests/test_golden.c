@@ -54,8 +54,8 @@ static void copy_file(const char *from, const char *to) {
 /* Copies the committed saved-cache files next to a modified golden file, so a check of that
  * directory fails only for what the test changed. */
 static void copy_saved_files(const char *dir) {
-  const char *saved[] = {"cache-v1.kvq", "cache-policy-v1.kvq", "reject-truncated.kvq", "reject-checksum.kvq",
-                         "reject-version.kvq", "reject-bad-format.kvq"};
+  const char *saved[] = {"cache-v1.kvq", "cache-policy-v1.kvq", "cache-codebooks-v1.kvq", "reject-truncated.kvq",
+                         "reject-checksum.kvq", "reject-version.kvq", "reject-bad-format.kvq"};
   for (size_t i = 0; i < sizeof saved / sizeof saved[0]; i++) {
     char from[1024], to[1024];
     snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
@@ -102,7 +102,7 @@ Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
   cr_assert(t.matrices >= 10);
   cr_assert_gt(t.decisions, 100u, "token-policy cases compare their kept sets");
   cr_assert_eq(t.decisions_differing, 0u);
-  cr_assert_eq(t.files_checked, 6u);
+  cr_assert_eq(t.files_checked, 7u);
   cr_assert_eq(t.files_failed, 0u);
 }
 

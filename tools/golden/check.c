@@ -752,6 +752,7 @@ static void check_saved_files(checker *ck, kvq_context *ctx, const char *dir) {
     kvq_status expect;
   } files[] = {{"cache-v1.kvq", KVQ_OK},
                {"cache-policy-v1.kvq", KVQ_OK},
+               {"cache-codebooks-v1.kvq", KVQ_OK},
                {"reject-truncated.kvq", KVQ_ERROR_TRUNCATED},
                {"reject-checksum.kvq", KVQ_ERROR_CHECKSUM},
                {"reject-version.kvq", KVQ_ERROR_VERSION},

@@ -334,13 +334,13 @@ static int write_saved_files(kvq_cache *cache, const char *dir, FILE *log) {
   return rc;
 }
 
-static int write_policy_file(kvq_cache *cache, const char *dir, FILE *log) {
+static int write_cache_file(kvq_cache *cache, const char *dir, const char *file, FILE *log) {
   uint64_t size;
   size_t written;
   if (kvq_cache_save_size(cache, &size) != KVQ_OK) return 1;
   uint8_t *data = malloc(size);
   int rc = !data || kvq_cache_save_to_memory(cache, data, size, &written) != KVQ_OK;
-  if (!rc) rc = write_bytes(dir, "cache-policy-v1.kvq", data, size, log);
+  if (!rc) rc = write_bytes(dir, file, data, size, log);
   free(data);
   return rc;
 }
@@ -352,18 +352,23 @@ int kvq_golden_write(const char *dir, FILE *log) {
   /* The saved-cache files come from the case with the smallest matrices (with a window, a flushed
    * partial page and outliers), to keep them small. */
   const uint32_t saved_case = 3;
-  kvq_cache *saved = NULL, *with_policy = NULL;
+  kvq_cache *saved = NULL, *with_policy = NULL, *with_codebooks = NULL;
   for (uint32_t i = 0; i < golden_case_total(); i++) {
     const golden_case *c = golden_case_get(i);
-    kvq_cache **keep = i == saved_case ? &saved : c->policy.kind == KVQ_POLICY_H2O && !with_policy ? &with_policy : NULL;
+    kvq_cache **keep = i == saved_case ? &saved : NULL;
+    /* mid-stream under Q-Hitter (KIVI, PolarQuant, QJL, uniform; the policy section with errors), and
+     * learned codebooks (online PolarQuant with Hadamard signs, CQ) */
+    if (!strcmp(c->name, "qhitter-kivi2-keys-polar-values-two-layers-f16-stream")) keep = &with_policy;
+    if (!strcmp(c->name, "polar-online-322-hadamard-keys-cq-8c8b-values-d64-f32-gqa2")) keep = &with_codebooks;
     rc |= write_case(c, dir, ctx, log, keep);
   }
   if (saved) rc |= write_saved_files(saved, dir, log);
   else rc = 1;
-  /* a cache mid-stream under H2O: its policy section (page numbers, kept masks, statistics) */
-  rc |= !with_policy || write_policy_file(with_policy, dir, log);
+  rc |= !with_policy || write_cache_file(with_policy, dir, "cache-policy-v1.kvq", log);
+  rc |= !with_codebooks || write_cache_file(with_codebooks, dir, "cache-codebooks-v1.kvq", log);
   kvq_cache_destroy(saved);
   kvq_cache_destroy(with_policy);
+  kvq_cache_destroy(with_codebooks);
   kvq_context_destroy(ctx);
   return rc;
 }
