@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "codebook.h"
+#include "fwht.h"
 #include "layout.h"
 #include "rng.h"
 #include "tensor.h"
@@ -110,6 +111,8 @@ kvq_status kvq_kmeans(kvq_context *ctx, kvq_rng *rng, const kvq_kmeans_set *set,
 
 /* ---- PolarQuant angles --------------------------------------------------------------------------- */
 
+KVQ_DEFINE_FWHT(fwht_f64, double)
+
 /* y = R x in double, with the cache's fp32 rotation (dense matrix or Hadamard signs). */
 static void rotate_double(const kvq_side_layout *s, const float *R, const float *x, double *y) {
   const uint32_t d = s->head_dim;
@@ -122,13 +125,7 @@ static void rotate_double(const kvq_side_layout *s, const float *R, const float 
     return;
   }
   for (uint32_t c = 0; c < d; c++) y[c] = (double)R[c] * x[c];
-  for (uint32_t len = 1; len < d; len <<= 1)
-    for (uint32_t i = 0; i < d; i += 2 * len)
-      for (uint32_t j = i; j < i + len; j++) {
-        const double a = y[j], b = y[j + len];
-        y[j] = a + b;
-        y[j + len] = a - b;
-      }
+  fwht_f64(y, d);
   for (uint32_t c = 0; c < d; c++) y[c] /= sqrt((double)d);
 }
 

@@ -154,6 +154,14 @@ static void drop_results(golden_file *g) {
   g->count = kept;
 }
 
+/* A committed golden file with only its inputs (results dropped, to be recorded again). */
+static void load_inputs(const char *case_name, golden_file *g) {
+  char path[1024], error[512];
+  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  cr_assert_eq(golden_load(g, path, error, sizeof error), 0, "%s", error);
+  drop_results(g);
+}
+
 /*
  * A golden file whose codes differ from what the CPU produces, in known ways:
  *   - key token 0 is made orthogonal to sketch row 0 (in double, then rounded to fp32), so the sign
@@ -163,11 +171,9 @@ static void drop_results(golden_file *g) {
  */
 Test(golden, near_ties_are_proven_and_nothing_else_is, .timeout = 120) {
   const char *case_name = "qjl-d128-m256-k0-u3-f32-gqa1";
-  char path[1024], error[512] = "";
-  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  char error[512] = "";
   golden_file g;
-  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
-  drop_results(&g);
+  load_inputs(case_name, &g);
   const uint32_t d = 128, m = 256, P = 16;
   float *S = malloc(sizeof(float) * m * d);
   cr_assert_eq(kvq_build_sketch(5, 0, KVQ_PURPOSE_QJL_SKETCH, m, d, S), 0); /* the case's seed is 5 */
@@ -346,11 +352,9 @@ static uint32_t first_copy(const float *mu, uint32_t j, uint32_t c) {
  */
 Test(golden, polar_and_cq_near_ties_are_proven, .timeout = 120) {
   const char *case_name = "polar-online-322-hadamard-keys-cq-8c8b-values-d64-f32-gqa2";
-  char path[1024], error[512] = "";
-  snprintf(path, sizeof path, "%s/%s.kvqg", KVQ_SOURCE_GOLDEN_DIR, case_name);
+  char error[512] = "";
   golden_file g;
-  cr_assert_eq(golden_load(&g, path, error, sizeof error), 0, "%s", error);
-  drop_results(&g);
+  load_inputs(case_name, &g);
   kvq_context *ctx = NULL;
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = KVQ_BACKEND_CPU;

@@ -10,14 +10,19 @@
 #include "core/quantize_math.h"
 #include "core/rng.h"
 
-static kvq_side_desc uniform_side(uint32_t P, uint32_t d, uint32_t bits, uint32_t group) {
+/* A one-head side of a method, as the CPU jobs see it. */
+static kvq_side_desc side_of(kvq_method_config mc, uint32_t P, uint32_t d) {
   kvq_side_desc side;
   memset(&side, 0, sizeof side);
+  kvq_side_layout_init(&side.layout, &mc, P, d, 1);
+  return side;
+}
+
+static kvq_side_desc uniform_side(uint32_t P, uint32_t d, uint32_t bits, uint32_t group) {
   kvq_method_config mc = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
   mc.uniform.bits = bits;
   mc.uniform.group_size = group;
-  kvq_side_layout_init(&side.layout, &mc, P, d, 1);
-  return side;
+  return side_of(mc, P, d);
 }
 
 static uint32_t read_word(const uint8_t *p) {
@@ -179,13 +184,10 @@ Test(uniform, error_falls_with_bits) {
 /* ---- KIVI: the same quantizer over a channel's tokens ---------------------------------------- */
 
 static kvq_side_desc kivi_side(uint32_t P, uint32_t d, uint32_t bits, uint32_t group_tokens) {
-  kvq_side_desc side;
-  memset(&side, 0, sizeof side);
   kvq_method_config mc = kvq_method_defaults(KVQ_METHOD_KIVI, d);
   mc.kivi.bits = bits;
   mc.kivi.group_tokens = group_tokens;
-  kvq_side_layout_init(&side.layout, &mc, P, d, 1);
-  return side;
+  return side_of(mc, P, d);
 }
 
 /* The error bound of test_uniform's derivation, per (channel, token group), including partial groups

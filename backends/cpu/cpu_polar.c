@@ -11,6 +11,7 @@
  */
 #include <math.h>
 
+#include "core/fwht.h"
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "core/quantize_math.h"
@@ -22,6 +23,8 @@ static uint32_t read_word(const uint8_t *p) {
 static void or_word(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
 }
+
+KVQ_DEFINE_FWHT(fwht_f32, float)
 
 /* The codebook tables of the block's kv head (one shared table for offline codebooks). */
 static const float *level_table(const cpu_head *h, uint32_t level) {
@@ -45,13 +48,7 @@ static void rotate(const cpu_head *h, const float *x, float *y) {
     return;
   }
   for (uint32_t c = 0; c < d; c++) y[c] = R[c] * x[c]; /* the signs: exact */
-  for (uint32_t len = 1; len < d; len <<= 1)
-    for (uint32_t i = 0; i < d; i += 2 * len)
-      for (uint32_t j = i; j < i + len; j++) {
-        const float a = y[j], b = y[j + len];
-        y[j] = a + b;
-        y[j + len] = a - b;
-      }
+  fwht_f32(y, d);
   const float scale = kvq_hadamard_scale(d);
   for (uint32_t c = 0; c < d; c++) y[c] = y[c] * scale;
 }
@@ -71,13 +68,7 @@ static void polar_unrotate(const cpu_head *h, const float *y, float *x) {
   }
   float z[KVQ_MAX_HEAD_DIM];
   for (uint32_t c = 0; c < d; c++) z[c] = y[c];
-  for (uint32_t len = 1; len < d; len <<= 1)
-    for (uint32_t i = 0; i < d; i += 2 * len)
-      for (uint32_t j = i; j < i + len; j++) {
-        const float a = z[j], b = z[j + len];
-        z[j] = a + b;
-        z[j + len] = a - b;
-      }
+  fwht_f32(z, d);
   const float scale = kvq_hadamard_scale(d);
   for (uint32_t c = 0; c < d; c++) x[c] = R[c] * (z[c] * scale);
 }
