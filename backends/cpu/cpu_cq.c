@@ -11,13 +11,6 @@
 #include "core/layout.h"
 #include "cpu.h"
 
-static uint32_t read_word(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
-
 /* The 2^b centroids of channel group g of the call's kv head. */
 static const float *centroids(const cpu_head *h, uint32_t g) {
   const kvq_side_layout *s = &h->side->layout;
@@ -25,18 +18,18 @@ static const float *centroids(const cpu_head *h, uint32_t g) {
 }
 
 static uint32_t code_of(const kvq_side_layout *s, const uint8_t *block, uint32_t t, uint32_t g) {
-  const uint32_t b = s->code_bits, cpw = kvq_codes_per_word(b), i = t * (s->head_dim / s->channels) + g;
-  return (read_word(block + 4 * (i / cpw)) >> ((i % cpw) * b)) & ((1u << b) - 1u);
+  const uint32_t b = s->code_bits, i = t * (s->head_dim / s->channels) + g;
+  return kvq_cpu_code(block, i, b);
 }
 
 static void cq_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t c = s->channels, groups = s->head_dim / c, b = s->code_bits, cpw = kvq_codes_per_word(b);
+  const uint32_t c = s->channels, groups = s->head_dim / c, b = s->code_bits;
   for (uint32_t t = 0; t < n; t++)
     for (uint32_t g = 0; g < groups; g++) {
       const uint32_t code = kvq_cpu_nearest(x + t * token_stride + g * c, centroids(h, g), 1u << b, c, NULL);
       const uint32_t i = t * groups + g;
-      or_word(block + 4 * (i / cpw), code << ((i % cpw) * b));
+      kvq_cpu_put_code(block, i, b, code);
     }
 }
 

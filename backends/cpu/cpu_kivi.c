@@ -8,16 +8,9 @@
 #include "core/quantize_math.h"
 #include "cpu.h"
 
-static uint32_t read_word(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
-
 static void kivi_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t d = s->head_dim, b = s->bits, Gt = s->group, cpw = kvq_codes_per_word(b);
+  const uint32_t d = s->head_dim, b = s->bits, Gt = s->group;
   uint8_t *params = block + kvq_kivi_params_offset(s->page_size, d, b);
   for (uint32_t t0 = 0; t0 < n; t0 += Gt) {
     const uint32_t t1 = n - t0 < Gt ? n : t0 + Gt; /* the group's valid tokens */
@@ -29,11 +22,11 @@ static void kivi_encode(const cpu_head *h, const float *x, uint64_t token_stride
         if (v > mx) mx = v;
       }
       const uint32_t word = kvq_uniform_params(mn, mx, b);
-      or_word(params + 4 * ((t0 / Gt) * d + c), word);
+      kvq_cpu_or_word(params + 4 * ((t0 / Gt) * d + c), word);
       const float scale = kvq_uniform_param_scale(word), min = kvq_uniform_param_min(word);
       for (uint32_t t = t0; t < t1; t++) {
         const uint32_t i = t * d + c;
-        or_word(block + 4 * (i / cpw), kvq_uniform_code(x[t * token_stride + c], min, scale, b) << ((i % cpw) * b));
+        kvq_cpu_put_code(block, i, b, kvq_uniform_code(x[t * token_stride + c], min, scale, b));
       }
     }
   }
@@ -41,11 +34,11 @@ static void kivi_encode(const cpu_head *h, const float *x, uint64_t token_stride
 
 static void kivi_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t d = s->head_dim, b = s->bits, cpw = kvq_codes_per_word(b);
+  const uint32_t d = s->head_dim, b = s->bits;
   const uint8_t *params = block + kvq_kivi_params_offset(s->page_size, d, b) + 4 * (t / s->group) * d;
   for (uint32_t c = 0; c < d; c++) {
-    const uint32_t word = read_word(params + 4 * c), i = t * d + c;
-    const uint32_t code = (read_word(block + 4 * (i / cpw)) >> ((i % cpw) * b)) & kvq_uniform_levels(b);
+    const uint32_t word = kvq_cpu_word(params + 4 * c), i = t * d + c;
+    const uint32_t code = kvq_cpu_code(block, i, b);
     out[c] = kvq_uniform_value(kvq_uniform_param_min(word), kvq_uniform_param_scale(word), code);
   }
 }

@@ -17,13 +17,6 @@
 #include "core/quantize_math.h"
 #include "cpu.h"
 
-static uint32_t read_word(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
-
 KVQ_DEFINE_FWHT(fwht_f32, float)
 
 /* The codebook tables of the block's kv head (one shared table for offline codebooks). */
@@ -81,7 +74,7 @@ static void polar_encode(const cpu_head *h, const float *x, uint64_t token_strid
   for (uint32_t t = 0; t < n; t++) {
     rotate(h, x + t * token_stride, y);
     for (uint32_t l = 1; l <= L; l++) {
-      const uint32_t b = kvq_polar_level_bits(s->level_bits, l), K = 1u << b, cpw = kvq_codes_per_word(b);
+      const uint32_t b = kvq_polar_level_bits(s->level_bits, l), K = 1u << b;
       const uint32_t angles = kvq_polar_angles(d, l);
       const float *table = level_table(h, l);
       uint8_t *codes = block + kvq_polar_level_offset(P, d, s->level_bits, l);
@@ -102,7 +95,7 @@ static void polar_encode(const cpu_head *h, const float *x, uint64_t token_strid
           next[a] = s_a + s_b;
         }
         const uint32_t i = t * angles + a;
-        or_word(codes + 4 * (i / cpw), code << ((i % cpw) * b));
+        kvq_cpu_put_code(codes, i, b, code);
       }
       for (uint32_t a = 0; a < angles; a++) sq[a] = next[a];
     }
@@ -126,12 +119,12 @@ static void polar_decode_rotated(const cpu_head *h, const uint8_t *block, uint32
     r[blk] = kvq_f16_bits_to_f32((uint32_t)radii[at] | (uint32_t)radii[at + 1] << 8);
   }
   for (uint32_t l = L; l >= 1; l--) {
-    const uint32_t b = kvq_polar_level_bits(s->level_bits, l), cpw = kvq_codes_per_word(b), angles = kvq_polar_angles(d, l);
+    const uint32_t b = kvq_polar_level_bits(s->level_bits, l), angles = kvq_polar_angles(d, l);
     const float *table = level_table(h, l);
     const uint8_t *codes = block + kvq_polar_level_offset(P, d, s->level_bits, l);
     for (uint32_t a = 0; a < angles; a++) {
       const uint32_t i = t * angles + a;
-      const uint32_t code = (read_word(codes + 4 * (i / cpw)) >> ((i % cpw) * b)) & ((1u << b) - 1u);
+      const uint32_t code = kvq_cpu_code(codes, i, b);
       split[2 * a] = r[a] * table[2 * code];
       split[2 * a + 1] = r[a] * table[2 * code + 1];
     }

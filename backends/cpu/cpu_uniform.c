@@ -7,16 +7,9 @@
 #include "core/quantize_math.h"
 #include "cpu.h"
 
-static uint32_t read_word(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
-
 static void uniform_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t d = s->head_dim, b = s->bits, G = s->group, cpw = kvq_uniform_codes_per_word(b);
+  const uint32_t d = s->head_dim, b = s->bits, G = s->group;
   uint8_t *params = block + kvq_uniform_params_offset(s->page_size, d, b);
   for (uint32_t t = 0; t < n; t++) {
     const float *xt = x + t * token_stride;
@@ -27,12 +20,12 @@ static void uniform_encode(const cpu_head *h, const float *x, uint64_t token_str
         if (xt[c] > mx) mx = xt[c];
       }
       uint32_t word = kvq_uniform_params(mn, mx, b);
-      or_word(params + 4 * (t * (d / G) + g), word);
+      kvq_cpu_or_word(params + 4 * (t * (d / G) + g), word);
       float scale = kvq_uniform_param_scale(word), min = kvq_uniform_param_min(word);
       for (uint32_t c = g * G; c < (g + 1) * G; c++) {
         uint32_t i = t * d + c;
         uint32_t code = kvq_uniform_code(xt[c], min, scale, b);
-        or_word(block + 4 * (i / cpw), code << ((i % cpw) * b));
+        kvq_cpu_put_code(block, i, b, code);
       }
     }
   }
@@ -40,12 +33,12 @@ static void uniform_encode(const cpu_head *h, const float *x, uint64_t token_str
 
 static void uniform_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t d = s->head_dim, b = s->bits, G = s->group, cpw = kvq_uniform_codes_per_word(b);
+  const uint32_t d = s->head_dim, b = s->bits, G = s->group;
   const uint8_t *params = block + kvq_uniform_params_offset(s->page_size, d, b);
   for (uint32_t c = 0; c < d; c++) {
-    uint32_t word = read_word(params + 4 * (t * (d / G) + c / G));
+    uint32_t word = kvq_cpu_word(params + 4 * (t * (d / G) + c / G));
     uint32_t i = t * d + c;
-    uint32_t code = (read_word(block + 4 * (i / cpw)) >> ((i % cpw) * b)) & kvq_uniform_levels(b);
+    uint32_t code = kvq_cpu_code(block, i, b);
     out[c] = kvq_uniform_value(kvq_uniform_param_min(word), kvq_uniform_param_scale(word), code);
   }
 }
