@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Little-endian u16 and u32 at any address (page images, files). */
+static inline uint32_t kvq_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static inline uint32_t kvq_le32(const uint8_t *p) { return kvq_le16(p) | kvq_le16(p + 2) << 16; }
+
 typedef struct kvq_writer {
   uint8_t *data; /* NULL: count only */
   uint64_t pos;

@@ -2,12 +2,11 @@
 
 #include <stdio.h>
 
+#include "bytes.h"
 #include "halfconv.h"
 #include "layout.h"
 #include "quantize_math.h"
 
-static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
 static int f16_finite(uint32_t h) { return (h & 0x7c00u) != 0x7c00u; }
 
 static int zeros(const uint8_t *p, uint32_t from, uint32_t to) {
@@ -36,7 +35,7 @@ static int check_qjl(const kvq_side_layout *s, const uint8_t *b, uint32_t valid,
     if (part && !zeros(b, kvq_qjl_signs_out_offset(P, m) + valid * mo / 8, kvq_qjl_signs_out_offset(P, m) + P * mo / 8))
       return fail(why, size, "outlier sign bits of tokens past the valid count", h);
     for (uint32_t t = 0; t < P; t++) {
-      const uint32_t n = rd16(b + norms + 2 * t);
+      const uint32_t n = kvq_le16(b + norms + 2 * t);
       if (t >= valid ? n != 0 : (!f16_finite(n) || (n & 0x8000u)))
         return fail(why, size, t >= valid ? "norm of a token past the valid count" : "norm not finite or negative", h);
     }
@@ -52,7 +51,7 @@ static int packed_codes_ok(const uint8_t *b, uint32_t codes, uint32_t bits, uint
     uint32_t allowed = 0;
     for (uint32_t slot = 0; slot < cpw; slot++)
       if (w * cpw + slot < valid_codes) allowed |= ((1u << bits) - 1u) << (slot * bits);
-    if (rd32(b + 4 * w) & ~allowed) return 0;
+    if (kvq_le32(b + 4 * w) & ~allowed) return 0;
   }
   return 1;
 }
@@ -66,7 +65,7 @@ static int check_uniform(const kvq_side_layout *s, const uint8_t *b, uint32_t va
   if (!packed_codes_ok(b, P * d, bits, valid * d)) return fail(why, size, "code bits past the valid tokens or in padding", h);
   for (uint32_t t = 0; t < P; t++)
     for (uint32_t g = 0; g < d / G; g++)
-      if (!params_ok(rd32(b + params + 4 * (t * (d / G) + g)), t < valid))
+      if (!params_ok(kvq_le32(b + params + 4 * (t * (d / G) + g)), t < valid))
         return fail(why, size, t >= valid ? "parameters of a token past the valid count" : "scale or minimum not finite, or a negative scale", h);
   if (!zeros(b, params + P * (d / G) * 4, s->head_bytes)) return fail(why, size, "nonzero padding", h);
   return 0;
@@ -79,7 +78,7 @@ static int check_kivi(const kvq_side_layout *s, const uint8_t *b, uint32_t valid
   if (!packed_codes_ok(b, P * d, bits, valid * d)) return fail(why, size, "code bits past the valid tokens or in padding", h);
   for (uint32_t g = 0; g < P / Gt; g++)
     for (uint32_t c = 0; c < d; c++)
-      if (!params_ok(rd32(b + params + 4 * (g * d + c)), g * Gt < valid))
+      if (!params_ok(kvq_le32(b + params + 4 * (g * d + c)), g * Gt < valid))
         return fail(why, size, g * Gt >= valid ? "parameters of a group past the valid tokens" : "scale or minimum not finite, or a negative scale", h);
   if (!zeros(b, params + (P / Gt) * d * 4, s->head_bytes)) return fail(why, size, "nonzero padding", h);
   return 0;
@@ -96,7 +95,7 @@ static int check_polar(const kvq_side_layout *s, const uint8_t *b, uint32_t vali
   }
   const uint32_t radii = kvq_polar_radius_offset(P, d, L, s->level_bits);
   for (uint32_t k = 0; k < P * blocks; k++) {
-    const uint32_t r = rd16(b + radii + 2 * k);
+    const uint32_t r = kvq_le16(b + radii + 2 * k);
     if (k < valid * blocks ? !f16_finite(r) || (r & 0x8000u) : r != 0)
       return fail(why, size, k < valid * blocks ? "a block radius not finite or negative" : "a radius past the valid tokens", h);
   }
@@ -116,9 +115,9 @@ static int check_exact(const kvq_side_layout *s, const uint8_t *b, uint32_t vali
   const uint32_t e = kvq_dtype_bytes(s->dtype), used = s->page_size * s->head_dim * e;
   for (uint32_t i = 0; i < valid * s->head_dim; i++) {
     const uint8_t *p = b + i * e;
-    int finite = s->dtype == KVQ_LAYOUT_F32    ? (rd32(p) & 0x7f800000u) != 0x7f800000u
-                 : s->dtype == KVQ_LAYOUT_F16 ? f16_finite(rd16(p))
-                                              : (rd16(p) & 0x7f80u) != 0x7f80u;
+    int finite = s->dtype == KVQ_LAYOUT_F32    ? (kvq_le32(p) & 0x7f800000u) != 0x7f800000u
+                 : s->dtype == KVQ_LAYOUT_F16 ? f16_finite(kvq_le16(p))
+                                              : (kvq_le16(p) & 0x7f80u) != 0x7f80u;
     if (!finite) return fail(why, size, "a stored value is not finite", h);
   }
   if (!zeros(b, valid * s->head_dim * e, used) || !zeros(b, used, s->head_bytes))

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "core/bytes.h"
 
 struct kvq_buffer {
   uint8_t *data;
@@ -81,9 +82,7 @@ kvq_status kvq_cpu_kmeans_update(kvq_backend *b, const kvq_job_kmeans *job);
  * CQ's encoder decides its codes with it. */
 /* Little-endian u32 words of page blocks, and packed codes (core/layout.h: code i of `bits` bits in
  * word i / cpw at bit (i % cpw) bits). Blocks are zeroed before encoding, so writing ORs. */
-static inline uint32_t kvq_cpu_word(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+static inline uint32_t kvq_cpu_word(const uint8_t *p) { return kvq_le32(p); }
 static inline void kvq_cpu_or_word(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
 }

@@ -11,6 +11,7 @@
  */
 #include <math.h>
 
+#include "core/bytes.h"
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "cpu.h"
@@ -24,7 +25,6 @@ static qjl_view view_of(const cpu_head *h) {
   return (qjl_view){s->page_size, s->head_dim, s->sketch_dim, s->outlier_sketch_dim, s->outliers};
 }
 
-static uint32_t read_u16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static int sign_bit(const uint8_t *signs, uint32_t i) { return (signs[i / 8] >> (i % 8)) & 1; }
 
 /* <x, sign bits>: sum over i of (bit i ? x[i] : -x[i]), bits LSB first. */
@@ -141,10 +141,10 @@ static void qjl_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, co
   const uint8_t *norm_out = block + kvq_qjl_norm_out_offset(v.P, v.m, v.mo, v.k);
   for (uint32_t t = 0; t < n; t++) {
     double dot_in = signed_sum(signs + (size_t)t * v.m / 8, sq_in, v.m);
-    double estimate = c_d / v.m * kvq_f16_bits_to_f32(read_u16(norm_in + 2 * t)) * dot_in;
+    double estimate = c_d / v.m * kvq_f16_bits_to_f32(kvq_le16(norm_in + 2 * t)) * dot_in;
     if (v.k > 0) {
       double dot_out = signed_sum(signs_out + (size_t)t * v.mo / 8, sq_out, v.mo);
-      estimate += c_d / v.mo * kvq_f16_bits_to_f32(read_u16(norm_out + 2 * t)) * dot_out;
+      estimate += c_d / v.mo * kvq_f16_bits_to_f32(kvq_le16(norm_out + 2 * t)) * dot_out;
     }
     dots[t] = estimate;
   }
@@ -158,8 +158,8 @@ static void qjl_decode(const cpu_head *h, const uint8_t *block, uint32_t t, floa
   outlier_mask(&v, block, is_outlier);
   const uint8_t *bits = block + kvq_qjl_signs_offset() + (size_t)t * v.m / 8;
   const uint8_t *bits_out = block + kvq_qjl_signs_out_offset(v.P, v.m) + (size_t)t * v.mo / 8;
-  double n_in = kvq_f16_bits_to_f32(read_u16(block + kvq_qjl_norm_in_offset(v.P, v.m, v.mo, v.k) + 2 * t));
-  double n_out = v.k ? kvq_f16_bits_to_f32(read_u16(block + kvq_qjl_norm_out_offset(v.P, v.m, v.mo, v.k) + 2 * t)) : 0;
+  double n_in = kvq_f16_bits_to_f32(kvq_le16(block + kvq_qjl_norm_in_offset(v.P, v.m, v.mo, v.k) + 2 * t));
+  double n_out = v.k ? kvq_f16_bits_to_f32(kvq_le16(block + kvq_qjl_norm_out_offset(v.P, v.m, v.mo, v.k) + 2 * t)) : 0;
   const double c_d = h->side->qjl_constant;
   for (uint32_t c = 0; c < v.d; c++) {
     double sum = 0.0;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
 #include "core/layout.h"
@@ -41,8 +42,6 @@ static void report(checker *ck, const char *format, ...) {
   va_end(args);
 }
 
-static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
 static double gamma_n(double n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
 
 /* Distance in units in the last place between two fp16 values, on a monotone integer mapping in
@@ -213,14 +212,14 @@ static void check_qjl_head(checker *ck, const page_ctx *pc, const uint8_t *g, co
   for (uint32_t part = 0; part < parts; part++) {
     const uint32_t at = part ? kvq_qjl_norm_out_offset(P, m, mo, k) : kvq_qjl_norm_in_offset(P, m, mo, k);
     for (uint32_t t = 0; t < pc->valid; t++) {
-      uint32_t expect = rd16(g + at + 2 * t);
+      uint32_t expect = kvq_le16(g + at + 2 * t);
       if (lists_differ) {
         double n2 = 0;
         for (uint32_t c = 0; c < d; c++)
           if ((mask[c] != 0) == (part == 1)) n2 += (double)token(pc, t, h)[c] * token(pc, t, h)[c];
         expect = kvq_f32_to_f16_bits((float)sqrt(n2));
       }
-      side_value(ck, expect, rd16(b + at + 2 * t), part ? "|k_out|" : "|k_in|", page, h);
+      side_value(ck, expect, kvq_le16(b + at + 2 * t), part ? "|k_out|" : "|k_in|", page, h);
     }
     exact_bytes(ck, g, b, at + 2 * pc->valid, at + 2 * P, "norm of a padding token", page, h);
   }
@@ -238,7 +237,7 @@ static void compare_codes(checker *ck, const uint8_t *g, const uint8_t *b, uint3
                           uint32_t page, uint32_t h) {
   const uint32_t cpw = kvq_codes_per_word(bits), words = kvq_code_words(codes, bits), mask = (1u << bits) - 1u;
   for (uint32_t w = 0; w < words; w++) {
-    const uint32_t gw = rd32(g + 4 * w), bw = rd32(b + 4 * w);
+    const uint32_t gw = kvq_le32(g + 4 * w), bw = kvq_le32(b + 4 * w);
     ck->t->code_bytes += 4;
     if (gw == bw) continue;
     for (uint32_t byte = 0; byte < 4; byte++) ck->t->code_bytes_differing += (gw >> (8 * byte) & 0xff) != (bw >> (8 * byte) & 0xff);
@@ -285,12 +284,12 @@ static int uniform_tie(void *arg, uint32_t i, uint32_t gc, uint32_t bc) {
   const kvq_side_layout *s = u->pc->s;
   const uint32_t d = s->head_dim, bits = s->bits, t = i / d, c = i % d;
   const uint32_t params_at = kvq_uniform_params_offset(s->page_size, d, bits);
-  const uint32_t pw = rd32(u->b + params_at + 4 * param_word(s, t, c));
+  const uint32_t pw = kvq_le32(u->b + params_at + 4 * param_word(s, t, c));
   const float x = token(u->pc, t, u->h)[c], mn = kvq_uniform_param_min(pw), sc = kvq_uniform_param_scale(pw);
   const uint32_t lo = gc < bc ? gc : bc;
   const float between = kvq_uniform_threshold(mn, sc, lo + 1);
   const int adjacent = (gc > bc ? gc - bc : bc - gc) == 1;
-  const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != rd32(u->g + params_at + 4 * param_word(s, t, c));
+  const int own = bc == kvq_uniform_code(x, mn, sc, bits) && pw != kvq_le32(u->g + params_at + 4 * param_word(s, t, c));
   const int flushed = (fabsf(x) < FLT_MIN && bc == kvq_uniform_code(0.0f, mn, sc, bits)) || fabsf(between) < FLT_MIN;
   return adjacent && (own || flushed);
 }
@@ -305,8 +304,8 @@ static void check_uniform_head(checker *ck, const page_ctx *pc, const uint8_t *g
   const uint32_t valid_params = kivi ? (pc->valid + G - 1) / G * d : pc->valid * (d / G);
   for (uint32_t p = 0; p < valid_params; p++) {
     const uint32_t off = params_at + 4 * p;
-    side_value(ck, rd16(g + off), rd16(b + off), "scale", page, h);
-    side_value(ck, rd16(g + off + 2), rd16(b + off + 2), "minimum", page, h);
+    side_value(ck, kvq_le16(g + off), kvq_le16(b + off), "scale", page, h);
+    side_value(ck, kvq_le16(g + off + 2), kvq_le16(b + off + 2), "minimum", page, h);
   }
   exact_bytes(ck, g, b, params_at + 4 * valid_params, params_at + 4 * params, "parameters past the valid tokens", page, h);
   uniform_tie_arg arg = {pc, g, b, h};
@@ -394,7 +393,7 @@ static void check_polar_head(checker *ck, const page_ctx *pc, const uint8_t *g, 
   }
   const uint32_t radii = kvq_polar_radius_offset(P, d, L, s->level_bits);
   for (uint32_t k = 0; k < pc->valid * blocks; k++)
-    side_value(ck, rd16(g + radii + 2 * k), rd16(b + radii + 2 * k), "block radius", page, h);
+    side_value(ck, kvq_le16(g + radii + 2 * k), kvq_le16(b + radii + 2 * k), "block radius", page, h);
   exact_bytes(ck, g, b, radii + 2 * pc->valid * blocks, s->head_bytes, "radii past the valid tokens and padding", page, h);
 }
 
@@ -444,7 +443,7 @@ static void check_exact_head(checker *ck, const page_ctx *pc, const uint8_t *g, 
     for (uint32_t i = 0; i < esize; i++) ck->t->code_bytes_differing += ge[i] != be[i];
     /* the one allowed difference: a subnormal fp32 input flushed to (signed) zero */
     const uint32_t t = e / s->head_dim, c = e % s->head_dim;
-    const int zero = esize == 4 ? (rd32(be) & 0x7fffffffu) == 0 : (rd16(be) & 0x7fffu) == 0;
+    const int zero = esize == 4 ? (kvq_le32(be) & 0x7fffffffu) == 0 : (kvq_le16(be) & 0x7fffu) == 0;
     if (fabsf(token(pc, t, h)[c]) < FLT_MIN && zero) {
       ck->t->near_ties++;
     } else {

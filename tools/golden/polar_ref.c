@@ -3,6 +3,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "core/bytes.h"
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "core/quantize_math.h"
@@ -66,9 +67,7 @@ const float *golden_polar_table(const kvq_side_layout *s, const float *tables, u
 
 uint32_t golden_packed_code(const uint8_t *words, uint32_t index, uint32_t bits) {
   const uint32_t cpw = kvq_codes_per_word(bits);
-  const uint8_t *p = words + 4 * (index / cpw);
-  const uint32_t w = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-  return w >> ((index % cpw) * bits) & ((1u << bits) - 1u);
+  return kvq_le32(words + 4 * (index / cpw)) >> ((index % cpw) * bits) & ((1u << bits) - 1u);
 }
 
 void golden_polar_decode(const kvq_side_layout *s, const float *tables, uint32_t h, const uint8_t *block, uint32_t t,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes.h"
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "core/quantize_math.h"
@@ -14,8 +15,6 @@ static const double u = 0x1p-24;
 
 static double gamma_n(double n) { return n * u / (1 - n * u); }
 
-static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t rd32(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
 
 /* The head block of kv head h of the page holding slot t. */
 static const uint8_t *head_block(const kvq_side_layout *s, const uint8_t *pages, uint32_t t, uint32_t h) {
@@ -30,8 +29,8 @@ static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_
   *err = 0;
   if (s->method == KVQ_LAYOUT_EXACT) {
     const uint8_t *p = block + kvq_exact_offset(d, s->dtype, i, c);
-    if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(rd32(p));
-    return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(rd16(p)) : kvq_bf16_bits_to_f32(rd16(p));
+    if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(kvq_le32(p));
+    return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(kvq_le16(p)) : kvq_bf16_bits_to_f32(kvq_le16(p));
   }
   if (s->method == KVQ_LAYOUT_CQ) { /* a centroid's fp32 value, read exactly */
     const uint32_t groups = d / s->channels, code = golden_packed_code(block, i * groups + c / s->channels, s->code_bits);
@@ -41,7 +40,7 @@ static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_
   /* UNIFORM and KIVI: min + code * scale, two fp32 roundings */
   const uint32_t b = s->bits, idx = i * d + c;
   const uint32_t word = s->method == KVQ_LAYOUT_KIVI ? (i / s->group) * d + c : i * (d / s->group) + c / s->group;
-  uint32_t params = rd32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * word);
+  uint32_t params = kvq_le32(block + kvq_uniform_params_offset(s->page_size, d, b) + 4 * word);
   uint32_t code = golden_packed_code(block, idx, b);
   double mn = kvq_uniform_param_min(params), scale = kvq_uniform_param_scale(params);
   *err = 2 * u * (fabs(mn) + code * fabs(scale)) + 2 * FLT_MIN;
@@ -99,8 +98,8 @@ static int qjl_page(const ref_layer *L, const uint8_t *block, uint32_t count, co
   for (uint32_t t = 0; t < count; t++) {
     const uint8_t *bits = block + kvq_qjl_signs_offset() + (size_t)t * m / 8;
     const uint8_t *bits_o = block + kvq_qjl_signs_out_offset(P, m) + (size_t)t * mo / 8;
-    double n_in = kvq_f16_bits_to_f32(rd16(block + kvq_qjl_norm_in_offset(P, m, mo, no) + 2 * t));
-    double n_out = no ? kvq_f16_bits_to_f32(rd16(block + kvq_qjl_norm_out_offset(P, m, mo, no) + 2 * t)) : 0;
+    double n_in = kvq_f16_bits_to_f32(kvq_le16(block + kvq_qjl_norm_in_offset(P, m, mo, no) + 2 * t));
+    double n_out = no ? kvq_f16_bits_to_f32(kvq_le16(block + kvq_qjl_norm_out_offset(P, m, mo, no) + 2 * t)) : 0;
     double dot_in = 0, dot_out = 0;
     for (uint32_t i = 0; i < m; i++) dot_in += (bits[i / 8] >> (i % 8) & 1) ? in[i] : -in[i];
     for (uint32_t i = 0; i < mo; i++) dot_out += (bits_o[i / 8] >> (i % 8) & 1) ? out[i] : -out[i];
