@@ -159,7 +159,7 @@ void kvq_layer_view_kept(const kvq_cache *cache, const kvq_sequence *seq, const 
 kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages);
 
 /* Copies the page images of one (sequence, layer, side) in page-table order into dst
- * (ceil(quantized / P) pages of side.layout.page_bytes each); *pages receives the count.
+ * (the layer's listed pages, kvq_layer_view, of side.layout.page_bytes each); *pages receives the count.
  * With dst == NULL only counts. For golden files and tests. */
 kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages);
 

@@ -503,10 +503,11 @@ KVQ_API kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *
 typedef enum kvq_mask {
   /*
    * A block of nq queries is the last nq positions of the sequence (their keys already appended):
-   * query i, at position n - nq + i, attends to tokens 0 .. n - nq + i. Requires nq <= n.
+   * query i, at position n - nq + i, attends to the kept tokens at positions 0 .. n - nq + i
+   * (n: tokens appended). Requires nq <= n.
    */
   KVQ_MASK_CAUSAL = 0,
-  KVQ_MASK_NONE = 1           /* every query attends to all n tokens */
+  KVQ_MASK_NONE = 1           /* every query attends to all kept tokens */
 } kvq_mask;
 
 typedef struct kvq_attention_request {
