@@ -53,6 +53,7 @@ typedef struct fixture {
   kvq_layer_config layers[2];
   uint32_t layer_count;
   kvq_dtype input;
+  kvq_policy_kind policy;
   uint32_t seq[3];
   int live[3];
   uint32_t stale;
@@ -112,6 +113,7 @@ static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, D)
 static void build_full(fixture *f, kvq_dtype input, kvq_policy_config policy) {
   memset(f, 0, sizeof *f);
   f->input = input;
+  f->policy = policy.kind;
   f->layer_count = 2;
   f->layers[0] = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
   f->layers[1] = th_layer(HQ, HKV, D, method(KVQ_METHOD_EXACT), method(KVQ_METHOD_EXACT));
@@ -169,6 +171,12 @@ static void build_policy(fixture *f, kvq_policy_kind kind) {
   kvq_memory_report r;
   KVQ_CHECK(f->ctx, kvq_cache_memory(f->cache, &r));
   cr_assert_eq(r.pages_used, 7, "fixture: %u pages used", r.pages_used);
+}
+
+/* The default fixture (KEEP_ALL) or that of build_policy(). */
+static void build_kind(fixture *f, kvq_policy_kind kind) {
+  if (kind == KVQ_POLICY_KEEP_ALL) build(f);
+  else build_policy(f, kind);
 }
 
 /* A one-layer cache with the given methods and sequence a of 20 tokens (b and c do not exist). */
@@ -253,6 +261,21 @@ static void destroy(fixture *f) {
   kvq_cache_destroy(f->cache);
   kvq_context_destroy(f->ctx);
 }
+
+/* Runs `check` on a fresh fixture under each policy kind in turn. */
+static void for_each_policy(const kvq_policy_kind *kinds, size_t count, void (*check)(fixture *f)) {
+  for (size_t k = 0; k < count; k++) {
+    fixture f;
+    build_kind(&f, kinds[k]);
+    check(&f);
+    destroy(&f);
+  }
+}
+#define FOR_EACH_POLICY(check, ...)                                                                              \
+  do {                                                                                                           \
+    const kvq_policy_kind k_[] = {__VA_ARGS__};                                                                  \
+    for_each_policy(k_, sizeof k_ / sizeof k_[0], (check));                                                      \
+  } while (0)
 
 /* ---- Snapshots: everything observable of a cache -------------------------------------------- */
 
@@ -374,21 +397,46 @@ static void end(fixture *f, kvq_status got, kvq_status want, const char *mention
   check_unchanged(f, what);
 }
 
-/* A call on the fixture's cache must fail with `want`, a message mentioning `mention`, and change nothing. */
-#define REJECTS(f, call, want, mention)                                                                            \
+/* A call on the fixture's cache must fail with `want`, a message mentioning `mention`, and change nothing;
+ * `what` names the call in failure messages. */
+#define REJECTS_AS(f, what, call, want, mention)                                                                   \
   do {                                                                                                             \
     begin((f));                                                                                                    \
     kvq_status st_ = (call);                                                                                       \
-    end((f), st_, (want), (mention), #call);                                                                       \
+    end((f), st_, (want), (mention), (what));                                                                      \
   } while (0)
 
 /* The same without a context to hold a message (a NULL cache). */
-#define REJECTS_SILENTLY(f, call, want)                                                                            \
+#define REJECTS_SILENTLY_AS(f, what, call, want)                                                                   \
   do {                                                                                                             \
     remember((f));                                                                                                 \
     kvq_status st_ = (call);                                                                                       \
-    expect_failure(NULL, st_, (want), NULL, #call);                                                                \
-    check_unchanged((f), #call);                                                                                   \
+    expect_failure(NULL, st_, (want), NULL, (what));                                                               \
+    check_unchanged((f), (what));                                                                                  \
+  } while (0)
+
+#define REJECTS(f, call, want, mention) REJECTS_AS(f, #call, call, want, mention)
+#define REJECTS_SILENTLY(f, call, want) REJECTS_SILENTLY_AS(f, #call, call, want)
+
+/* "variant: call", for a call through a function pointer of one variant of a check (its text alone,
+ * "s->size(NULL, &bytes)", would not say which function failed). One at a time: the text is static. */
+static const char *via(const char *variant, const char *call) {
+  static char text[256];
+  snprintf(text, sizeof text, "%s: %s", variant, call);
+  return text;
+}
+#define REJECTS_VIA(f, variant, call, want, mention) REJECTS_AS(f, via((variant), #call), call, want, mention)
+#define REJECTS_SILENTLY_VIA(f, variant, call, want) REJECTS_SILENTLY_AS(f, via((variant), #call), call, want)
+
+/* A getter's NULL arguments: without a cache there is no context for a message, and the out-parameter
+ * keeps its sentinel bytes; without an out-parameter the message names it (`mention`). */
+#define REJECTS_NULL_GETTER_ARGUMENTS(f, variant, getter, out_type, mention)                                     \
+  do {                                                                                                             \
+    out_type out_;                                                                                                 \
+    memset(&out_, SENTINEL, sizeof out_);                                                                          \
+    REJECTS_SILENTLY_VIA((f), (variant), getter(NULL, &out_), KVQ_ERROR_INVALID_ARGUMENT);                         \
+    expect_untouched(&out_, sizeof out_, via((variant), #getter "(NULL, &out)"));                                  \
+    REJECTS_VIA((f), (variant), getter((f)->cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, (mention));                  \
   } while (0)
 
 /* ---- Sentinel-filled outputs ------------------------------------------------------------------ */
@@ -683,6 +731,15 @@ static void cfg_init(cfg *c, uint32_t layers) {
   c->config = th_config(c->layers, layers, KVQ_DTYPE_F16, P, R, MAX_PAGES, MAX_SEQS, 1);
 }
 
+/* kvq_cache_create fails with a message and sets *out to NULL. */
+static void expect_create_fails(kvq_context *ctx, const kvq_cache_config *c, kvq_status want, const char *mention,
+                                const char *what) {
+  prime(ctx);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  expect_failure(ctx, kvq_cache_create(ctx, c, &cache), want, mention, what);
+  cr_assert_null(cache, "%s: kvq_cache_create must set *out to NULL on failure", what);
+}
+
 /* Every function that validates a configuration must reject it the same way and write nothing. */
 static void expect_bad_config(kvq_context *ctx, const kvq_cache_config *c, kvq_status want, const char *mention,
                               const char *what) {
@@ -705,11 +762,7 @@ static void expect_bad_config(kvq_context *ctx, const kvq_cache_config *c, kvq_s
   cr_assert_eq(st, want, "%s: kvq_cache_config_bytes returned %s", what, kvq_status_string(st));
   expect_untouched(&bytes, sizeof bytes, "kvq_cache_config_bytes");
 
-  prime(ctx);
-  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
-  st = kvq_cache_create(ctx, c, &cache);
-  expect_failure(ctx, st, want, mention, what);
-  cr_assert_null(cache, "%s: kvq_cache_create must set *out to NULL on failure", what);
+  expect_create_fails(ctx, c, want, mention, what);
 }
 
 /* Also checks kvq_layer_bits_per_number on the layer. */
@@ -762,10 +815,7 @@ Test(config, null_config) {
   expect_untouched(&bytes, sizeof bytes, "kvq_cache_config_bytes(NULL)");
   cr_assert_eq(kvq_cache_config_bytes(NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
   kvq_context *ctx = th_cpu_context();
-  prime(ctx);
-  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
-  expect_failure(ctx, kvq_cache_create(ctx, NULL, &cache), KVQ_ERROR_INVALID_ARGUMENT, "config", "create(NULL config)");
-  cr_assert_null(cache);
+  expect_create_fails(ctx, NULL, KVQ_ERROR_INVALID_ARGUMENT, "config", "create(NULL config)");
   kvq_context_destroy(ctx);
 }
 
@@ -793,19 +843,39 @@ Test(config, config_bytes_null_out) {
   cr_assert_eq(kvq_cache_config_bytes(&c.config, NULL), KVQ_ERROR_INVALID_ARGUMENT);
 }
 
-Test(config, layer_count) {
+typedef void (*config_edit)(kvq_cache_config *config, uint32_t value);
+
+/* Applies an edit to a valid one-layer config, value by value. */
+static void check_config_values(config_edit edit, const uint32_t *values, size_t count, kvq_status want,
+                                const char *mention) {
   kvq_context *ctx = th_cpu_context();
-  const uint32_t values[] = {0, UINT32_MAX};
-  for (size_t i = 0; i < 2; i++) {
+  for (size_t i = 0; i < count; i++) {
     cfg c;
     cfg_init(&c, 1);
-    c.config.layer_count = values[i];
+    edit(&c.config, values[i]);
     char what[64];
-    snprintf(what, sizeof what, "layer_count = %u", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "layer_count", what);
+    snprintf(what, sizeof what, "%s = %u", mention, values[i]);
+    expect_bad_config(ctx, &c.config, want, mention, what);
   }
   kvq_context_destroy(ctx);
 }
+#define CHECK_CONFIG(edit, want, mention, ...)                                                                   \
+  do {                                                                                                           \
+    const uint32_t v_[] = {__VA_ARGS__};                                                                         \
+    check_config_values((edit), v_, sizeof v_ / sizeof v_[0], (want), (mention));                                \
+  } while (0)
+
+static void set_layer_count(kvq_cache_config *c, uint32_t v) { c->layer_count = v; }
+static void set_input_dtype(kvq_cache_config *c, uint32_t v) { c->input_dtype = (kvq_dtype)(int32_t)v; }
+static void set_page_size(kvq_cache_config *c, uint32_t v) {
+  c->page_size = v;
+  c->residual_window = 0; /* a multiple of any page size */
+}
+static void set_residual_window(kvq_cache_config *c, uint32_t v) { c->residual_window = v; }
+static void set_max_pages(kvq_cache_config *c, uint32_t v) { c->max_pages = v; }
+static void set_max_sequences(kvq_cache_config *c, uint32_t v) { c->max_sequences = v; }
+
+Test(config, layer_count) { CHECK_CONFIG(set_layer_count, KVQ_ERROR_OUT_OF_RANGE, "layer_count", 0, UINT32_MAX); }
 
 Test(config, null_layers) {
   kvq_context *ctx = th_cpu_context();
@@ -816,80 +886,34 @@ Test(config, null_layers) {
   kvq_context_destroy(ctx);
 }
 
+/* UINT32_MAX: -1, as set_input_dtype reads the value back as a signed number. */
 Test(config, input_dtype) {
-  kvq_context *ctx = th_cpu_context();
-  const int values[] = {3, 99, 0x7fffffff, -1};
-  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
-    cfg c;
-    cfg_init(&c, 1);
-    c.config.input_dtype = (kvq_dtype)values[i];
-    char what[64];
-    snprintf(what, sizeof what, "input_dtype = %d", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_INVALID_ARGUMENT, "input_dtype", what);
-  }
-  kvq_context_destroy(ctx);
+  CHECK_CONFIG(set_input_dtype, KVQ_ERROR_INVALID_ARGUMENT, "input_dtype", 3, 99, 0x7fffffff, UINT32_MAX);
 }
 
 Test(config, page_size) {
-  kvq_context *ctx = th_cpu_context();
-  const uint32_t values[] = {0, 1, 8, 15, 17, 24, 100, 255, 512, 1u << 31, UINT32_MAX};
-  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
-    cfg c;
-    cfg_init(&c, 1);
-    c.config.page_size = values[i];
-    c.config.residual_window = 0; /* a multiple of any page size */
-    char what[64];
-    snprintf(what, sizeof what, "page_size = %u", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "page_size", what);
+  static const uint32_t values[] = {0, 1, 8, 15, 17, 24, 100, 255, 512, 1u << 31, UINT32_MAX};
+  const size_t count = sizeof values / sizeof values[0];
+  check_config_values(set_page_size, values, count, KVQ_ERROR_OUT_OF_RANGE, "page_size");
+  /* a layer's bits per number depend on the page size too */
+  const kvq_layer_config L = th_layer(HQ, HKV, D, method(KVQ_METHOD_QJL), method(KVQ_METHOD_UNIFORM));
+  for (size_t i = 0; i < count; i++) {
     double bits[2];
     memset(bits, SENTINEL, sizeof bits);
-    cr_assert_eq(kvq_layer_bits_per_number(&c.layers[0], values[i], &bits[0], &bits[1]), KVQ_ERROR_OUT_OF_RANGE, "%s",
-                 what);
+    cr_assert_eq(kvq_layer_bits_per_number(&L, values[i], &bits[0], &bits[1]), KVQ_ERROR_OUT_OF_RANGE,
+                 "kvq_layer_bits_per_number at page_size %u", values[i]);
     expect_untouched(bits, sizeof bits, "kvq_layer_bits_per_number with a bad page size");
   }
-  kvq_context_destroy(ctx);
 }
 
 Test(config, residual_window) {
-  kvq_context *ctx = th_cpu_context();
-  const uint32_t values[] = {1, 8, 17, 24, 0xfffffff0u, UINT32_MAX};
-  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
-    cfg c;
-    cfg_init(&c, 1);
-    c.config.residual_window = values[i];
-    char what[64];
-    snprintf(what, sizeof what, "residual_window = %u", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "residual_window", what);
-  }
-  kvq_context_destroy(ctx);
+  CHECK_CONFIG(set_residual_window, KVQ_ERROR_OUT_OF_RANGE, "residual_window", 1, 8, 17, 24, 0xfffffff0u, UINT32_MAX);
 }
 
-Test(config, max_pages) {
-  kvq_context *ctx = th_cpu_context();
-  const uint32_t values[] = {0, 1u << 31, UINT32_MAX};
-  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
-    cfg c;
-    cfg_init(&c, 1);
-    c.config.max_pages = values[i];
-    char what[64];
-    snprintf(what, sizeof what, "max_pages = %u", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "max_pages", what);
-  }
-  kvq_context_destroy(ctx);
-}
+Test(config, max_pages) { CHECK_CONFIG(set_max_pages, KVQ_ERROR_OUT_OF_RANGE, "max_pages", 0, 1u << 31, UINT32_MAX); }
 
 Test(config, max_sequences) {
-  kvq_context *ctx = th_cpu_context();
-  const uint32_t values[] = {0, 65536, UINT32_MAX};
-  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
-    cfg c;
-    cfg_init(&c, 1);
-    c.config.max_sequences = values[i];
-    char what[64];
-    snprintf(what, sizeof what, "max_sequences = %u", values[i]);
-    expect_bad_config(ctx, &c.config, KVQ_ERROR_OUT_OF_RANGE, "max_sequences", what);
-  }
-  kvq_context_destroy(ctx);
+  CHECK_CONFIG(set_max_sequences, KVQ_ERROR_OUT_OF_RANGE, "max_sequences", 0, 65536, UINT32_MAX);
 }
 
 static void set_head_dim(kvq_layer_config *L, uint32_t v) { L->head_dim = v; }
@@ -1267,10 +1291,7 @@ Test(cache_create, impossibly_large_cache) {
   cr_assert_eq(kvq_cache_config_bytes(&config, &bytes), KVQ_OK);
   cr_assert_geq(bytes, (uint64_t)1 << 51, "config_bytes %llu is below the page pool alone", (unsigned long long)bytes);
   kvq_context *ctx = th_cpu_context();
-  prime(ctx);
-  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
-  expect_failure(ctx, kvq_cache_create(ctx, &config, &cache), KVQ_ERROR_OUT_OF_RANGE, "bytes", "a 2 PiB cache");
-  cr_assert_null(cache);
+  expect_create_fails(ctx, &config, KVQ_ERROR_OUT_OF_RANGE, "bytes", "a 2 PiB cache");
   kvq_context_destroy(ctx);
 }
 
@@ -1303,10 +1324,7 @@ Test(cache_create, cache_beyond_2_64_bytes_is_refused_up_front) {
   kvq_cache_config config;
   kvq_layer_config *layers = huge_layers(&config);
   kvq_context *ctx = th_cpu_context();
-  prime(ctx);
-  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
-  expect_failure(ctx, kvq_cache_create(ctx, &config, &cache), KVQ_ERROR_OUT_OF_RANGE, "bytes", "a > 2^64-byte cache");
-  cr_assert_null(cache);
+  expect_create_fails(ctx, &config, KVQ_ERROR_OUT_OF_RANGE, "bytes", "a > 2^64-byte cache");
   kvq_context_destroy(ctx);
   free(layers);
 }
@@ -1399,201 +1417,186 @@ Test(sequence_info, bad_arguments) {
   destroy(&f);
 }
 
-/* ---- kvq_sequence_positions -------------------------------------------------------------------- */
+/* ---- kvq_sequence_positions and kvq_sequence_token_stats ---------------------------------------- */
 
-/* Sentinel-filled room for 200 positions and a sentinel count. */
-typedef struct positions_out {
-  uint32_t positions[200];
+/* Both list something per kept token into the caller's array and count it: the positions of one layer
+ * of a sequence, or the statistics of a sequence (kept per sequence, not per layer). A lister calls
+ * either the same way, so that one check serves both. */
+typedef kvq_status (*list_fn)(kvq_cache *cache, uint32_t seq, uint32_t layer, void *items, size_t capacity,
+                              size_t *count);
+
+typedef struct lister {
+  const char *name;
+  kvq_policy_kind policy; /* of a fixture whose sequences have something to list */
+  list_fn list;
+  size_t item_size, capacity; /* the capacity passed where it suffices */
+} lister;
+
+static kvq_status list_positions(kvq_cache *cache, uint32_t seq, uint32_t layer, void *items, size_t capacity,
+                                 size_t *count) {
+  return kvq_sequence_positions(cache, seq, layer, items, capacity, count);
+}
+
+static kvq_status list_token_stats(kvq_cache *cache, uint32_t seq, uint32_t layer, void *items, size_t capacity,
+                                   size_t *count) {
+  (void)layer;
+  return kvq_sequence_token_stats(cache, seq, items, capacity, count);
+}
+
+/* Only H2O and Q-Hitter keep statistics. */
+static const lister positions_lister = {"kvq_sequence_positions", KVQ_POLICY_KEEP_ALL, list_positions,
+                                        sizeof(uint32_t), 200};
+static const lister stats_lister = {"kvq_sequence_token_stats", KVQ_POLICY_H2O, list_token_stats,
+                                    sizeof(kvq_token_stats), 100};
+
+/* Sentinel-filled room for 200 positions or 100 statistics, and a sentinel count. */
+typedef struct list_out {
+  union {
+    uint32_t positions[200];
+    kvq_token_stats stats[100];
+  } items;
   size_t count;
-} positions_out;
+} list_out;
 
-static void positions_reset(positions_out *o) { memset(o, SENTINEL, sizeof *o); }
+static void list_reset(list_out *o) { memset(o, SENTINEL, sizeof *o); }
 
-Test(sequence_positions, null_cache) {
+static void list_null_cache(const lister *l) {
   fixture f;
-  build(&f);
-  positions_out o;
-  positions_reset(&o);
-  REJECTS_SILENTLY(&f, kvq_sequence_positions(NULL, f.seq[A], 0, o.positions, 200, &o.count),
-                   KVQ_ERROR_INVALID_ARGUMENT);
-  REJECTS_SILENTLY(&f, kvq_sequence_positions(NULL, f.seq[A], 0, NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
-  expect_untouched(&o, sizeof o, "kvq_sequence_positions(NULL cache)");
+  build_kind(&f, l->policy);
+  list_out o;
+  list_reset(&o);
+  REJECTS_SILENTLY_VIA(&f, l->name, l->list(NULL, f.seq[A], 0, &o.items, l->capacity, &o.count),
+                       KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS_SILENTLY_VIA(&f, l->name, l->list(NULL, f.seq[A], 0, NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
+  expect_untouched(&o, sizeof o, via(l->name, "NULL cache"));
   destroy(&f);
 }
 
-Test(sequence_positions, unknown_and_stale_sequences) {
+/* Ids never issued or stale, then sequence `freed` once it is freed. */
+static void list_unknown_sequences(const lister *l, int freed) {
   fixture f;
-  build(&f);
-  positions_out o;
-  positions_reset(&o);
+  build_kind(&f, l->policy);
+  list_out o;
+  list_reset(&o);
   const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
   for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
     if (!issued(&f, ids[i]))
-      REJECTS(&f, kvq_sequence_positions(f.cache, ids[i], 0, o.positions, 200, &o.count), KVQ_ERROR_NOT_FOUND,
-              "sequence");
-  free_seq(&f, C);
-  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[C], 0, NULL, 0, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
-  expect_untouched(&o, sizeof o, "kvq_sequence_positions of an unknown sequence");
+      REJECTS_VIA(&f, l->name, l->list(f.cache, ids[i], 0, &o.items, l->capacity, &o.count), KVQ_ERROR_NOT_FOUND,
+                  "sequence");
+  free_seq(&f, freed);
+  REJECTS_VIA(&f, l->name, l->list(f.cache, f.seq[freed], 0, NULL, 0, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
+  expect_untouched(&o, sizeof o, via(l->name, "an unknown sequence"));
   destroy(&f);
 }
+
+/* Without a count: with room for a, and with none for another sequence or layer. */
+static void list_null_count(const lister *l, int seq, uint32_t layer) {
+  fixture f;
+  build_kind(&f, l->policy);
+  list_out o;
+  list_reset(&o);
+  REJECTS_VIA(&f, l->name, l->list(f.cache, f.seq[A], 0, &o.items, l->capacity, NULL), KVQ_ERROR_INVALID_ARGUMENT,
+              "count");
+  REJECTS_VIA(&f, l->name, l->list(f.cache, f.seq[seq], layer, NULL, 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
+  expect_untouched(&o, sizeof o, via(l->name, "no count"));
+  destroy(&f);
+}
+
+/* Room for fewer items than the kept tokens: nothing written, neither the items nor the count. */
+static void list_too_small(fixture *f, const lister *l, uint32_t seq, uint32_t layer, size_t kept) {
+  const size_t capacities[] = {0, 1, kept / 2, kept - 1};
+  char needed[32];
+  snprintf(needed, sizeof needed, "%zu", kept);
+  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+    list_out o;
+    list_reset(&o);
+    char what[96];
+    snprintf(what, sizeof what, "%s: %zu kept tokens, capacity %zu", l->name, kept, capacities[i]);
+    begin(f);
+    kvq_status st = l->list(f->cache, seq, layer, &o.items, capacities[i], &o.count);
+    end(f, st, KVQ_ERROR_CAPACITY, needed, what);
+    expect_untouched(&o, sizeof o, what);
+  }
+  /* the edge: room for exactly the kept tokens */
+  list_out o;
+  list_reset(&o);
+  KVQ_CHECK(f->ctx, l->list(f->cache, seq, layer, &o.items, kept, &o.count));
+  cr_assert_eq(o.count, kept);
+  expect_untouched((uint8_t *)&o.items + kept * l->item_size, sizeof o.items - kept * l->item_size,
+                   via(l->name, "past count"));
+}
+
+Test(sequence_positions, null_cache) { list_null_cache(&positions_lister); }
+
+Test(sequence_positions, unknown_and_stale_sequences) { list_unknown_sequences(&positions_lister, C); }
 
 Test(sequence_positions, layer_out_of_range) {
   fixture f;
   build(&f);
-  positions_out o;
-  positions_reset(&o);
+  list_out o;
+  list_reset(&o);
   const uint32_t layers[] = {2, 1000, UINT32_MAX};
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
-    REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], layers[i], o.positions, 200, &o.count),
+    REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], layers[i], o.items.positions, 200, &o.count),
             KVQ_ERROR_OUT_OF_RANGE, "layer");
   expect_untouched(&o, sizeof o, "kvq_sequence_positions of a missing layer");
   destroy(&f);
 }
 
-Test(sequence_positions, null_count) {
-  fixture f;
-  build(&f);
-  positions_out o;
-  positions_reset(&o);
-  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], 0, o.positions, 200, NULL), KVQ_ERROR_INVALID_ARGUMENT,
-          "count");
-  REJECTS(&f, kvq_sequence_positions(f.cache, f.seq[A], 1, NULL, 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
-  expect_untouched(&o, sizeof o, "kvq_sequence_positions without a count");
-  destroy(&f);
-}
+Test(sequence_positions, null_count) { list_null_count(&positions_lister, A, 1); }
 
-/* One position too few: nothing written, neither the positions nor the count. */
-static void positions_too_small(fixture *f, uint32_t seq, uint32_t layer, size_t kept) {
-  const size_t capacities[] = {0, 1, kept / 2, kept - 1};
-  char needed[32];
-  snprintf(needed, sizeof needed, "%zu", kept);
-  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
-    positions_out o;
-    positions_reset(&o);
-    char what[96];
-    snprintf(what, sizeof what, "kvq_sequence_positions: %zu kept tokens, capacity %zu", kept, capacities[i]);
-    begin(f);
-    kvq_status st = kvq_sequence_positions(f->cache, seq, layer, o.positions, capacities[i], &o.count);
-    end(f, st, KVQ_ERROR_CAPACITY, needed, what);
-    expect_untouched(&o, sizeof o, what);
-  }
-  /* the edge: room for exactly the kept tokens */
-  positions_out o;
-  positions_reset(&o);
-  KVQ_CHECK(f->ctx, kvq_sequence_positions(f->cache, seq, layer, o.positions, kept, &o.count));
-  cr_assert_eq(o.count, kept);
-  expect_untouched(o.positions + kept, sizeof o.positions - kept * sizeof(uint32_t),
-                   "kvq_sequence_positions past count");
+/* How many tokens sequence `seq` keeps in `layer`. */
+typedef struct kept {
+  int seq;
+  uint32_t layer;
+  size_t tokens;
+} kept;
+
+/* list_too_small() for each case, on a fixture under the given policy. */
+static void list_too_small_cases(const lister *l, kvq_policy_kind policy, const kept *cases, size_t count) {
+  fixture f;
+  build_kind(&f, policy);
+  for (size_t i = 0; i < count; i++) list_too_small(&f, l, f.seq[cases[i].seq], cases[i].layer, cases[i].tokens);
+  destroy(&f);
 }
 
 Test(sequence_positions, capacity_below_the_kept_tokens) {
-  fixture f;
-  build(&f);
-  positions_too_small(&f, f.seq[A], 0, 72);
-  positions_too_small(&f, f.seq[A], 1, 70);
-  positions_too_small(&f, f.seq[B], 0, 20);
-  destroy(&f);
+  static const kept keep_all[] = {{A, 0, 72}, {A, 1, 70}, {B, 0, 20}};
   /* with evictions the kept tokens count, not those appended */
-  build_policy(&f, KVQ_POLICY_STREAMING);
-  positions_too_small(&f, f.seq[C], 0, POLICY_C_TOKENS - STREAMING_EVICTED);
-  positions_too_small(&f, f.seq[C], 1, POLICY_C_TOKENS - STREAMING_EVICTED);
-  destroy(&f);
+  static const kept streaming[] = {{C, 0, POLICY_C_TOKENS - STREAMING_EVICTED}, {C, 1, POLICY_C_TOKENS - STREAMING_EVICTED}};
+  list_too_small_cases(&positions_lister, KVQ_POLICY_KEEP_ALL, keep_all, 3);
+  list_too_small_cases(&positions_lister, KVQ_POLICY_STREAMING, streaming, 2);
 }
 
-/* ---- kvq_sequence_token_stats ------------------------------------------------------------------ */
+Test(sequence_token_stats, null_cache) { list_null_cache(&stats_lister); }
 
-typedef struct stats_out {
-  kvq_token_stats stats[100];
-  size_t count;
-} stats_out;
+Test(sequence_token_stats, unknown_and_stale_sequences) { list_unknown_sequences(&stats_lister, B); }
 
-static void stats_reset(stats_out *o) { memset(o, SENTINEL, sizeof *o); }
-
-Test(sequence_token_stats, null_cache) {
-  fixture f;
-  build_policy(&f, KVQ_POLICY_H2O);
-  stats_out o;
-  stats_reset(&o);
-  REJECTS_SILENTLY(&f, kvq_sequence_token_stats(NULL, f.seq[A], o.stats, 100, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
-  REJECTS_SILENTLY(&f, kvq_sequence_token_stats(NULL, f.seq[A], NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT);
-  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats(NULL cache)");
-  destroy(&f);
-}
-
-Test(sequence_token_stats, unknown_and_stale_sequences) {
-  fixture f;
-  build_policy(&f, KVQ_POLICY_H2O);
-  stats_out o;
-  stats_reset(&o);
-  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
-  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-    if (!issued(&f, ids[i]))
-      REJECTS(&f, kvq_sequence_token_stats(f.cache, ids[i], o.stats, 100, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
-  free_seq(&f, B);
-  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[B], NULL, 0, &o.count), KVQ_ERROR_NOT_FOUND, "sequence");
-  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats of an unknown sequence");
-  destroy(&f);
-}
-
-Test(sequence_token_stats, null_count) {
-  fixture f;
-  build_policy(&f, KVQ_POLICY_H2O);
-  stats_out o;
-  stats_reset(&o);
-  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[A], o.stats, 100, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
-  REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[C], NULL, 0, NULL), KVQ_ERROR_INVALID_ARGUMENT, "count");
-  expect_untouched(&o, sizeof o, "kvq_sequence_token_stats without a count");
-  destroy(&f);
-}
+Test(sequence_token_stats, null_count) { list_null_count(&stats_lister, C, 0); }
 
 /* a: every position below 72 (the longer layer) has statistics; c: the 48 it keeps. */
 Test(sequence_token_stats, capacity_below_the_tracked_tokens) {
-  fixture f;
-  build_policy(&f, KVQ_POLICY_H2O);
-  const struct {
-    int seq;
-    size_t tracked;
-  } cases[] = {{A, 72}, {B, 20}, {C, POLICY_C_TOKENS - H2O_EVICTED}};
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const size_t n = cases[c].tracked, capacities[] = {0, 1, n - 1};
-    char needed[32];
-    snprintf(needed, sizeof needed, "%zu", n);
-    for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
-      stats_out o;
-      stats_reset(&o);
-      char what[96];
-      snprintf(what, sizeof what, "kvq_sequence_token_stats: %zu tokens, capacity %zu", n, capacities[i]);
-      begin(&f);
-      kvq_status st = kvq_sequence_token_stats(f.cache, f.seq[cases[c].seq], o.stats, capacities[i], &o.count);
-      end(&f, st, KVQ_ERROR_CAPACITY, needed, what);
-      expect_untouched(&o, sizeof o, what);
-    }
-    stats_out o;
-    stats_reset(&o);
-    KVQ_CHECK(f.ctx, kvq_sequence_token_stats(f.cache, f.seq[cases[c].seq], o.stats, n, &o.count));
-    cr_assert_eq(o.count, n);
-    expect_untouched(o.stats + n, sizeof o.stats - n * sizeof o.stats[0], "kvq_sequence_token_stats past count");
+  static const kept cases[] = {{A, 0, 72}, {B, 0, 20}, {C, 0, POLICY_C_TOKENS - H2O_EVICTED}};
+  list_too_small_cases(&stats_lister, KVQ_POLICY_H2O, cases, 3);
+}
+
+static void expect_no_statistics(fixture *f) {
+  for (int i = 0; i < 3; i++) {
+    list_out o;
+    list_reset(&o);
+    REJECTS(f, kvq_sequence_token_stats(f->cache, f->seq[i], o.items.stats, 100, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
+            "statistics");
+    REJECTS(f, kvq_sequence_token_stats(f->cache, f->seq[i], NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
+            "statistics");
+    char what[64];
+    snprintf(what, sizeof what, "token_stats under policy kind %d", (int)f->policy);
+    expect_untouched(&o, sizeof o, what);
   }
-  destroy(&f);
 }
 
 /* Only H2O and Q-Hitter keep statistics. */
 Test(sequence_token_stats, policy_keeps_no_statistics) {
-  for (int streaming = 0; streaming < 2; streaming++) {
-    fixture f;
-    if (streaming) build_policy(&f, KVQ_POLICY_STREAMING);
-    else build(&f);
-    for (int i = 0; i < 3; i++) {
-      stats_out o;
-      stats_reset(&o);
-      REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[i], o.stats, 100, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
-              "statistics");
-      REJECTS(&f, kvq_sequence_token_stats(f.cache, f.seq[i], NULL, 0, &o.count), KVQ_ERROR_INVALID_ARGUMENT,
-              "statistics");
-      expect_untouched(&o, sizeof o, streaming ? "token_stats under STREAMING" : "token_stats under KEEP_ALL");
-    }
-    destroy(&f);
-  }
+  FOR_EACH_POLICY(expect_no_statistics, KVQ_POLICY_KEEP_ALL, KVQ_POLICY_STREAMING);
 }
 
 /* ---- kvq_sequence_apply_policy ----------------------------------------------------------------- */
@@ -1605,85 +1608,83 @@ Test(sequence_apply_policy, null_cache) {
   destroy(&f);
 }
 
+static void apply_to_unknown_sequences(fixture *f) {
+  const uint32_t ids[] = {0, UINT32_MAX, f->stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(f, ids[i])) REJECTS(f, kvq_sequence_apply_policy(f->cache, ids[i]), KVQ_ERROR_NOT_FOUND, "sequence");
+  free_seq(f, C);
+  REJECTS(f, kvq_sequence_apply_policy(f->cache, f->seq[C]), KVQ_ERROR_NOT_FOUND, "sequence");
+}
+
 Test(sequence_apply_policy, unknown_and_stale_sequences) {
-  for (int policy = 0; policy < 2; policy++) {
-    fixture f;
-    if (policy) build_policy(&f, KVQ_POLICY_STREAMING);
-    else build(&f);
-    const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
-    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-      if (!issued(&f, ids[i])) REJECTS(&f, kvq_sequence_apply_policy(f.cache, ids[i]), KVQ_ERROR_NOT_FOUND, "sequence");
-    free_seq(&f, C);
-    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[C]), KVQ_ERROR_NOT_FOUND, "sequence");
-    destroy(&f);
-  }
+  FOR_EACH_POLICY(apply_to_unknown_sequences, KVQ_POLICY_KEEP_ALL, KVQ_POLICY_STREAMING);
+}
+
+static void apply_to_uneven_layers(fixture *f) {
+  REJECTS(f, kvq_sequence_apply_policy(f->cache, f->seq[A]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
+  REJECTS(f, kvq_sequence_apply_policy(f->cache, f->seq[B]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
 }
 
 /* a holds 72 tokens in layer 0 and 70 in layer 1, b 20 and none: the policy needs all layers in step
  * (KEEP_ALL too, as documented). */
 Test(sequence_apply_policy, layers_hold_different_token_counts) {
-  const kvq_policy_kind kinds[] = {KVQ_POLICY_KEEP_ALL, KVQ_POLICY_STREAMING, KVQ_POLICY_H2O};
-  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-    fixture f;
-    if (kinds[k] == KVQ_POLICY_KEEP_ALL) build(&f);
-    else build_policy(&f, kinds[k]);
-    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[A]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
-    REJECTS(&f, kvq_sequence_apply_policy(f.cache, f.seq[B]), KVQ_ERROR_INVALID_ARGUMENT, "layers");
-    destroy(&f);
-  }
+  FOR_EACH_POLICY(apply_to_uneven_layers, KVQ_POLICY_KEEP_ALL, KVQ_POLICY_STREAMING, KVQ_POLICY_H2O);
 }
 
 /* ================================================================================================
  * kvq_append
  * ============================================================================================== */
 
-Test(append, null_arguments) {
-  fixture f;
-  build(&f);
-  kv x = kv_random(f.input, 24, 11);
-  REJECTS_SILENTLY(&f, kvq_append(NULL, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT);
-  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "keys");
-  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
-  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
-  kv_free(&x);
-  destroy(&f);
+/* ---- Calls that take keys and values [n][HKV][D]: kvq_append and kvq_codebooks_learn ---------- */
+
+/* What the checks of such a call need: its fixture, good keys and values for it, and the call itself. */
+typedef struct kv_taker {
+  const char *name;
+  void (*build)(fixture *f);
+  kv (*input)(const fixture *f, uint32_t seed);
+  kvq_status (*take)(fixture *f, const kv *x);
+} kv_taker;
+
+/* kvq_append: 24 tokens (a page and more) to sequence a, layer 0, of the default fixture. */
+static kv append_input(const fixture *f, uint32_t seed) { return kv_random(f->input, 24, seed); }
+static kvq_status append_take(fixture *f, const kv *x) { return kvq_append(f->cache, f->seq[A], 0, &x->k, &x->v); }
+
+/* kvq_codebooks_learn: 48 fp32 calibration tokens for layer 0 of a codebook fixture (learned before:
+ * learning again is allowed while the layer holds no tokens). */
+static kv calibration(kvq_dtype dtype, uint32_t seed) { return kv_random(dtype, CALIBRATION, seed); }
+static void build_learned(fixture *f) { build_codebooks(f, 1); }
+static kv learn_input(const fixture *f, uint32_t seed) {
+  (void)f;
+  return calibration(KVQ_DTYPE_F32, seed);
+}
+static kvq_status learn_take(fixture *f, const kv *x) { return kvq_codebooks_learn(f->cache, 0, &x->k, &x->v, NULL); }
+
+static const kv_taker appender = {"kvq_append", build, append_input, append_take};
+static const kv_taker learner = {"kvq_codebooks_learn", build_learned, learn_input, learn_take};
+
+/* Builds the taker's fixture and returns good input for it; kv_close() frees both. */
+static kv kv_open(const kv_taker *t, fixture *f, uint32_t seed) {
+  t->build(f);
+  return t->input(f, seed);
 }
 
-Test(append, unknown_stale_and_freed_sequences) {
-  fixture f;
-  build(&f);
-  kv x = kv_random(f.input, 24, 11);
-  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
-  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
-    if (!issued(&f, ids[i])) REJECTS(&f, kvq_append(f.cache, ids[i], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
-  free_seq(&f, C);
-  REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
-  kv_free(&x);
-  destroy(&f);
+static void kv_close(fixture *f, kv *x) {
+  kv_free(x);
+  destroy(f);
 }
 
-Test(append, layer_out_of_range) {
+/* Every tensor edit of one side (0: keys, 1: values) that an input with free rows can have. */
+static void kv_tensor_edits(const kv_taker *t, int side, uint32_t seed) {
   fixture f;
-  build(&f);
-  kv x = kv_random(f.input, 24, 11);
-  const uint32_t layers[] = {2, 1000, UINT32_MAX};
-  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
-    REJECTS(&f, kvq_append(f.cache, f.seq[A], layers[i], &x.k, &x.v), KVQ_ERROR_OUT_OF_RANGE, "layer");
-  kv_free(&x);
-  destroy(&f);
-}
-
-static void append_tensor_edits(int side) {
-  fixture f;
-  build(&f);
+  t->build(&f);
   for (size_t i = 0; i < EDIT_COUNT; i++) {
     if (!edit_applies(&edits[i], FREE_ROWS)) continue;
-    kv x = kv_random(f.input, 24, 12);
+    kv x = t->input(&f, seed);
     edits[i].apply(side ? &x.v : &x.k);
     char what[128];
-    snprintf(what, sizeof what, "kvq_append with %s: %s", side ? "values" : "keys", edits[i].name);
+    snprintf(what, sizeof what, "%s with %s: %s", t->name, side ? "values" : "keys", edits[i].name);
     begin(&f);
-    kvq_status st = kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v);
+    kvq_status st = t->take(&f, &x);
     end(&f, st, edits[i].want, edits[i].mention, what);
     expect_mention(f.ctx, side ? "values" : "keys", what);
     kv_free(&x);
@@ -1691,21 +1692,64 @@ static void append_tensor_edits(int side) {
   destroy(&f);
 }
 
-Test(append, bad_key_tensors) { append_tensor_edits(0); }
-Test(append, bad_value_tensors) { append_tensor_edits(1); }
-
-Test(append, key_and_value_token_counts_differ) {
+/* One value token fewer than keys; one key token only. */
+static void kv_token_counts_differ(const kv_taker *t, uint32_t seed, const char *mention) {
   fixture f;
-  build(&f);
-  kv x = kv_random(f.input, 24, 13);
-  x.v.shape[0] = 23;
-  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "tokens");
-  x.v.shape[0] = 24;
+  kv x = kv_open(t, &f, seed);
+  const int64_t n = x.k.shape[0];
+  x.v.shape[0] = n - 1;
+  REJECTS_VIA(&f, t->name, t->take(&f, &x), KVQ_ERROR_INVALID_ARGUMENT, mention);
+  x.v.shape[0] = n;
   x.k.shape[0] = 1;
-  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "tokens");
-  kv_free(&x);
-  destroy(&f);
+  REJECTS_VIA(&f, t->name, t->take(&f, &x), KVQ_ERROR_INVALID_ARGUMENT, mention);
+  kv_close(&f, &x);
 }
+
+/* n good tokens in `dtype` but for one bad number: the first or last element of the keys (side 0) or
+ * the values (side 1). */
+static kv kv_with_one_bad(kvq_dtype dtype, uint32_t n, uint32_t key_seed, uint32_t value_seed, int side, int last,
+                          float bad) {
+  float *kf = random_tokens(n, HKV, key_seed), *vf = random_tokens(n, HKV, value_seed);
+  (side ? vf : kf)[last ? (size_t)n * HKV * D - 1 : 0] = bad;
+  return kv_from(kf, vf, dtype, n);
+}
+
+static const float nonfinite[3] = {NAN, INFINITY, -INFINITY};
+
+Test(append, null_arguments) {
+  fixture f;
+  kv x = kv_open(&appender, &f, 11);
+  REJECTS_SILENTLY(&f, kvq_append(NULL, f.seq[A], 0, &x.k, &x.v), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, &x.v), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, &x.k, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
+  REJECTS(&f, kvq_append(f.cache, f.seq[A], 0, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
+  kv_close(&f, &x);
+}
+
+Test(append, unknown_stale_and_freed_sequences) {
+  fixture f;
+  kv x = kv_open(&appender, &f, 11);
+  const uint32_t ids[] = {0, UINT32_MAX, f.stale, (1u << 16) | MAX_SEQS};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (!issued(&f, ids[i])) REJECTS(&f, kvq_append(f.cache, ids[i], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
+  free_seq(&f, C);
+  REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_NOT_FOUND, "sequence");
+  kv_close(&f, &x);
+}
+
+Test(append, layer_out_of_range) {
+  fixture f;
+  kv x = kv_open(&appender, &f, 11);
+  const uint32_t layers[] = {2, 1000, UINT32_MAX};
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
+    REJECTS(&f, kvq_append(f.cache, f.seq[A], layers[i], &x.k, &x.v), KVQ_ERROR_OUT_OF_RANGE, "layer");
+  kv_close(&f, &x);
+}
+
+Test(append, bad_key_tensors) { kv_tensor_edits(&appender, 0, 12); }
+Test(append, bad_value_tensors) { kv_tensor_edits(&appender, 1, 12); }
+
+Test(append, key_and_value_token_counts_differ) { kv_token_counts_differ(&appender, 13, "tokens"); }
 
 Test(append, dtype_differs_from_the_input_dtype) {
   const kvq_dtype inputs[] = {KVQ_DTYPE_F16, KVQ_DTYPE_F32, KVQ_DTYPE_BF16};
@@ -1759,18 +1803,16 @@ Test(append, past_the_free_pages) {
 
 /* An append to layer 0 runs the policy first, since evictions may free the pages it needs; when the
  * pages are still too few, the policy's evictions must not happen either. */
+static void append_past_the_free_pages(fixture *f) { /* build_policy() leaves 1 page free */
+  append_ok(f, f->seq[C], 0, 8, 60); /* the policy runs on c's 64 tokens and evicts nothing new */
+  append_ok(f, f->seq[C], 1, 8, 61); /* 72 in both layers: positions 32..39 are new candidates */
+  kv x = kv_random(f->input, 40, 62); /* 112 tokens: 6 pages quantized, 3 of them new */
+  REJECTS(f, kvq_append(f->cache, f->seq[C], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
+  kv_free(&x);
+}
+
 Test(append, past_the_free_pages_under_a_policy) {
-  const kvq_policy_kind kinds[] = {KVQ_POLICY_STREAMING, KVQ_POLICY_H2O};
-  for (size_t k = 0; k < 2; k++) {
-    fixture f;
-    build_policy(&f, kinds[k]); /* 1 page free */
-    append_ok(&f, f.seq[C], 0, 8, 60); /* the policy runs on c's 64 tokens and evicts nothing new */
-    append_ok(&f, f.seq[C], 1, 8, 61); /* 72 in both layers: positions 32..39 are new candidates */
-    kv x = kv_random(f.input, 40, 62); /* 112 tokens: 6 pages quantized, 3 of them new */
-    REJECTS(&f, kvq_append(f.cache, f.seq[C], 0, &x.k, &x.v), KVQ_ERROR_CAPACITY, "pages");
-    kv_free(&x);
-    destroy(&f);
-  }
+  FOR_EACH_POLICY(append_past_the_free_pages, KVQ_POLICY_STREAMING, KVQ_POLICY_H2O);
 }
 
 /* One bad number in an otherwise good block of 24 tokens (which would quantize a page of a): first
@@ -1778,17 +1820,12 @@ Test(append, past_the_free_pages_under_a_policy) {
 static void nonfinite_case(kvq_dtype input, int side) {
   fixture f;
   build_with(&f, input);
-  const float bad[3] = {NAN, INFINITY, -INFINITY};
-  const char *names[3] = {"NaN", "+Inf", "-Inf"};
   for (uint32_t layer = 0; layer < 2; layer++)
     for (int b = 0; b < 3; b++)
       for (int last = 0; last < 2; last++) {
-        const uint32_t n = 24;
-        float *kf = random_tokens(n, HKV, 20 + b), *vf = random_tokens(n, HKV, 30 + b);
-        (side ? vf : kf)[last ? (size_t)n * HKV * D - 1 : 0] = bad[b];
-        kv x = kv_from(kf, vf, input, n);
+        kv x = kv_with_one_bad(input, 24, 20 + b, 30 + b, side, last, nonfinite[b]);
         char what[128];
-        snprintf(what, sizeof what, "%s in the %s element of the %s, layer %u, input dtype %d", names[b],
+        snprintf(what, sizeof what, "%g in the %s element of the %s, layer %u, input dtype %d", (double)nonfinite[b],
                  last ? "last" : "first", side ? "values" : "keys", layer, (int)input);
         begin(&f);
         kvq_status st = kvq_append(f.cache, f.seq[A], layer, &x.k, &x.v);
@@ -2111,18 +2148,17 @@ Test(attention, one_bad_request_in_a_batch) {
 Test(attention, nonfinite_queries) {
   fixture f;
   build(&f);
-  const float bad[3] = {NAN, INFINITY, -INFINITY};
   for (uint32_t layer = 0; layer < 2; layer++)
     for (int b = 0; b < 3; b++)
       for (int dtype = 0; dtype < 2; dtype++) {
         attn a;
         attn_make(&a, f.seq[A], KVQ_MASK_CAUSAL, 3, 73);
-        a.q[(size_t)3 * HQ * D - 1] = bad[b];
+        a.q[(size_t)3 * HQ * D - 1] = nonfinite[b];
         void *storage = NULL;
         if (dtype) a.req.queries = th_tensor_from_f32(a.q, KVQ_DTYPE_F16, 3, HQ, D, &storage);
         char what[96];
         snprintf(what, sizeof what, "kvq_attention, layer %u, %s queries with %g", layer, dtype ? "fp16" : "fp32",
-                 (double)bad[b]);
+                 (double)nonfinite[b]);
         attention_rejects(&f, layer, &a, KVQ_ERROR_NON_FINITE, "queries", what);
         free(storage);
         attn_free(&a);
@@ -2303,15 +2339,14 @@ Test(scores, score_tensor_for_the_appended_instead_of_the_kept_tokens) {
 Test(scores, nonfinite_queries) {
   fixture f;
   build(&f);
-  const float bad[3] = {NAN, INFINITY, -INFINITY};
   for (uint32_t layer = 0; layer < 2; layer++)
     for (int b = 0; b < 3; b++)
       for (int kind = 0; kind < 2; kind++) {
         scores_call c;
         scores_make(&c, 2, layer ? 70 : 72, 86);
-        c.q[7] = bad[b];
+        c.q[7] = nonfinite[b];
         char what[96];
-        snprintf(what, sizeof what, "kvq_scores, layer %u, kind %d, queries with %g", layer, kind, (double)bad[b]);
+        snprintf(what, sizeof what, "kvq_scores, layer %u, kind %d, queries with %g", layer, kind, (double)nonfinite[b]);
         scores_rejects(&f, f.seq[A], layer, &c, KVQ_MASK_NONE, (kvq_score_kind)kind, KVQ_ERROR_NON_FINITE, "queries",
                        what);
         scores_free(&c);
@@ -2484,64 +2519,7 @@ Test(dequantize, bad_value_outputs) { dequantize_tensor_edits(1); }
 Test(cache_memory, null_arguments) {
   fixture f;
   build(&f);
-  kvq_memory_report r;
-  memset(&r, SENTINEL, sizeof r);
-  REJECTS_SILENTLY(&f, kvq_cache_memory(NULL, &r), KVQ_ERROR_INVALID_ARGUMENT);
-  expect_untouched(&r, sizeof r, "kvq_cache_memory(NULL, &report)");
-  REJECTS(&f, kvq_cache_memory(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "report");
-  destroy(&f);
-}
-
-Test(save, save_size_null_arguments) {
-  fixture f;
-  build(&f);
-  uint64_t bytes;
-  memset(&bytes, SENTINEL, sizeof bytes);
-  REJECTS_SILENTLY(&f, kvq_cache_save_size(NULL, &bytes), KVQ_ERROR_INVALID_ARGUMENT);
-  expect_untouched(&bytes, sizeof bytes, "kvq_cache_save_size(NULL, &bytes)");
-  REJECTS(&f, kvq_cache_save_size(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "bytes");
-  destroy(&f);
-}
-
-Test(save, to_memory_null_arguments) {
-  fixture f;
-  build(&f);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
-  out_buf b = {malloc((size_t)size), (size_t)size};
-  memset(b.data, SENTINEL, b.bytes);
-  size_t written;
-  memset(&written, SENTINEL, sizeof written);
-  REJECTS_SILENTLY(&f, kvq_cache_save_to_memory(NULL, b.data, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT);
-  REJECTS(&f, kvq_cache_save_to_memory(f.cache, NULL, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
-  REJECTS(&f, kvq_cache_save_to_memory(f.cache, b.data, b.bytes, NULL), KVQ_ERROR_INVALID_ARGUMENT, "written");
-  expect_sentinel(&b, "kvq_cache_save_to_memory with a NULL argument");
-  expect_untouched(&written, sizeof written, "kvq_cache_save_to_memory with a NULL argument");
-  free(b.data);
-  destroy(&f);
-}
-
-Test(save, to_memory_buffer_too_small) {
-  fixture f;
-  build(&f);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
-  out_buf b = {malloc((size_t)size), (size_t)size};
-  char needed[32];
-  snprintf(needed, sizeof needed, "%llu", (unsigned long long)size);
-  const size_t capacities[] = {0, 1, 64, (size_t)size / 2, (size_t)size - 32, (size_t)size - 1};
-  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
-    memset(b.data, SENTINEL, b.bytes);
-    size_t written;
-    memset(&written, SENTINEL, sizeof written);
-    char what[64];
-    snprintf(what, sizeof what, "save_to_memory into %zu of %llu bytes", capacities[i], (unsigned long long)size);
-    begin(&f);
-    kvq_status st = kvq_cache_save_to_memory(f.cache, b.data, capacities[i], &written);
-    end(&f, st, KVQ_ERROR_BUFFER_TOO_SMALL, needed, what);
-    expect_sentinel(&b, what);
-  }
-  free(b.data);
+  REJECTS_NULL_GETTER_ARGUMENTS(&f, "kvq_cache_memory", kvq_cache_memory, kvq_memory_report, "report");
   destroy(&f);
 }
 
@@ -2572,33 +2550,211 @@ static void remove_temp_dir(void) {
 
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
-Test(save, to_a_file_bad_paths, .fini = remove_temp_dir) {
+static void write_file(const char *path, const void *data, size_t size) {
+  FILE *fp = fopen(path, "wb");
+  cr_assert_not_null(fp);
+  cr_assert_eq(fwrite(data, 1, size, fp), size);
+  cr_assert_eq(fclose(fp), 0);
+}
+
+/* ---- Saving: kvq_cache_save* and kvq_codebooks_save* -------------------------------------------- */
+
+/* A cache and its codebooks are saved the same three ways, by functions of the same types: a saver
+ * names one family, and the checks below run for both. */
+typedef struct saver {
+  const char *name;
+  void (*build)(fixture *f); /* a fixture with something to save */
+  const char *missing;       /* a path in a directory that does not exist */
+  kvq_status (*size)(kvq_cache *cache, uint64_t *bytes);
+  kvq_status (*to_memory)(kvq_cache *cache, void *buffer, size_t capacity, size_t *written);
+  kvq_status (*to_file)(kvq_cache *cache, const char *path);
+} saver;
+
+static const saver cache_saver = {"kvq_cache_save",         build,
+                                  "/nonexistent-kvq-dir/cache.kvq", kvq_cache_save_size,
+                                  kvq_cache_save_to_memory, kvq_cache_save};
+static const saver codebooks_saver = {"kvq_codebooks_save",         build_learned,
+                                      "/nonexistent-kvq-dir/codebooks.kvq", kvq_codebooks_save_size,
+                                      kvq_codebooks_save_to_memory, kvq_codebooks_save};
+
+/* What a saver writes for a cache, in memory (free() it), with room for 64 bytes more. */
+static uint8_t *saved_image(const saver *s, kvq_context *ctx, kvq_cache *cache, size_t *size) {
+  uint64_t bytes;
+  KVQ_CHECK(ctx, s->size(cache, &bytes));
+  uint8_t *data = malloc((size_t)bytes + 64);
+  cr_assert_not_null(data);
+  KVQ_CHECK(ctx, s->to_memory(cache, data, (size_t)bytes, size));
+  return data;
+}
+
+/* A sentinel-filled buffer of the size the saver asks for. */
+static out_buf save_buffer(const saver *s, fixture *f, uint64_t *size) {
+  KVQ_CHECK(f->ctx, s->size(f->cache, size));
+  out_buf b = {malloc((size_t)*size), (size_t)*size};
+  cr_assert_not_null(b.data);
+  memset(b.data, SENTINEL, b.bytes);
+  return b;
+}
+
+static void save_size_null_arguments(const saver *s) {
   fixture f;
-  build(&f);
-  REJECTS_SILENTLY(&f, kvq_cache_save(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
+  s->build(&f);
+  REJECTS_NULL_GETTER_ARGUMENTS(&f, s->name, s->size, uint64_t, "bytes");
+  destroy(&f);
+}
+
+static void save_to_memory_null_arguments(const saver *s) {
+  fixture f;
+  s->build(&f);
+  uint64_t size;
+  out_buf b = save_buffer(s, &f, &size);
+  size_t written;
+  memset(&written, SENTINEL, sizeof written);
+  REJECTS_SILENTLY_VIA(&f, s->name, s->to_memory(NULL, b.data, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT);
+  REJECTS_VIA(&f, s->name, s->to_memory(f.cache, NULL, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
+  REJECTS_VIA(&f, s->name, s->to_memory(f.cache, b.data, b.bytes, NULL), KVQ_ERROR_INVALID_ARGUMENT, "written");
+  expect_sentinel(&b, via(s->name, "to_memory with a NULL argument"));
+  expect_untouched(&written, sizeof written, via(s->name, "to_memory with a NULL argument"));
+  free(b.data);
+  destroy(&f);
+}
+
+/* Any capacity below the size: the message names the size, and neither the buffer nor *written is
+ * written. */
+static void save_to_memory_too_small(const saver *s) {
+  fixture f;
+  s->build(&f);
+  uint64_t size;
+  out_buf b = save_buffer(s, &f, &size);
+  char needed[32];
+  snprintf(needed, sizeof needed, "%llu", (unsigned long long)size);
+  const size_t capacities[] = {0, 1, 64, (size_t)size / 2, (size_t)size - 32, (size_t)size - 1};
+  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
+    memset(b.data, SENTINEL, b.bytes);
+    size_t written;
+    memset(&written, SENTINEL, sizeof written);
+    char what[80];
+    snprintf(what, sizeof what, "%s_to_memory into %zu of %llu bytes", s->name, capacities[i],
+             (unsigned long long)size);
+    begin(&f);
+    kvq_status st = s->to_memory(f.cache, b.data, capacities[i], &written);
+    end(&f, st, KVQ_ERROR_BUFFER_TOO_SMALL, needed, what);
+    expect_sentinel(&b, what);
+    expect_untouched(&written, sizeof written, what);
+  }
+  free(b.data);
+  destroy(&f);
+}
+
+/* Run with .fini = remove_temp_dir. */
+static void save_to_bad_paths(const saver *s) {
+  fixture f;
+  s->build(&f);
+  REJECTS_SILENTLY_VIA(&f, s->name, s->to_file(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
   cr_assert(!exists("/tmp/kvq-never-written.kvq"));
-  REJECTS(&f, kvq_cache_save(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
-  REJECTS(&f, kvq_cache_save(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
-  const char *missing = "/nonexistent-kvq-dir/cache.kvq";
-  REJECTS(&f, kvq_cache_save(f.cache, missing), KVQ_ERROR_IO, "/nonexistent-kvq-dir/cache.kvq");
+  REJECTS_VIA(&f, s->name, s->to_file(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS_VIA(&f, s->name, s->to_file(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
+  REJECTS_VIA(&f, s->name, s->to_file(f.cache, s->missing), KVQ_ERROR_IO, s->missing);
   /* a directory cannot be replaced by a file: the directory stays, no temporary file is left */
   char *dir = temp_dir();
   char tmp[128];
   snprintf(tmp, sizeof tmp, "%s.tmp-kvq", dir);
-  REJECTS(&f, kvq_cache_save(f.cache, dir), KVQ_ERROR_IO, dir);
+  REJECTS_VIA(&f, s->name, s->to_file(f.cache, dir), KVQ_ERROR_IO, dir);
   struct stat st;
   cr_assert(stat(dir, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
   cr_assert(!exists(tmp), "a temporary file %s was left behind", tmp);
   destroy(&f);
 }
 
-/* On failure *out is NULL, whatever was wrong. */
-static void expect_load_fails(fixture *f, const char *path, kvq_status want, const char *mention, const char *what) {
-  begin(f);
-  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
-  kvq_status st = kvq_cache_load(f->ctx, path, &out);
+Test(save, save_size_null_arguments) { save_size_null_arguments(&cache_saver); }
+Test(save, to_memory_null_arguments) { save_to_memory_null_arguments(&cache_saver); }
+Test(save, to_memory_buffer_too_small) { save_to_memory_too_small(&cache_saver); }
+Test(save, to_a_file_bad_paths, .fini = remove_temp_dir) { save_to_bad_paths(&cache_saver); }
+
+/* ---- Loading: kvq_cache_load* and kvq_codebooks_load* ------------------------------------------ */
+
+/* Both families read a file or a buffer: kvq_cache_load* into a new cache (*out, NULL on failure),
+ * kvq_codebooks_load* into the fixture's cache (and *out is set to NULL: there is no new cache). */
+typedef struct loader {
+  const char *name;
+  kvq_status (*from_file)(fixture *f, const char *path, kvq_cache **out);
+  kvq_status (*from_memory)(fixture *f, const void *buffer, size_t size, kvq_cache **out);
+  const char *format_mention; /* in messages about truncated or unreadable content; NULL: not checked */
+} loader;
+
+static kvq_status cache_from_file(fixture *f, const char *path, kvq_cache **out) {
+  return kvq_cache_load(f->ctx, path, out);
+}
+static kvq_status cache_from_memory(fixture *f, const void *buffer, size_t size, kvq_cache **out) {
+  return kvq_cache_load_from_memory(f->ctx, buffer, size, out);
+}
+static kvq_status codebooks_from_file(fixture *f, const char *path, kvq_cache **out) {
+  *out = NULL;
+  return kvq_codebooks_load(f->cache, path);
+}
+static kvq_status codebooks_from_memory(fixture *f, const void *buffer, size_t size, kvq_cache **out) {
+  *out = NULL;
+  return kvq_codebooks_load_from_memory(f->cache, buffer, size);
+}
+
+static const loader cache_loader = {"kvq_cache_load", cache_from_file, cache_from_memory, NULL};
+static const loader codebooks_loader = {"kvq_codebooks_load", codebooks_from_file, codebooks_from_memory,
+                                        "kvq_codebooks_load"};
+
+/* A load that failed: its status and message, an unchanged fixture cache, and no new cache. */
+static void expect_load_failed(fixture *f, kvq_status st, const kvq_cache *out, kvq_status want, const char *mention,
+                               const char *what) {
   end(f, st, want, mention, what);
   cr_assert_null(out, "%s: *out must be NULL on failure", what);
+}
+
+static void expect_file_rejected(fixture *f, const loader *l, const char *path, kvq_status want, const char *mention,
+                                 const char *what) {
+  begin(f);
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  kvq_status st = l->from_file(f, path, &out);
+  expect_load_failed(f, st, out, want, mention, what);
+}
+
+static void expect_buffer_rejected(fixture *f, const loader *l, const void *buffer, size_t size, kvq_status want,
+                                   const char *mention, const char *what) {
+  begin(f);
+  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
+  kvq_status st = l->from_memory(f, buffer, size, &out);
+  expect_load_failed(f, st, out, want, mention, what);
+}
+
+/* Files of no kind at all in `dir`: missing, a directory, empty, 1000 bytes of garbage. */
+static void reject_bad_files(fixture *f, const loader *l, const char *dir) {
+  char missing[128], empty[128], garbage[128];
+  snprintf(missing, sizeof missing, "%s/missing.kvq", dir);
+  snprintf(empty, sizeof empty, "%s/empty.kvq", dir);
+  snprintf(garbage, sizeof garbage, "%s/garbage.kvq", dir);
+  expect_file_rejected(f, l, missing, KVQ_ERROR_IO, missing, "a missing file");
+  expect_file_rejected(f, l, dir, KVQ_ERROR_IO, dir, "a directory");
+  write_file(empty, "", 0);
+  expect_file_rejected(f, l, empty, KVQ_ERROR_TRUNCATED, l->format_mention, "an empty file");
+  uint8_t junk[1000];
+  for (int i = 0; i < 1000; i++) junk[i] = (uint8_t)(i * 37);
+  write_file(garbage, junk, sizeof junk);
+  expect_file_rejected(f, l, garbage, KVQ_ERROR_BAD_FORMAT, l->format_mention, "a file of garbage");
+}
+
+/* The first sizes[i] bytes of a good buffer of `size`. */
+static void reject_truncated(fixture *f, const loader *l, const uint8_t *data, size_t size, const size_t *sizes,
+                             size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%zu of %zu bytes", sizes[i], size);
+    expect_buffer_rejected(f, l, data, sizes[i], KVQ_ERROR_TRUNCATED, l->format_mention, what);
+  }
+}
+
+/* 200 bytes that are no file of any kind. */
+static void reject_garbage_buffer(fixture *f, const loader *l, const char *mention) {
+  uint8_t junk[200];
+  for (int i = 0; i < 200; i++) junk[i] = (uint8_t)(i * 91 + 7);
+  expect_buffer_rejected(f, l, junk, sizeof junk, KVQ_ERROR_BAD_FORMAT, mention, "garbage");
 }
 
 Test(load, null_arguments_set_out_null, .fini = remove_temp_dir) {
@@ -2611,7 +2767,7 @@ Test(load, null_arguments_set_out_null, .fini = remove_temp_dir) {
   kvq_cache *out = (kvq_cache *)(uintptr_t)1;
   cr_assert_eq(kvq_cache_load(NULL, path, &out), KVQ_ERROR_INVALID_ARGUMENT);
   cr_assert_null(out, "kvq_cache_load(NULL context) must set *out to NULL");
-  expect_load_fails(&f, NULL, KVQ_ERROR_INVALID_ARGUMENT, "path", "kvq_cache_load(ctx, NULL path)");
+  expect_file_rejected(&f, &cache_loader, NULL, KVQ_ERROR_INVALID_ARGUMENT, "path", "kvq_cache_load(ctx, NULL path)");
   prime(f.ctx);
   expect_failure(f.ctx, kvq_cache_load(f.ctx, path, NULL), KVQ_ERROR_INVALID_ARGUMENT, "out", "kvq_cache_load(out NULL)");
   destroy(&f);
@@ -2620,48 +2776,22 @@ Test(load, null_arguments_set_out_null, .fini = remove_temp_dir) {
 Test(load, bad_files, .fini = remove_temp_dir) {
   fixture f;
   build(&f);
-  char *dir = temp_dir();
-  char missing[128], empty[128], garbage[128];
-  snprintf(missing, sizeof missing, "%s/missing.kvq", dir);
-  snprintf(empty, sizeof empty, "%s/empty.kvq", dir);
-  snprintf(garbage, sizeof garbage, "%s/garbage.kvq", dir);
-  expect_load_fails(&f, "", KVQ_ERROR_INVALID_ARGUMENT, "path", "an empty path (as kvq_cache_save)");
-  expect_load_fails(&f, missing, KVQ_ERROR_IO, missing, "a missing file");
-  expect_load_fails(&f, dir, KVQ_ERROR_IO, dir, "a directory");
-  FILE *fp = fopen(empty, "wb");
-  cr_assert_not_null(fp);
-  fclose(fp);
-  expect_load_fails(&f, empty, KVQ_ERROR_TRUNCATED, NULL, "an empty file");
-  fp = fopen(garbage, "wb");
-  cr_assert_not_null(fp);
-  for (int i = 0; i < 1000; i++) fputc(i * 37 & 0xff, fp);
-  fclose(fp);
-  expect_load_fails(&f, garbage, KVQ_ERROR_BAD_FORMAT, NULL, "a file of garbage");
+  expect_file_rejected(&f, &cache_loader, "", KVQ_ERROR_INVALID_ARGUMENT, "path", "an empty path (as kvq_cache_save)");
+  reject_bad_files(&f, &cache_loader, temp_dir());
   destroy(&f);
-}
-
-static void expect_load_memory_fails(fixture *f, const void *buffer, size_t size, kvq_status want, const char *mention,
-                                     const char *what) {
-  begin(f);
-  kvq_cache *out = (kvq_cache *)(uintptr_t)1;
-  kvq_status st = kvq_cache_load_from_memory(f->ctx, buffer, size, &out);
-  end(f, st, want, mention, what);
-  cr_assert_null(out, "%s: *out must be NULL on failure", what);
 }
 
 Test(load, from_memory_null_arguments_set_out_null) {
   fixture f;
   build(&f);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
-  uint8_t *data = malloc((size_t)size);
   size_t written;
-  KVQ_CHECK(f.ctx, kvq_cache_save_to_memory(f.cache, data, (size_t)size, &written));
+  uint8_t *data = saved_image(&cache_saver, f.ctx, f.cache, &written);
   kvq_cache *out = (kvq_cache *)(uintptr_t)1;
   cr_assert_eq(kvq_cache_load_from_memory(NULL, data, written, &out), KVQ_ERROR_INVALID_ARGUMENT);
   cr_assert_null(out, "kvq_cache_load_from_memory(NULL context) must set *out to NULL");
-  expect_load_memory_fails(&f, NULL, written, KVQ_ERROR_INVALID_ARGUMENT, "buffer", "load_from_memory(NULL buffer)");
-  expect_load_memory_fails(&f, NULL, 0, KVQ_ERROR_INVALID_ARGUMENT, "buffer", "load_from_memory(NULL, 0)");
+  expect_buffer_rejected(&f, &cache_loader, NULL, written, KVQ_ERROR_INVALID_ARGUMENT, "buffer",
+                         "load_from_memory(NULL buffer)");
+  expect_buffer_rejected(&f, &cache_loader, NULL, 0, KVQ_ERROR_INVALID_ARGUMENT, "buffer", "load_from_memory(NULL, 0)");
   prime(f.ctx);
   expect_failure(f.ctx, kvq_cache_load_from_memory(f.ctx, data, written, NULL), KVQ_ERROR_INVALID_ARGUMENT, "out",
                  "load_from_memory(out NULL)");
@@ -2672,17 +2802,11 @@ Test(load, from_memory_null_arguments_set_out_null) {
 Test(load, from_memory_bad_buffers) {
   fixture f;
   build(&f);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_cache_save_size(f.cache, &size));
-  uint8_t *data = malloc((size_t)size);
   size_t written;
-  KVQ_CHECK(f.ctx, kvq_cache_save_to_memory(f.cache, data, (size_t)size, &written));
-  expect_load_memory_fails(&f, data, 0, KVQ_ERROR_TRUNCATED, NULL, "0 bytes");
-  expect_load_memory_fails(&f, data, 5, KVQ_ERROR_TRUNCATED, NULL, "5 bytes of the magic");
-  expect_load_memory_fails(&f, data, written - 1, KVQ_ERROR_TRUNCATED, NULL, "one byte short");
-  uint8_t garbage[200];
-  for (int i = 0; i < 200; i++) garbage[i] = (uint8_t)(i * 91 + 7);
-  expect_load_memory_fails(&f, garbage, sizeof garbage, KVQ_ERROR_BAD_FORMAT, NULL, "garbage");
+  uint8_t *data = saved_image(&cache_saver, f.ctx, f.cache, &written);
+  const size_t sizes[] = {0, 5, written - 1}; /* nothing, part of the magic, all but the last byte */
+  reject_truncated(&f, &cache_loader, data, written, sizes, sizeof sizes / sizeof sizes[0]);
+  reject_garbage_buffer(&f, &cache_loader, NULL);
   free(data);
   destroy(&f);
 }
@@ -2714,8 +2838,6 @@ Test(append, before_the_codebooks_exist) {
 
 /* ---- kvq_codebooks_learn ----------------------------------------------------------------------- */
 
-static kv calibration(kvq_dtype dtype, uint32_t seed) { return kv_random(dtype, CALIBRATION, seed); }
-
 Test(codebooks_learn, null_cache) {
   fixture f;
   build_codebooks(&f, 0);
@@ -2727,20 +2849,17 @@ Test(codebooks_learn, null_cache) {
 
 Test(codebooks_learn, layer_out_of_range) {
   fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 81);
+  kv x = kv_open(&learner, &f, 81);
   const uint32_t layers[] = {2, 1000, UINT32_MAX};
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++)
     REJECTS(&f, kvq_codebooks_learn(f.cache, layers[i], &x.k, &x.v, NULL), KVQ_ERROR_OUT_OF_RANGE, "layer");
-  kv_free(&x);
-  destroy(&f);
+  kv_close(&f, &x);
 }
 
 /* Exact, QJL, uniform and KIVI learn nothing, nor does PolarQuant with offline codebooks. */
 Test(codebooks_learn, layer_that_learns_nothing) {
   fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 82);
+  kv x = kv_open(&learner, &f, 82);
   REJECTS(&f, kvq_codebooks_learn(f.cache, 1, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "codebooks");
   destroy(&f);
   build(&f);
@@ -2755,8 +2874,7 @@ Test(codebooks_learn, layer_that_learns_nothing) {
 
 Test(codebooks_learn, missing_calibration_data) {
   fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 83);
+  kv x = kv_open(&learner, &f, 83);
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, NULL, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "values");
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, NULL, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT, "keys");
@@ -2768,53 +2886,22 @@ Test(codebooks_learn, missing_calibration_data) {
   kv_free(&x);
 }
 
-static void learn_tensor_edits(int side) {
-  fixture f;
-  build_codebooks(&f, 1);
-  for (size_t i = 0; i < EDIT_COUNT; i++) {
-    if (!edit_applies(&edits[i], FREE_ROWS)) continue;
-    kv x = calibration(KVQ_DTYPE_F32, 84);
-    edits[i].apply(side ? &x.v : &x.k);
-    char what[128];
-    snprintf(what, sizeof what, "kvq_codebooks_learn with %s: %s", side ? "values" : "keys", edits[i].name);
-    begin(&f);
-    kvq_status st = kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL);
-    end(&f, st, edits[i].want, edits[i].mention, what);
-    expect_mention(f.ctx, side ? "values" : "keys", what);
-    kv_free(&x);
-  }
-  destroy(&f);
-}
+Test(codebooks_learn, bad_key_tensors) { kv_tensor_edits(&learner, 0, 84); }
+Test(codebooks_learn, bad_value_tensors) { kv_tensor_edits(&learner, 1, 84); }
 
-Test(codebooks_learn, bad_key_tensors) { learn_tensor_edits(0); }
-Test(codebooks_learn, bad_value_tensors) { learn_tensor_edits(1); }
-
-Test(codebooks_learn, key_and_value_token_counts_differ) {
-  fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 85);
-  x.v.shape[0] = CALIBRATION - 1;
-  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "token counts");
-  x.v.shape[0] = CALIBRATION;
-  x.k.shape[0] = 1;
-  REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_INVALID_ARGUMENT, "token counts");
-  kv_free(&x);
-  destroy(&f);
-}
+Test(codebooks_learn, key_and_value_token_counts_differ) { kv_token_counts_differ(&learner, 85, "token counts"); }
 
 /* 2^24 + 1 tokens over a small buffer (rows one element apart): refused before a byte is read. */
 Test(codebooks_learn, more_than_2_24_calibration_tokens) {
   fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 86);
+  kv x = kv_open(&learner, &f, 86);
   for (int side = 0; side < 2; side++) {
     kvq_tensor *t = side ? &x.v : &x.k;
     t->shape[0] = ((int64_t)1 << 24) + 1;
     t->strides[0] = 1;
   }
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL), KVQ_ERROR_OUT_OF_RANGE, "2^24");
-  kv_free(&x);
-  destroy(&f);
+  kv_close(&f, &x);
 }
 
 /* One bad number in otherwise good calibration data: first or last element, keys or values, NaN or an
@@ -2823,16 +2910,13 @@ Test(codebooks_learn, nonfinite_calibration_data) {
   fixture f;
   build_codebooks(&f, 1);
   const kvq_dtype dtypes[] = {KVQ_DTYPE_F32, KVQ_DTYPE_F16, KVQ_DTYPE_BF16};
-  const float bad[3] = {NAN, INFINITY, -INFINITY};
   for (int d = 0; d < 3; d++)
     for (int side = 0; side < 2; side++)
       for (int b = 0; b < 3; b++)
         for (int last = 0; last < 2; last++) {
-          float *kf = random_tokens(CALIBRATION, HKV, 87), *vf = random_tokens(CALIBRATION, HKV, 88);
-          (side ? vf : kf)[last ? (size_t)CALIBRATION * HKV * D - 1 : 0] = bad[b];
-          kv x = kv_from(kf, vf, dtypes[d], CALIBRATION);
+          kv x = kv_with_one_bad(dtypes[d], CALIBRATION, 87, 88, side, last, nonfinite[b]);
           char what[128];
-          snprintf(what, sizeof what, "%g in the %s element of the calibration %s, dtype %d", (double)bad[b],
+          snprintf(what, sizeof what, "%g in the %s element of the calibration %s, dtype %d", (double)nonfinite[b],
                    last ? "last" : "first", side ? "values" : "keys", (int)dtypes[d]);
           begin(&f);
           kvq_status st = kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, NULL);
@@ -2846,8 +2930,7 @@ Test(codebooks_learn, nonfinite_calibration_data) {
  * not all zero. */
 Test(codebooks_learn, bad_weights) {
   fixture f;
-  build_codebooks(&f, 1);
-  kv x = calibration(KVQ_DTYPE_F32, 89);
+  kv x = kv_open(&learner, &f, 89);
   float w[CALIBRATION];
   const struct {
     float value;
@@ -2868,8 +2951,7 @@ Test(codebooks_learn, bad_weights) {
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, w), KVQ_ERROR_OUT_OF_RANGE, "weights");
   w[7] = -0.0f;
   REJECTS(&f, kvq_codebooks_learn(f.cache, 0, &x.k, &x.v, w), KVQ_ERROR_OUT_OF_RANGE, "weights");
-  kv_free(&x);
-  destroy(&f);
+  kv_close(&f, &x);
 }
 
 /* Codes already stored would change meaning: refused while any sequence holds tokens in the layer. */
@@ -2891,90 +2973,16 @@ Test(codebooks_learn, while_the_layer_holds_tokens) {
 
 /* ---- kvq_codebooks_save_size, kvq_codebooks_save_to_memory, kvq_codebooks_save ----------------- */
 
-Test(codebooks_save, size_null_arguments) {
-  fixture f;
-  build_codebooks(&f, 1);
-  uint64_t bytes;
-  memset(&bytes, SENTINEL, sizeof bytes);
-  REJECTS_SILENTLY(&f, kvq_codebooks_save_size(NULL, &bytes), KVQ_ERROR_INVALID_ARGUMENT);
-  expect_untouched(&bytes, sizeof bytes, "kvq_codebooks_save_size(NULL, &bytes)");
-  REJECTS(&f, kvq_codebooks_save_size(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "bytes");
-  destroy(&f);
-}
-
-Test(codebooks_save, to_memory_null_arguments) {
-  fixture f;
-  build_codebooks(&f, 1);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_codebooks_save_size(f.cache, &size));
-  out_buf b = {malloc((size_t)size), (size_t)size};
-  memset(b.data, SENTINEL, b.bytes);
-  size_t written;
-  memset(&written, SENTINEL, sizeof written);
-  REJECTS_SILENTLY(&f, kvq_codebooks_save_to_memory(NULL, b.data, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT);
-  REJECTS(&f, kvq_codebooks_save_to_memory(f.cache, NULL, b.bytes, &written), KVQ_ERROR_INVALID_ARGUMENT, "buffer");
-  REJECTS(&f, kvq_codebooks_save_to_memory(f.cache, b.data, b.bytes, NULL), KVQ_ERROR_INVALID_ARGUMENT, "written");
-  expect_sentinel(&b, "kvq_codebooks_save_to_memory with a NULL argument");
-  expect_untouched(&written, sizeof written, "kvq_codebooks_save_to_memory with a NULL argument");
-  free(b.data);
-  destroy(&f);
-}
-
-Test(codebooks_save, to_memory_buffer_too_small) {
-  fixture f;
-  build_codebooks(&f, 1);
-  uint64_t size;
-  KVQ_CHECK(f.ctx, kvq_codebooks_save_size(f.cache, &size));
-  out_buf b = {malloc((size_t)size), (size_t)size};
-  char needed[32];
-  snprintf(needed, sizeof needed, "%llu", (unsigned long long)size);
-  const size_t capacities[] = {0, 1, 64, (size_t)size / 2, (size_t)size - 32, (size_t)size - 1};
-  for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
-    memset(b.data, SENTINEL, b.bytes);
-    size_t written;
-    memset(&written, SENTINEL, sizeof written);
-    char what[80];
-    snprintf(what, sizeof what, "codebooks_save_to_memory into %zu of %llu bytes", capacities[i],
-             (unsigned long long)size);
-    begin(&f);
-    kvq_status st = kvq_codebooks_save_to_memory(f.cache, b.data, capacities[i], &written);
-    end(&f, st, KVQ_ERROR_BUFFER_TOO_SMALL, needed, what);
-    expect_sentinel(&b, what);
-    expect_untouched(&written, sizeof written, what);
-  }
-  free(b.data);
-  destroy(&f);
-}
-
-Test(codebooks_save, to_a_file_bad_paths, .fini = remove_temp_dir) {
-  fixture f;
-  build_codebooks(&f, 1);
-  REJECTS_SILENTLY(&f, kvq_codebooks_save(NULL, "/tmp/kvq-never-written.kvq"), KVQ_ERROR_INVALID_ARGUMENT);
-  cr_assert(!exists("/tmp/kvq-never-written.kvq"));
-  REJECTS(&f, kvq_codebooks_save(f.cache, NULL), KVQ_ERROR_INVALID_ARGUMENT, "path");
-  REJECTS(&f, kvq_codebooks_save(f.cache, ""), KVQ_ERROR_INVALID_ARGUMENT, "path");
-  REJECTS(&f, kvq_codebooks_save(f.cache, "/nonexistent-kvq-dir/codebooks.kvq"), KVQ_ERROR_IO,
-          "/nonexistent-kvq-dir/codebooks.kvq");
-  char *dir = temp_dir();
-  char tmp[128];
-  snprintf(tmp, sizeof tmp, "%s.tmp-kvq", dir);
-  REJECTS(&f, kvq_codebooks_save(f.cache, dir), KVQ_ERROR_IO, dir);
-  struct stat st;
-  cr_assert(stat(dir, &st) == 0 && S_ISDIR(st.st_mode), "the directory was replaced");
-  cr_assert(!exists(tmp), "a temporary file %s was left behind", tmp);
-  destroy(&f);
-}
+Test(codebooks_save, size_null_arguments) { save_size_null_arguments(&codebooks_saver); }
+Test(codebooks_save, to_memory_null_arguments) { save_to_memory_null_arguments(&codebooks_saver); }
+Test(codebooks_save, to_memory_buffer_too_small) { save_to_memory_too_small(&codebooks_saver); }
+Test(codebooks_save, to_a_file_bad_paths, .fini = remove_temp_dir) { save_to_bad_paths(&codebooks_saver); }
 
 /* ---- kvq_codebooks_load, kvq_codebooks_load_from_memory ---------------------------------------- */
 
-/* The codebook file of a cache, in memory (free() it). */
+/* The codebook file of a cache, in memory (free() it), with room to append bytes. */
 static uint8_t *codebooks_image(kvq_context *ctx, kvq_cache *cache, size_t *size) {
-  uint64_t bytes;
-  KVQ_CHECK(ctx, kvq_codebooks_save_size(cache, &bytes));
-  uint8_t *data = malloc((size_t)bytes + 64); /* room to append bytes */
-  cr_assert_not_null(data);
-  KVQ_CHECK(ctx, kvq_codebooks_save_to_memory(cache, data, (size_t)bytes, size));
-  return data;
+  return saved_image(&codebooks_saver, ctx, cache, size);
 }
 
 /* The codebook file of a new cache with this config, learned from calibration data drawn with
@@ -2992,18 +3000,9 @@ static uint8_t *codebooks_of(kvq_context *ctx, const kvq_cache_config *config, u
   return data;
 }
 
-static void write_file(const char *path, const void *data, size_t size) {
-  FILE *fp = fopen(path, "wb");
-  cr_assert_not_null(fp);
-  cr_assert_eq(fwrite(data, 1, size, fp), size);
-  cr_assert_eq(fclose(fp), 0);
-}
-
 static void expect_codebooks_rejected(fixture *f, const void *data, size_t size, kvq_status want, const char *mention,
                                       const char *what) {
-  begin(f);
-  kvq_status st = kvq_codebooks_load_from_memory(f->cache, data, size);
-  end(f, st, want, mention, what);
+  expect_buffer_rejected(f, &codebooks_loader, data, size, want, mention, what);
 }
 
 Test(codebooks_load, null_arguments) {
@@ -3025,20 +3024,10 @@ Test(codebooks_load, bad_files, .fini = remove_temp_dir) {
   fixture f;
   build_codebooks(&f, 1);
   char *dir = temp_dir();
-  char missing[128], empty[128], garbage[128], truncated[128], cache[128];
-  snprintf(missing, sizeof missing, "%s/missing.kvq", dir);
-  snprintf(empty, sizeof empty, "%s/empty.kvq", dir);
-  snprintf(garbage, sizeof garbage, "%s/garbage.kvq", dir);
+  reject_bad_files(&f, &codebooks_loader, dir);
+  char truncated[128], cache[128];
   snprintf(truncated, sizeof truncated, "%s/truncated.kvq", dir);
   snprintf(cache, sizeof cache, "%s/cache.kvq", dir);
-  REJECTS(&f, kvq_codebooks_load(f.cache, missing), KVQ_ERROR_IO, missing);
-  REJECTS(&f, kvq_codebooks_load(f.cache, dir), KVQ_ERROR_IO, dir);
-  write_file(empty, "", 0);
-  REJECTS(&f, kvq_codebooks_load(f.cache, empty), KVQ_ERROR_TRUNCATED, "kvq_codebooks_load");
-  uint8_t junk[1000];
-  for (int i = 0; i < 1000; i++) junk[i] = (uint8_t)(i * 37);
-  write_file(garbage, junk, sizeof junk);
-  REJECTS(&f, kvq_codebooks_load(f.cache, garbage), KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load");
   size_t size;
   uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
   write_file(truncated, data, size - 1);
@@ -3055,11 +3044,7 @@ Test(codebooks_load, truncated_buffers) {
   size_t size;
   uint8_t *data = codebooks_image(f.ctx, f.cache, &size);
   const size_t sizes[] = {0, 5, 8, 63, 64, 100, size / 2, size - 32, size - 1};
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    char what[64];
-    snprintf(what, sizeof what, "%zu of %zu bytes", sizes[i], size);
-    expect_codebooks_rejected(&f, data, sizes[i], KVQ_ERROR_TRUNCATED, "kvq_codebooks_load", what);
-  }
+  reject_truncated(&f, &codebooks_loader, data, size, sizes, sizeof sizes / sizeof sizes[0]);
   free(data);
   destroy(&f);
 }
@@ -3084,9 +3069,7 @@ Test(codebooks_load, corrupted_buffers) {
   expect_codebooks_rejected(&f, data, size + 1, KVQ_ERROR_BAD_FORMAT, "trailing", "a byte after the checksum");
   memcpy(data, "KVQCACHE", 8);
   expect_codebooks_rejected(&f, data, size, KVQ_ERROR_BAD_FORMAT, "codebook file", "a cache file's magic");
-  uint8_t junk[200];
-  for (int i = 0; i < 200; i++) junk[i] = (uint8_t)(i * 91 + 7);
-  expect_codebooks_rejected(&f, junk, sizeof junk, KVQ_ERROR_BAD_FORMAT, "codebook file", "garbage");
+  reject_garbage_buffer(&f, &codebooks_loader, "codebook file");
   free(data);
   destroy(&f);
 }
