@@ -4,6 +4,9 @@
 
 #include "backend.h"
 #include "cpu/cpu.h"
+#ifdef KVQ_HAVE_VULKAN
+#include "vulkan/vk_create.h"
+#endif
 
 static const char *kind_name(kvq_backend_kind kind) {
   switch (kind) {
@@ -17,16 +20,19 @@ static const char *kind_name(kvq_backend_kind kind) {
 
 kvq_status kvq_backend_create(kvq_backend_kind kind, const kvq_context_options *options, kvq_backend **out,
                               kvq_availability *availability, char *why, size_t why_size) {
-  (void)options;
   *out = NULL;
   if (why_size) why[0] = 0;
   switch (kind) {
   case KVQ_BACKEND_CPU: {
+    (void)options;
     kvq_status st = kvq_cpu_backend_create(out, why, why_size);
     *availability = st == KVQ_OK ? KVQ_AVAILABLE : KVQ_UNAVAILABLE_ERROR;
     return st == KVQ_OK ? KVQ_OK : KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
   case KVQ_BACKEND_VULKAN:
+#ifdef KVQ_HAVE_VULKAN
+    return kvq_vk_backend_create(options, out, availability, why, why_size);
+#endif
   case KVQ_BACKEND_CUDA:
     *availability = KVQ_UNAVAILABLE_NOT_BUILT;
     snprintf(why, why_size, "this kvq was built without the %s backend", kind_name(kind));

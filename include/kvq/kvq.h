@@ -158,9 +158,28 @@ KVQ_API kvq_status kvq_backends_list(kvq_backend_info *infos, size_t capacity, s
 
 typedef struct kvq_context kvq_context;
 
+/*
+ * A Vulkan device the runtime already has, for kvq to run on instead of creating its own. kvq uses
+ * these objects and never destroys them: they must outlive every context and cache built on them.
+ * The handles are the runtime's VkInstance, VkPhysicalDevice and VkDevice (cast to void *); the
+ * queue (queue_family, queue_index) must support compute, and kvq submits to it from the thread
+ * that calls kvq, so the runtime must not use that queue concurrently with a kvq call. The instance
+ * must have been created for Vulkan 1.2 or later; kvq needs no device extension or feature.
+ */
+typedef struct kvq_vulkan_device {
+  void *instance;        /* VkInstance */
+  void *physical_device; /* VkPhysicalDevice */
+  void *device;          /* VkDevice */
+  uint32_t queue_family;
+  uint32_t queue_index;
+} kvq_vulkan_device;
+
 typedef struct kvq_context_options {
   kvq_backend_kind backend; /* KVQ_BACKEND_AUTO by default */
   int32_t device_index;     /* GPU backends: device to use; -1 picks the most capable */
+  /* Vulkan backend only: the runtime's own device (see kvq_vulkan_device), or NULL (the default)
+   * for kvq to create its instance and device. Read during kvq_context_create only. */
+  const kvq_vulkan_device *vulkan;
 } kvq_context_options;
 
 /* The defaults: automatic backend, most capable device. Thread-safe. */

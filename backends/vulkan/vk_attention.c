@@ -1,0 +1,155 @@
+/*
+ * Attention jobs on Vulkan: SCORE, SOFTMAX (with the probability sums of the H2O and Q-Hitter
+ * policies) and WEIGHTED_SUM, one dispatch per sequence of the batch. The job's sequence views and
+ * page lists go into the metadata buffer in the form shaders/attention.glsl reads.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/layout.h"
+#include "vk.h"
+
+#define SEQ_WORDS 12u /* shaders/attention.glsl: KVQ_SEQ_WORDS */
+
+
+static kvq_status fail(vk_backend *b, kvq_status st, const char *what) {
+  snprintf(b->base.message, sizeof b->base.message, "vulkan: %s", what);
+  return st;
+}
+
+static uint64_t seq_tokens(const kvq_attention_seq *s) { return (uint64_t)s->quantized + s->window; }
+
+/* Writes the job's metadata: [slots offset, index offset, alive offset], the sequences, then the
+ * page slots, page indices and kept-token masks of every page any sequence lists. */
+static kvq_status upload(vk_backend *b, const kvq_job_attention *job, const kvq_side_layout *s, uint32_t *base) {
+  uint64_t pages = 0;
+  const uint32_t esize = job->window_dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  for (uint32_t i = 0; i < job->seq_count; i++) {
+    const kvq_attention_seq *q = &job->seqs[i];
+    const uint64_t end = (uint64_t)q->page_first + (q->quantized + s->page_size - 1) / s->page_size;
+    if (end > pages) pages = end;
+    if (q->ring_offset % esize || q->ring_offset / esize > UINT32_MAX || q->score_offset > UINT32_MAX ||
+        q->accumulate_offset > UINT32_MAX || seq_tokens(q) * job->query_heads * q->query_count > UINT32_MAX)
+      return fail(b, KVQ_ERROR_UNSUPPORTED, "an attention sequence lies beyond the 4 GiB kvq's shaders address");
+  }
+  const uint64_t words = 3 + (uint64_t)job->seq_count * SEQ_WORDS + 2 * pages + pages * job->alive_words;
+  uint32_t *meta = calloc((size_t)words, sizeof(uint32_t));
+  if (!meta) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+  const uint32_t slots = 3 + job->seq_count * SEQ_WORDS;
+  meta[0] = slots;
+  meta[1] = (uint32_t)(slots + pages);
+  meta[2] = (uint32_t)(slots + 2 * pages);
+  for (uint32_t i = 0; i < job->seq_count; i++) {
+    const kvq_attention_seq *q = &job->seqs[i];
+    uint32_t *r = meta + 3 + i * SEQ_WORDS;
+    const uint32_t record[SEQ_WORDS] = {q->page_first,    q->quantized,   q->window,          q->window_first,
+                                        q->ring_capacity, (uint32_t)(q->ring_offset / esize), q->query_first,
+                                        q->query_count,   q->query_position, q->mask, (uint32_t)q->score_offset,
+                                        (uint32_t)q->accumulate_offset};
+    memcpy(r, record, sizeof record);
+  }
+  if (pages) {
+    memcpy(meta + meta[0], job->page_slots, pages * 4);
+    memcpy(meta + meta[1], job->page_index, pages * 4);
+    memcpy(meta + meta[2], job->page_alive, pages * job->alive_words * 4);
+  }
+  for (uint64_t p = 0; p < pages; p++)
+    if (((uint64_t)job->page_slots[p] + 1) * s->page_bytes > UINT32_MAX) {
+      free(meta);
+      return fail(b, KVQ_ERROR_UNSUPPORTED, "a page lies beyond the 4 GiB kvq's shaders address");
+    }
+  kvq_status st = kvq_vk_metadata(b, meta, words * 4, base);
+  free(meta);
+  return st;
+}
+
+static void push_job(kvq_push *push, const kvq_job_attention *job, uint32_t base) {
+  push->meta = base;
+  push->query_heads = job->query_heads;
+  memcpy(&push->scale_bits, &job->scale, 4);
+  push->window_dtype = (uint32_t)job->window_dtype;
+  push->alive_words = job->alive_words;
+}
+
+/* One dispatch per sequence of `invocations(seq)`. */
+static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_vk_shader shader, kvq_push *push,
+                               kvq_buffer *const buffers[KVQ_VK_BINDINGS], int what) {
+  kvq_status st = KVQ_OK;
+  for (uint32_t i = 0; st == KVQ_OK && i < job->seq_count; i++) {
+    const kvq_attention_seq *q = &job->seqs[i];
+    const uint64_t n = seq_tokens(q), rows = (uint64_t)q->query_count * job->query_heads;
+    const uint64_t invocations = what == 0 ? rows * n : what == 1 ? rows : what == 2 ? n : rows * push->head_dim;
+    push->first = i;
+    st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
+  }
+  return st;
+}
+enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3 };
+
+kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *s = &job->keys->layout;
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(score, s->method);
+  if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
+  uint32_t base = 0;
+  kvq_status st = upload(b, job, s, &base);
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->keys);
+  push_job(&push, job, base);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_PAGES] = job->key_pages;
+  buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
+  buffers[KVQ_BINDING_SRC] = job->queries;
+  buffers[KVQ_BINDING_DST] = job->scores;
+  buffers[KVQ_BINDING_RING] = job->key_ring;
+  buffers[KVQ_BINDING_AUX] = job->prepared;
+  st = per_sequence(b, job, shader, &push, buffers, PER_SCORE);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job) {
+  vk_backend *b = (vk_backend *)backend;
+  uint32_t base = 0;
+  kvq_status st = upload(b, job, &job->keys->layout, &base);
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->keys);
+  push_job(&push, job, base);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_DST] = job->scores;
+  buffers[KVQ_BINDING_AUX] = job->accumulate;
+  st = per_sequence(b, job, KVQ_VK_SHADER_softmax, &push, buffers, PER_ROW);
+  if (st == KVQ_OK && job->accumulate) st = per_sequence(b, job, KVQ_VK_SHADER_accumulate, &push, buffers, PER_SLOT);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *s = &job->values->layout;
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, s->method);
+  if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no weighted-sum shader for this value method");
+  uint32_t base = 0;
+  kvq_status st = upload(b, job, s, &base);
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->values);
+  push_job(&push, job, base);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_PAGES] = job->value_pages;
+  buffers[KVQ_BINDING_FIXED0] = job->values->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = job->values->fixed[1];
+  buffers[KVQ_BINDING_SRC] = job->scores;
+  buffers[KVQ_BINDING_RING] = job->value_ring;
+  buffers[KVQ_BINDING_AUX] = job->output;
+  st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}

@@ -1,0 +1,347 @@
+/*
+ * Starting and stopping the Vulkan backend: the loader (volk), the instance, the choice of a
+ * physical device, the logical device and its queue, or the runtime's own objects when it hands
+ * them over (kvq_vulkan_device). Nothing here changes the host application's Vulkan function
+ * pointers: kvq's volk is private to the library (hidden symbols) and device calls go through the
+ * backend's own VolkDeviceTable.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vk.h"
+
+static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Validation runs (tests set KVQ_VULKAN_VALIDATION=1): every validation message is recorded, and the
+ * next finished job fails with it, so that a message can never pass unnoticed. */
+static VKAPI_ATTR VkBool32 VKAPI_CALL on_validation(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                    VkDebugUtilsMessageTypeFlagsEXT types,
+                                                    const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
+  (void)types;
+  vk_backend *b = user;
+  if (!(severity & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)))
+    return VK_FALSE;
+  if (b->validation_messages++ == 0)
+    snprintf(b->validation_first, sizeof b->validation_first, "%s", data && data->pMessage ? data->pMessage : "?");
+  fprintf(stderr, "kvq vulkan validation: %s\n", data && data->pMessage ? data->pMessage : "?");
+  return VK_FALSE;
+}
+
+static int validation_requested(void) {
+  const char *v = getenv("KVQ_VULKAN_VALIDATION");
+  return v && v[0] == '1';
+}
+
+static int layer_present(const char *name) {
+  uint32_t count = 0;
+  if (vkEnumerateInstanceLayerProperties(&count, NULL) != VK_SUCCESS || count == 0) return 0;
+  VkLayerProperties *layers = calloc(count, sizeof *layers);
+  int found = 0;
+  if (layers && vkEnumerateInstanceLayerProperties(&count, layers) == VK_SUCCESS)
+    for (uint32_t i = 0; i < count; i++) found |= !strcmp(layers[i].layerName, name);
+  free(layers);
+  return found;
+}
+
+static kvq_status create_instance(vk_backend *b, kvq_availability *availability, char *why, size_t why_size) {
+  uint32_t version = VK_API_VERSION_1_0;
+  if (vkEnumerateInstanceVersion) vkEnumerateInstanceVersion(&version);
+  if (version < VK_API_VERSION_1_2) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: the loader offers Vulkan %u.%u; kvq needs 1.2", VK_API_VERSION_MAJOR(version),
+             VK_API_VERSION_MINOR(version));
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  const int validate = validation_requested();
+  const char *layer = "VK_LAYER_KHRONOS_validation";
+  const char *extension = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+  if (validate && !layer_present(layer)) {
+    *availability = KVQ_UNAVAILABLE_ERROR;
+    snprintf(why, why_size, "vulkan: KVQ_VULKAN_VALIDATION=1 but %s is not installed (vulkan-validationlayers)", layer);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "kvq",
+                           .pEngineName = "kvq", .apiVersion = VK_API_VERSION_1_2};
+  VkDebugUtilsMessengerCreateInfoEXT messenger = {
+      .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
+      .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+      .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT,
+      .pfnUserCallback = on_validation,
+      .pUserData = b};
+  VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                               .pNext = validate ? &messenger : NULL,
+                               .pApplicationInfo = &app,
+                               .enabledLayerCount = validate ? 1 : 0,
+                               .ppEnabledLayerNames = &layer,
+                               .enabledExtensionCount = validate ? 1 : 0,
+                               .ppEnabledExtensionNames = &extension};
+  VkResult r = vkCreateInstance(&info, NULL, &b->instance);
+  if (r != VK_SUCCESS) {
+    *availability = r == VK_ERROR_INCOMPATIBLE_DRIVER ? KVQ_UNAVAILABLE_NO_DEVICE : KVQ_UNAVAILABLE_ERROR;
+    snprintf(why, why_size, "vulkan: vkCreateInstance failed (VkResult %d)", (int)r);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  b->owns_instance = 1;
+  volkLoadInstanceOnly(b->instance);
+  if (validate && vkCreateDebugUtilsMessengerEXT &&
+      vkCreateDebugUtilsMessengerEXT(b->instance, &messenger, NULL, &b->messenger) != VK_SUCCESS)
+    b->messenger = VK_NULL_HANDLE;
+  return KVQ_OK;
+}
+
+/* The first queue family with compute, or UINT32_MAX. */
+static uint32_t compute_family(VkPhysicalDevice device) {
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, NULL);
+  VkQueueFamilyProperties families[32];
+  if (count > 32) count = 32;
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, families);
+  for (uint32_t i = 0; i < count; i++)
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return i;
+  return UINT32_MAX;
+}
+
+/* How capable a device is, for the automatic choice: its kind first, then its device-local memory. */
+static uint64_t capability(VkPhysicalDevice device) {
+  VkPhysicalDeviceProperties p;
+  VkPhysicalDeviceMemoryProperties m;
+  vkGetPhysicalDeviceProperties(device, &p);
+  vkGetPhysicalDeviceMemoryProperties(device, &m);
+  uint64_t kind = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU     ? 4
+                  : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 3
+                  : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? 2
+                  : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU            ? 1
+                                                                           : 0;
+  uint64_t local = 0;
+  for (uint32_t i = 0; i < m.memoryHeapCount; i++)
+    if (m.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) local += m.memoryHeaps[i].size;
+  return kind << 56 | (local >> 20 & ((1ull << 56) - 1));
+}
+
+static kvq_status choose_device(vk_backend *b, const kvq_context_options *options, kvq_availability *availability,
+                                char *why, size_t why_size) {
+  uint32_t count = 0;
+  VkPhysicalDevice devices[16];
+  vkEnumeratePhysicalDevices(b->instance, &count, NULL);
+  if (count > 16) count = 16;
+  if (count == 0 || vkEnumeratePhysicalDevices(b->instance, &count, devices) < 0 || count == 0) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: the loader reports no device");
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  int32_t index = options ? options->device_index : -1;
+  if (index >= (int32_t)count) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: device_index %d asked for, but there are %u devices", (int)index, count);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  if (index < 0) {
+    uint64_t best = 0;
+    for (uint32_t i = 0; i < count; i++) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(devices[i], &p);
+      if (p.apiVersion < VK_API_VERSION_1_2 || compute_family(devices[i]) == UINT32_MAX) continue;
+      uint64_t c = capability(devices[i]);
+      if (index < 0 || c > best) index = (int32_t)i, best = c;
+    }
+    if (index < 0) {
+      *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+      snprintf(why, why_size, "vulkan: no device offers Vulkan 1.2 and a compute queue");
+      return KVQ_ERROR_BACKEND_UNAVAILABLE;
+    }
+  }
+  b->physical = devices[index];
+  vkGetPhysicalDeviceProperties(b->physical, &b->properties);
+  if (b->properties.apiVersion < VK_API_VERSION_1_2) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: %s offers Vulkan %u.%u; kvq needs 1.2", b->properties.deviceName,
+             VK_API_VERSION_MAJOR(b->properties.apiVersion), VK_API_VERSION_MINOR(b->properties.apiVersion));
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  /* The automatic choice wants a GPU: a CPU implementation (lavapipe) is slower than kvq's own CPU
+   * reference, so it is used only when asked for by name. */
+  if (options && options->backend == KVQ_BACKEND_AUTO && b->properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: the only device is a CPU implementation (%s)", b->properties.deviceName);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  b->queue_family = compute_family(b->physical);
+  if (b->queue_family == UINT32_MAX) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    snprintf(why, why_size, "vulkan: %s has no compute queue", b->properties.deviceName);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  return KVQ_OK;
+}
+
+static kvq_status create_device(vk_backend *b, char *why, size_t why_size) {
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                   .queueFamilyIndex = b->queue_family,
+                                   .queueCount = 1,
+                                   .pQueuePriorities = &priority};
+  VkDeviceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
+  VkResult r = vkCreateDevice(b->physical, &info, NULL, &b->device);
+  if (r != VK_SUCCESS) {
+    snprintf(why, why_size, "vulkan: vkCreateDevice failed on %s (VkResult %d)", b->properties.deviceName, (int)r);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  b->owns_device = 1;
+  return KVQ_OK;
+}
+
+/* The runtime's objects (kvq_vulkan_device). */
+static kvq_status adopt_device(vk_backend *b, const kvq_vulkan_device *v, char *why, size_t why_size) {
+  if (!v->instance || !v->physical_device || !v->device) {
+    snprintf(why, why_size, "vulkan: kvq_vulkan_device needs instance, physical_device and device");
+    return KVQ_ERROR_INVALID_ARGUMENT;
+  }
+  b->instance = (VkInstance)v->instance;
+  b->physical = (VkPhysicalDevice)v->physical_device;
+  b->device = (VkDevice)v->device;
+  volkLoadInstanceOnly(b->instance);
+  vkGetPhysicalDeviceProperties(b->physical, &b->properties);
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, NULL);
+  VkQueueFamilyProperties families[32];
+  if (count > 32) count = 32;
+  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, families);
+  if (v->queue_family >= count || !(families[v->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) ||
+      v->queue_index >= families[v->queue_family].queueCount) {
+    snprintf(why, why_size, "vulkan: queue family %u, index %u is not a compute queue of %s", v->queue_family,
+             v->queue_index, b->properties.deviceName);
+    return KVQ_ERROR_INVALID_ARGUMENT;
+  }
+  if (b->properties.apiVersion < VK_API_VERSION_1_2) {
+    snprintf(why, why_size, "vulkan: %s offers Vulkan %u.%u; kvq needs 1.2", b->properties.deviceName,
+             VK_API_VERSION_MAJOR(b->properties.apiVersion), VK_API_VERSION_MINOR(b->properties.apiVersion));
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  b->queue_family = v->queue_family;
+  return KVQ_OK;
+}
+
+/* Command pool and buffer, fence and timestamp queries. */
+static kvq_status create_submission(vk_backend *b) {
+  VkResult r;
+  VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = b->queue_family};
+  if ((r = b->vk.vkCreateCommandPool(b->device, &pool, NULL, &b->command_pool)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                       .commandPool = b->command_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                       .commandBufferCount = 1};
+  if ((r = b->vk.vkAllocateCommandBuffers(b->device, &alloc, &b->cmd)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fence = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  if ((r = b->vk.vkCreateFence(b->device, &fence, NULL, &b->fence)) != VK_SUCCESS) return kvq_vk_fail(b, r, "vkCreateFence");
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, NULL);
+  VkQueueFamilyProperties families[32];
+  if (count > 32) count = 32;
+  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, families);
+  if (b->queue_family < count && families[b->queue_family].timestampValidBits > 0 && b->properties.limits.timestampPeriod > 0) {
+    VkQueryPoolCreateInfo q = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
+    if (b->vk.vkCreateQueryPool(b->device, &q, NULL, &b->timestamps) == VK_SUCCESS)
+      b->timestamp_period = b->properties.limits.timestampPeriod;
+  }
+  return KVQ_OK;
+}
+
+static void vk_destroy(kvq_backend *backend) {
+  vk_backend *b = (vk_backend *)backend;
+  if (b->device && b->vk.vkDeviceWaitIdle) { /* the table is loaded once the device is known good */
+    b->vk.vkDeviceWaitIdle(b->device);
+    kvq_vk_buffer_free(b, b->staging);
+    kvq_vk_buffer_free(b, b->metadata);
+    kvq_vk_buffer_free(b, b->dummy);
+    kvq_vk_pipelines_destroy(b);
+    if (b->timestamps) b->vk.vkDestroyQueryPool(b->device, b->timestamps, NULL);
+    if (b->fence) b->vk.vkDestroyFence(b->device, b->fence, NULL);
+    if (b->command_pool) b->vk.vkDestroyCommandPool(b->device, b->command_pool, NULL);
+    if (b->owns_device) b->vk.vkDestroyDevice(b->device, NULL);
+  }
+  if (b->messenger) vkDestroyDebugUtilsMessengerEXT(b->instance, b->messenger, NULL);
+  if (b->owns_instance) vkDestroyInstance(b->instance, NULL);
+  free(b);
+}
+
+static const kvq_backend_ops vk_ops = {
+    .abi_version = KVQ_BACKEND_ABI_VERSION,
+    .name = "vulkan",
+    .destroy = vk_destroy,
+    .supports = kvq_vk_supports,
+    .buffer_create = kvq_vk_buffer_create,
+    .buffer_destroy = kvq_vk_buffer_destroy,
+    .buffer_write = kvq_vk_buffer_write,
+    .buffer_read = kvq_vk_buffer_read,
+    .buffer_copy = kvq_vk_buffer_copy,
+    .buffer_zero = kvq_vk_buffer_zero,
+    .quantize = kvq_vk_quantize,
+    .dequantize = kvq_vk_dequantize,
+    .prepare_queries = kvq_vk_prepare,
+    .score = kvq_vk_score,
+    .softmax = kvq_vk_softmax,
+    .weighted_sum = kvq_vk_weighted_sum,
+    .attention = NULL,
+    .kmeans_assign = kvq_vk_kmeans_assign,
+    .kmeans_update = kvq_vk_kmeans_update,
+    .finish = kvq_vk_finish,
+};
+
+kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
+                                 char *why, size_t why_size) {
+  *out = NULL;
+  pthread_mutex_lock(&loader_lock);
+  VkResult loaded = volkInitialize();
+  pthread_mutex_unlock(&loader_lock);
+  if (loaded != VK_SUCCESS) {
+    *availability = KVQ_UNAVAILABLE_NO_LOADER;
+    snprintf(why, why_size, "vulkan: no Vulkan loader (libvulkan.so.1) could be opened");
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  vk_backend *b = calloc(1, sizeof *b);
+  if (!b) {
+    *availability = KVQ_UNAVAILABLE_ERROR;
+    snprintf(why, why_size, "vulkan: out of host memory");
+    return KVQ_ERROR_OUT_OF_MEMORY;
+  }
+  b->base.ops = &vk_ops;
+  b->base.kind = KVQ_BACKEND_VULKAN;
+  kvq_status st;
+  pthread_mutex_lock(&loader_lock);
+  if (options && options->vulkan) {
+    *availability = KVQ_UNAVAILABLE_ERROR;
+    st = adopt_device(b, options->vulkan, why, why_size);
+  } else {
+    st = create_instance(b, availability, why, why_size);
+    if (st == KVQ_OK) st = choose_device(b, options, availability, why, why_size);
+    *availability = st == KVQ_OK ? KVQ_UNAVAILABLE_ERROR : *availability;
+    if (st == KVQ_OK) st = create_device(b, why, why_size);
+  }
+  pthread_mutex_unlock(&loader_lock);
+  if (st == KVQ_OK) {
+    volkLoadDeviceTable(&b->vk, b->device);
+    b->vk.vkGetDeviceQueue(b->device, b->queue_family, options && options->vulkan ? options->vulkan->queue_index : 0,
+                           &b->queue);
+    vkGetPhysicalDeviceMemoryProperties(b->physical, &b->memory);
+    st = create_submission(b);
+    if (st == KVQ_OK) st = kvq_vk_pipelines_init(b);
+    if (st == KVQ_OK) st = kvq_vk_buffer_make(b, KVQ_VK_STAGING_BYTES, 1, &b->staging);
+    if (st == KVQ_OK) st = kvq_vk_buffer_make(b, 1u << 16, 1, &b->metadata);
+    if (st == KVQ_OK) st = kvq_vk_buffer_make(b, 16, 0, &b->dummy);
+    if (st != KVQ_OK) snprintf(why, why_size, "%s", b->base.message);
+  }
+  if (st != KVQ_OK) {
+    vk_destroy(&b->base);
+    return st == KVQ_ERROR_INVALID_ARGUMENT ? st : KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  snprintf(b->base.device, sizeof b->base.device, "%.200s (Vulkan %u.%u.%u%s)", b->properties.deviceName,
+           VK_API_VERSION_MAJOR(b->properties.apiVersion), VK_API_VERSION_MINOR(b->properties.apiVersion),
+           VK_API_VERSION_PATCH(b->properties.apiVersion), b->owns_device ? "" : ", the runtime's device");
+  *availability = KVQ_AVAILABLE;
+  *out = &b->base;
+  return KVQ_OK;
+}

@@ -1,0 +1,226 @@
+/*
+ * Pipelines and submission. Every shader shares one pipeline layout: eight storage buffers
+ * (shaders/common.glsl) and the push constants of shaders/push.h. Pipelines are created on first
+ * use through a VkPipelineCache. Jobs record dispatches between kvq_vk_begin and kvq_vk_submit; a
+ * barrier follows every dispatch, so dispatches of a job may depend on each other.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vk.h"
+#include "vk_shader_includes.h"
+
+typedef struct shader_code {
+  const char *name;
+  const uint32_t *words;
+  size_t bytes;
+} shader_code;
+
+static const shader_code shader_table[KVQ_VK_SHADER_COUNT] = {
+#define KVQ_VK_SHADER_CODE(name) {#name, kvq_spv_##name, sizeof kvq_spv_##name},
+    KVQ_VK_SHADERS(KVQ_VK_SHADER_CODE)
+#undef KVQ_VK_SHADER_CODE
+};
+
+#define FENCE_TIMEOUT_NS (120ull * 1000 * 1000 * 1000) /* a job that takes longer is a hung device */
+
+kvq_status kvq_vk_pipelines_init(vk_backend *b) {
+  VkResult r;
+  if (sizeof(kvq_push) > b->properties.limits.maxPushConstantsSize) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: kvq needs %u bytes of push constants, the device offers %u",
+             (unsigned)sizeof(kvq_push), b->properties.limits.maxPushConstantsSize);
+    return KVQ_ERROR_UNSUPPORTED;
+  }
+  VkDescriptorSetLayoutBinding bindings[KVQ_VK_BINDINGS];
+  for (uint32_t i = 0; i < KVQ_VK_BINDINGS; i++)
+    bindings[i] = (VkDescriptorSetLayoutBinding){.binding = i,
+                                                 .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                 .descriptorCount = 1,
+                                                 .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+  VkDescriptorSetLayoutCreateInfo set = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                         .bindingCount = KVQ_VK_BINDINGS,
+                                         .pBindings = bindings};
+  if ((r = b->vk.vkCreateDescriptorSetLayout(b->device, &set, NULL, &b->set_layout)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreateDescriptorSetLayout");
+  VkPushConstantRange range = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = sizeof(kvq_push)};
+  VkPipelineLayoutCreateInfo layout = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                       .setLayoutCount = 1,
+                                       .pSetLayouts = &b->set_layout,
+                                       .pushConstantRangeCount = 1,
+                                       .pPushConstantRanges = &range};
+  if ((r = b->vk.vkCreatePipelineLayout(b->device, &layout, NULL, &b->pipeline_layout)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreatePipelineLayout");
+  VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = KVQ_VK_SETS_PER_BATCH * KVQ_VK_BINDINGS};
+  VkDescriptorPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                     .maxSets = KVQ_VK_SETS_PER_BATCH,
+                                     .poolSizeCount = 1,
+                                     .pPoolSizes = &size};
+  if ((r = b->vk.vkCreateDescriptorPool(b->device, &pool, NULL, &b->descriptor_pool)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreateDescriptorPool");
+  VkPipelineCacheCreateInfo cache = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  if ((r = b->vk.vkCreatePipelineCache(b->device, &cache, NULL, &b->pipeline_cache)) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreatePipelineCache");
+  return KVQ_OK;
+}
+
+void kvq_vk_pipelines_destroy(vk_backend *b) {
+  for (int i = 0; i < KVQ_VK_SHADER_COUNT; i++) {
+    if (b->pipelines[i]) b->vk.vkDestroyPipeline(b->device, b->pipelines[i], NULL);
+    if (b->modules[i]) b->vk.vkDestroyShaderModule(b->device, b->modules[i], NULL);
+  }
+  if (b->pipeline_cache) b->vk.vkDestroyPipelineCache(b->device, b->pipeline_cache, NULL);
+  if (b->descriptor_pool) b->vk.vkDestroyDescriptorPool(b->device, b->descriptor_pool, NULL);
+  if (b->pipeline_layout) b->vk.vkDestroyPipelineLayout(b->device, b->pipeline_layout, NULL);
+  if (b->set_layout) b->vk.vkDestroyDescriptorSetLayout(b->device, b->set_layout, NULL);
+}
+
+static kvq_status pipeline(vk_backend *b, kvq_vk_shader shader, VkPipeline *out) {
+  if (!b->pipelines[shader]) {
+    VkResult r;
+    const shader_code *code = &shader_table[shader];
+    VkShaderModuleCreateInfo module = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = code->bytes, .pCode = code->words};
+    if (!b->modules[shader] && (r = b->vk.vkCreateShaderModule(b->device, &module, NULL, &b->modules[shader])) != VK_SUCCESS)
+      return kvq_vk_fail(b, r, "vkCreateShaderModule");
+    VkComputePipelineCreateInfo info = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                                        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                                                  .module = b->modules[shader],
+                                                  .pName = "main"},
+                                        .layout = b->pipeline_layout};
+    if ((r = b->vk.vkCreateComputePipelines(b->device, b->pipeline_cache, 1, &info, NULL, &b->pipelines[shader])) != VK_SUCCESS) {
+      b->pipelines[shader] = VK_NULL_HANDLE;
+      char what[96];
+      snprintf(what, sizeof what, "creating the %s pipeline", code->name);
+      return kvq_vk_fail(b, r, what);
+    }
+  }
+  *out = b->pipelines[shader];
+  return KVQ_OK;
+}
+
+static void barrier(vk_backend *b, VkPipelineStageFlags from, VkPipelineStageFlags to) {
+  VkMemoryBarrier m = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                       .srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT,
+                       .dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT};
+  b->vk.vkCmdPipelineBarrier(b->cmd, from, to, 0, 1, &m, 0, NULL, 0, NULL);
+}
+
+kvq_status kvq_vk_begin(vk_backend *b) {
+  if (b->recording) return KVQ_OK;
+  VkCommandBufferBeginInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+  VkResult r = b->vk.vkBeginCommandBuffer(b->cmd, &info);
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
+  b->recording = 1;
+  if (b->timestamps) {
+    b->vk.vkCmdResetQueryPool(b->cmd, b->timestamps, 0, 2);
+    b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, b->timestamps, 0);
+  }
+  /* what earlier submissions wrote is visible to this one (a fence wait alone orders the host only) */
+  barrier(b, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_submit(vk_backend *b) {
+  if (!b->recording) return KVQ_OK;
+  b->recording = 0;
+  if (b->timestamps) b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, b->timestamps, 1);
+  VkResult r = b->vk.vkEndCommandBuffer(b->cmd);
+  VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &b->cmd};
+  const char *what = "vkEndCommandBuffer";
+  if (r == VK_SUCCESS) {
+    what = "vkQueueSubmit";
+    r = b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence);
+  }
+  if (r == VK_SUCCESS) {
+    what = "waiting for the device";
+    r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
+  }
+  /* whatever happened, the pools start over for the next submission */
+  b->vk.vkResetFences(b->device, 1, &b->fence);
+  b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
+  b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
+  b->sets_used = 0;
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, what);
+  if (b->timestamps) {
+    uint64_t ticks[2];
+    if (b->vk.vkGetQueryPoolResults(b->device, b->timestamps, 0, 2, sizeof ticks, ticks, sizeof ticks[0],
+                                    VK_QUERY_RESULT_64_BIT) == VK_SUCCESS)
+      b->last_submission_ns = (uint64_t)((double)(ticks[1] - ticks[0]) * b->timestamp_period);
+  }
+  return kvq_vk_check_validation(b);
+}
+
+kvq_status kvq_vk_finish(kvq_backend *backend) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_submit(b);
+  return st == KVQ_OK ? kvq_vk_check_validation(b) : st;
+}
+
+kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
+                           kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations) {
+  if (invocations == 0) return KVQ_OK;
+  /* workgroups of KVQ_VK_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
+   * offers); shaders fold the grid back into one index (kvq_invocation) and ignore the excess */
+  const uint64_t groups = (invocations + KVQ_VK_GROUP_SIZE - 1) / KVQ_VK_GROUP_SIZE;
+  const uint32_t groups_x = groups < 65535 ? (uint32_t)groups : 65535;
+  const uint64_t groups_y = (groups + groups_x - 1) / groups_x;
+  if (groups_y > b->properties.limits.maxComputeWorkGroupCount[1] || invocations > UINT32_MAX) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: a dispatch of %llu invocations is larger than kvq's shaders index",
+             (unsigned long long)invocations);
+    return KVQ_ERROR_UNSUPPORTED;
+  }
+  VkPipeline p = VK_NULL_HANDLE;
+  kvq_status st = pipeline(b, shader, &p);
+  if (st != KVQ_OK) return st;
+  if (b->sets_used == KVQ_VK_SETS_PER_BATCH) { /* the pool is spent: run what is recorded first */
+    if ((st = kvq_vk_submit(b)) != KVQ_OK) return st;
+  }
+  if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
+  VkDescriptorSetAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                       .descriptorPool = b->descriptor_pool,
+                                       .descriptorSetCount = 1,
+                                       .pSetLayouts = &b->set_layout};
+  VkDescriptorSet set;
+  VkResult r = b->vk.vkAllocateDescriptorSets(b->device, &alloc, &set);
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkAllocateDescriptorSets");
+  b->sets_used++;
+  VkDescriptorBufferInfo infos[KVQ_VK_BINDINGS];
+  VkWriteDescriptorSet writes[KVQ_VK_BINDINGS];
+  for (uint32_t i = 0; i < KVQ_VK_BINDINGS; i++) {
+    const kvq_buffer *buf = buffers[i] ? buffers[i] : b->dummy;
+    infos[i] = (VkDescriptorBufferInfo){.buffer = buf->buffer, .offset = 0, .range = VK_WHOLE_SIZE};
+    writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                       .dstSet = set,
+                                       .dstBinding = i,
+                                       .descriptorCount = 1,
+                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       .pBufferInfo = &infos[i]};
+  }
+  b->vk.vkUpdateDescriptorSets(b->device, KVQ_VK_BINDINGS, writes, 0, NULL);
+  b->vk.vkCmdBindPipeline(b->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+  b->vk.vkCmdBindDescriptorSets(b->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, b->pipeline_layout, 0, 1, &set, 0, NULL);
+  b->vk.vkCmdPushConstants(b->cmd, b->pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *push, push);
+  b->vk.vkCmdDispatch(b->cmd, groups_x, (uint32_t)groups_y, 1);
+  barrier(b, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT);
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset) {
+  /* one job's arrays at a time: the buffer is replaced only while nothing recorded refers to it */
+  if (b->recording) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: metadata written while a submission is recorded");
+    return KVQ_ERROR_INTERNAL;
+  }
+  if (bytes > b->metadata->size) {
+    kvq_buffer *grown;
+    kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 2, 1, &grown);
+    if (st != KVQ_OK) return st;
+    kvq_vk_buffer_free(b, b->metadata);
+    b->metadata = grown;
+  }
+  memcpy(b->metadata->mapped, data, (size_t)bytes);
+  *word_offset = 0;
+  return KVQ_OK;
+}

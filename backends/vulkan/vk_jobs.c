@@ -1,0 +1,171 @@
+/*
+ * The Vulkan backend's jobs: each checks its buffers, copies its host arrays into the metadata
+ * buffer, records its dispatches and submits them. Shader variants are chosen per method; methods
+ * without shader code are refused by supports(), so a cache never reaches a job it cannot run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/layout.h"
+#include "vk.h"
+
+/* The variant of a per-method shader for a layout method, or KVQ_VK_SHADER_COUNT if none. */
+
+static int method_has_shaders(uint32_t method) { return KVQ_VK_VARIANT(quantize, method) != KVQ_VK_SHADER_COUNT; }
+
+int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
+                    const kvq_side_layout *values) {
+  (void)backend;
+  if (kind == KVQ_JOB_ATTENTION) return 0; /* the unfused jobs run attention */
+  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 0; /* not yet: learning runs on the CPU path only */
+  return (!keys || method_has_shaders(keys->method)) && (!values || method_has_shaders(values->method));
+}
+
+static kvq_status unsupported(vk_backend *b, const char *job, uint32_t method) {
+  snprintf(b->base.message, sizeof b->base.message, "vulkan: no %s shader for layout method %u", job, method);
+  return KVQ_ERROR_UNSUPPORTED;
+}
+
+/* Offsets the shaders address in 32-bit indices must fit them. */
+static kvq_status too_large(vk_backend *b, const char *what) {
+  snprintf(b->base.message, sizeof b->base.message, "vulkan: %s lies beyond the 4 GiB kvq's shaders address", what);
+  return KVQ_ERROR_UNSUPPORTED;
+}
+
+void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
+  const kvq_side_layout *s = &side->layout;
+  push->method = s->method;
+  push->page_size = s->page_size;
+  push->head_dim = s->head_dim;
+  push->kv_heads = s->kv_heads;
+  push->dtype = s->dtype;
+  push->sketch_dim = s->sketch_dim;
+  push->outliers = s->outliers;
+  push->outlier_sketch_dim = s->outlier_sketch_dim;
+  push->bits = s->bits;
+  push->group = s->group;
+  push->levels = s->levels;
+  push->level_bits = s->level_bits;
+  push->rotation = s->rotation;
+  push->channels = s->channels;
+  push->code_bits = s->code_bits;
+  push->head_words = s->head_bytes / 4;
+  float constant = (float)side->qjl_constant;
+  memcpy(&push->constant_bits, &constant, 4);
+}
+
+/* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
+static uint32_t encode_units(const kvq_side_layout *s) {
+  if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
+  return s->page_size;
+}
+
+kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *s = &job->side->layout;
+  const kvq_vk_shader encode = KVQ_VK_VARIANT(quantize, s->method), errors = KVQ_VK_VARIANT(quantize_errors, s->method);
+  if (encode == KVQ_VK_SHADER_COUNT) return unsupported(b, "quantize", s->method);
+  if (job->count == 0) return KVQ_OK;
+  const uint64_t per_token = (uint64_t)s->kv_heads * s->head_dim;
+  const uint32_t esize = job->input_dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  kvq_status st = KVQ_OK;
+  if (job->errors)
+    st = kvq_vk_check_range(b, job->errors, 0, (uint64_t)job->count * s->page_size * s->kv_heads * 4, "the quantization errors");
+  uint32_t *meta = calloc((size_t)job->count * 4, sizeof(uint32_t));
+  if (!meta) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
+    return KVQ_ERROR_OUT_OF_MEMORY;
+  }
+  for (uint32_t i = 0; st == KVQ_OK && i < job->count; i++) { /* every item is checked before any page is written */
+    const kvq_quantize_item *it = &job->items[i];
+    if (it->tokens == 0 || it->tokens > s->page_size || it->src_offset % esize)
+      st = kvq_vk_check_range(b, NULL, 0, 1, "a quantize item");
+    if (st == KVQ_OK) st = kvq_vk_check_range(b, it->src, it->src_offset, per_token * esize * it->tokens, "a quantize item's tokens");
+    if (st == KVQ_OK) st = kvq_vk_check_range(b, job->dst, it->dst_offset, s->page_bytes, "a quantized page");
+    if (st == KVQ_OK && (it->src_offset / esize > UINT32_MAX || it->dst_offset + s->page_bytes > UINT32_MAX))
+      st = too_large(b, "a quantize item");
+    meta[4 * i] = (uint32_t)(it->src_offset / esize);
+    meta[4 * i + 1] = (uint32_t)it->dst_offset;
+    meta[4 * i + 2] = it->tokens;
+  }
+  uint32_t base = 0;
+  if (st == KVQ_OK) st = kvq_vk_metadata(b, meta, (uint64_t)job->count * 16, &base);
+  free(meta);
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->side);
+  push.input_dtype = (uint32_t)job->input_dtype;
+  push.meta = base;
+  push.offset1 = encode_units(s);
+  /* Items sharing a source buffer run in one dispatch per step. */
+  for (uint32_t first = 0; st == KVQ_OK && first < job->count;) {
+    uint32_t count = 1;
+    while (first + count < job->count && job->items[first + count].src == job->items[first].src) count++;
+    push.first = first;
+    push.count = count;
+    kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+    buffers[KVQ_BINDING_META] = b->metadata;
+    buffers[KVQ_BINDING_PAGES] = job->dst;
+    buffers[KVQ_BINDING_FIXED0] = job->side->fixed[0];
+    buffers[KVQ_BINDING_FIXED1] = job->side->fixed[1];
+    buffers[KVQ_BINDING_SRC] = job->items[first].src;
+    buffers[KVQ_BINDING_DST] = job->errors;
+    st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
+    if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
+    if (st == KVQ_OK && job->errors)
+      st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
+    first += count;
+  }
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *s = &job->side->layout;
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(dequantize, s->method);
+  if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "dequantize", s->method);
+  if (job->count == 0) return KVQ_OK;
+  const uint64_t page_floats = (uint64_t)s->page_size * s->kv_heads * s->head_dim;
+  kvq_status st = kvq_vk_check_range(b, job->out, job->out_offset, page_floats * 4 * job->count, "dequantize output");
+  if (st == KVQ_OK && (job->out_offset % 4 || job->out_offset / 4 + page_floats * job->count > UINT32_MAX))
+    st = too_large(b, "the dequantize output");
+  for (uint32_t i = 0; st == KVQ_OK && i < job->count; i++) {
+    st = kvq_vk_check_range(b, job->pages, (uint64_t)job->slots[i] * s->page_bytes, s->page_bytes, "a dequantized page");
+    if (st == KVQ_OK && ((uint64_t)job->slots[i] + 1) * s->page_bytes > UINT32_MAX) st = too_large(b, "a dequantized page");
+  }
+  uint32_t base = 0;
+  if (st == KVQ_OK) st = kvq_vk_metadata(b, job->slots, (uint64_t)job->count * 4, &base);
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->side);
+  push.meta = base;
+  push.count = job->count;
+  push.offset0 = (uint32_t)(job->out_offset / 4);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_PAGES] = job->pages;
+  buffers[KVQ_BINDING_FIXED0] = job->side->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = job->side->fixed[1];
+  buffers[KVQ_BINDING_DST] = job->out;
+  st = kvq_vk_dispatch(b, shader, &push, buffers, page_floats * job->count);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
+  vk_backend *b = (vk_backend *)backend;
+  if (kvq_prepared_floats(&job->keys->layout) == 0) return KVQ_OK; /* the method scores the query itself */
+  return unsupported(b, "query preparation", job->keys->layout.method);
+}
+
+kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {
+  (void)job;
+  return unsupported((vk_backend *)backend, "k-means assignment", 0);
+}
+
+kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job) {
+  (void)job;
+  return unsupported((vk_backend *)backend, "k-means update", 0);
+}

@@ -1,0 +1,191 @@
+/*
+ * Buffers of the Vulkan backend. kvq's buffers live in device-local memory where the device has
+ * it; the host reaches them through one host-visible staging buffer, in chunks. Every operation
+ * is complete when it returns (the backend is synchronous, vk.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vk.h"
+
+/* A memory type allowed by `bits` with all of `want`, preferring one with `prefer` too. */
+static uint32_t memory_type(const vk_backend *b, uint32_t bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer) {
+  for (int pass = 0; pass < 2; pass++)
+    for (uint32_t i = 0; i < b->memory.memoryTypeCount; i++) {
+      VkMemoryPropertyFlags f = b->memory.memoryTypes[i].propertyFlags;
+      if (!(bits & (1u << i)) || (f & want) != want) continue;
+      if (pass == 0 && (f & prefer) != prefer) continue;
+      return i;
+    }
+  return UINT32_MAX;
+}
+
+kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what) {
+  if (!buffer || offset > buffer->size || bytes > buffer->size - offset) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: %s [%llu, +%llu) lies outside a buffer of %llu bytes", what,
+             (unsigned long long)offset, (unsigned long long)bytes, (unsigned long long)(buffer ? buffer->size : 0));
+    return KVQ_ERROR_INTERNAL;
+  }
+  return KVQ_OK;
+}
+
+void kvq_vk_buffer_free(vk_backend *b, kvq_buffer *buffer) {
+  if (!buffer) return;
+  if (buffer->mapped) b->vk.vkUnmapMemory(b->device, buffer->memory);
+  if (buffer->buffer) b->vk.vkDestroyBuffer(b->device, buffer->buffer, NULL);
+  if (buffer->memory) b->vk.vkFreeMemory(b->device, buffer->memory, NULL);
+  free(buffer);
+}
+
+/* A buffer (not yet zeroed): device-local, or host-visible and mapped. Sizes are rounded up to
+ * whole words (shaders address words); `size` keeps what was asked for. */
+kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, kvq_buffer **out) {
+  *out = NULL;
+  const uint64_t rounded = bytes < 16 ? 16 : (bytes + 15) / 16 * 16;
+  if (rounded > b->properties.limits.maxStorageBufferRange) {
+    snprintf(b->base.message, sizeof b->base.message,
+             "vulkan: a buffer of %llu bytes exceeds this device's largest storage buffer (maxStorageBufferRange %u)",
+             (unsigned long long)bytes, b->properties.limits.maxStorageBufferRange);
+    return KVQ_ERROR_DEVICE_MEMORY;
+  }
+  kvq_buffer *buf = calloc(1, sizeof *buf);
+  if (!buf) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
+    return KVQ_ERROR_OUT_OF_MEMORY;
+  }
+  buf->size = bytes;
+  VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .size = rounded,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+  VkResult r = b->vk.vkCreateBuffer(b->device, &info, NULL, &buf->buffer);
+  if (r != VK_SUCCESS) {
+    kvq_vk_buffer_free(b, buf);
+    return kvq_vk_fail(b, r, "vkCreateBuffer");
+  }
+  VkMemoryRequirements req;
+  b->vk.vkGetBufferMemoryRequirements(b->device, buf->buffer, &req);
+  const VkMemoryPropertyFlags want =
+      host_visible ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT : 0;
+  const VkMemoryPropertyFlags prefer = host_visible ? VK_MEMORY_PROPERTY_HOST_CACHED_BIT : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+  const uint32_t type = memory_type(b, req.memoryTypeBits, want, prefer);
+  if (type == UINT32_MAX) {
+    kvq_vk_buffer_free(b, buf);
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: no memory type fits a %s buffer",
+             host_visible ? "host-visible" : "device");
+    return KVQ_ERROR_INTERNAL;
+  }
+  VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = type};
+  if ((r = b->vk.vkAllocateMemory(b->device, &alloc, NULL, &buf->memory)) != VK_SUCCESS ||
+      (r = b->vk.vkBindBufferMemory(b->device, buf->buffer, buf->memory, 0)) != VK_SUCCESS ||
+      (host_visible && (r = b->vk.vkMapMemory(b->device, buf->memory, 0, VK_WHOLE_SIZE, 0, &buf->mapped)) != VK_SUCCESS)) {
+    kvq_vk_buffer_free(b, buf);
+    return kvq_vk_fail(b, r, "allocating buffer memory");
+  }
+  *out = buf;
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer **out) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_buffer_make(b, bytes, 0, out);
+  if (st != KVQ_OK) return st;
+  /* zero-filled by contract: the whole (rounded) buffer, so shaders never read garbage words */
+  if ((st = kvq_vk_begin(b)) == KVQ_OK) {
+    b->vk.vkCmdFillBuffer(b->cmd, (*out)->buffer, 0, VK_WHOLE_SIZE, 0);
+    st = kvq_vk_submit(b);
+  }
+  if (st != KVQ_OK) {
+    kvq_vk_buffer_free(b, *out);
+    *out = NULL;
+  }
+  return st;
+}
+
+void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) { kvq_vk_buffer_free((vk_backend *)backend, buffer); }
+
+static void copy_region(vk_backend *b, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src, uint64_t src_offset, uint64_t bytes) {
+  VkBufferCopy region = {.srcOffset = src_offset, .dstOffset = dst_offset, .size = bytes};
+  b->vk.vkCmdCopyBuffer(b->cmd, src->buffer, dst->buffer, 1, &region);
+}
+
+kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, const void *src, uint64_t bytes) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a write");
+  for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
+    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    memcpy(b->staging->mapped, (const uint8_t *)src + done, (size_t)chunk);
+    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
+    copy_region(b, buffer, offset + done, b->staging, 0, chunk);
+    st = kvq_vk_submit(b);
+    done += chunk;
+  }
+  return st;
+}
+
+kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a read");
+  for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
+    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
+    copy_region(b, b->staging, 0, buffer, offset + done, chunk);
+    if ((st = kvq_vk_submit(b)) != KVQ_OK) break;
+    memcpy((uint8_t *)dst + done, b->staging->mapped, (size_t)chunk);
+    done += chunk;
+  }
+  return st;
+}
+
+kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
+                              uint64_t src_offset, uint64_t bytes) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_check_range(b, dst, dst_offset, bytes, "a copy's destination");
+  if (st == KVQ_OK) st = kvq_vk_check_range(b, src, src_offset, bytes, "a copy's source");
+  if (st != KVQ_OK || bytes == 0) return st;
+  const int overlap = dst == src && dst_offset < src_offset + bytes && src_offset < dst_offset + bytes;
+  if (!overlap) {
+    if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
+    copy_region(b, dst, dst_offset, src, src_offset, bytes);
+    return kvq_vk_submit(b);
+  }
+  /* Overlapping ranges of one buffer (Vulkan forbids them in one copy): through the staging buffer,
+   * chunk by chunk in the direction memmove would take. */
+  const int forward = dst_offset < src_offset;
+  for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
+    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    const uint64_t at = forward ? done : bytes - done - chunk;
+    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
+    copy_region(b, b->staging, 0, src, src_offset + at, chunk);
+    VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                               .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                               .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+    b->vk.vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0,
+                               NULL, 0, NULL);
+    copy_region(b, dst, dst_offset + at, b->staging, 0, chunk);
+    st = kvq_vk_submit(b);
+    done += chunk;
+  }
+  return st;
+}
+
+kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes) {
+  vk_backend *b = (vk_backend *)backend;
+  kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a zero fill");
+  if (st != KVQ_OK || bytes == 0) return st;
+  /* vkCmdFillBuffer works on whole words; ragged ends are written from the host */
+  static const uint8_t zeros[4];
+  const uint64_t head = offset % 4 ? 4 - offset % 4 : 0;
+  if (head >= bytes) return kvq_vk_buffer_write(backend, buffer, offset, zeros, bytes);
+  if (head && (st = kvq_vk_buffer_write(backend, buffer, offset, zeros, head)) != KVQ_OK) return st;
+  const uint64_t words = (bytes - head) / 4 * 4, tail = bytes - head - words;
+  if (words) {
+    if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
+    b->vk.vkCmdFillBuffer(b->cmd, buffer->buffer, offset + head, words, 0);
+    if ((st = kvq_vk_submit(b)) != KVQ_OK) return st;
+  }
+  if (tail) st = kvq_vk_buffer_write(backend, buffer, offset + head + words, zeros, tail);
+  return st;
+}

@@ -1,0 +1,53 @@
+/*
+ * The push constants of every kvq compute shader, defined once for the host (C) and the shaders
+ * (GLSL): the X-macro below expands to a C struct in backends/vulkan/ and to the push_constant block
+ * in shaders/common.glsl, so the two cannot drift apart. All fields are 32-bit words; floats travel
+ * as their bits. The host checks the size against the device's maxPushConstantsSize (128 bytes is
+ * the minimum every Vulkan device guarantees, and the static assertion below keeps us within it).
+ *
+ * Side fields describe the layout a job reads or writes (core/config.h, kvq_side_layout); job
+ * fields say what to do with it; `meta` is the word offset of the job's host arrays in binding 0.
+ */
+#ifndef KVQ_SHADERS_PUSH_H
+#define KVQ_SHADERS_PUSH_H
+
+#define KVQ_PUSH_FIELDS(F)                                                                          \
+  /* the side layout */                                                                            \
+  F(method) F(page_size) F(head_dim) F(kv_heads) F(dtype) F(sketch_dim) F(outliers)                \
+  F(outlier_sketch_dim) F(bits) F(group) F(levels) F(level_bits) F(rotation) F(channels)            \
+  F(code_bits) F(head_words) F(constant_bits)                                                       \
+  /* the job */                                                                                    \
+  F(count) F(first) F(input_dtype) F(meta) F(flags) F(offset0) F(offset1)                          \
+  F(query_heads) F(scale_bits) F(window_dtype) F(alive_words)
+
+#define KVQ_PUSH_WORDS 28u
+
+/* The eight storage-buffer bindings every shader declares (shaders/common.glsl). */
+#define KVQ_BINDING_META 0   /* the job's host arrays */
+#define KVQ_BINDING_PAGES 1  /* a page pool */
+#define KVQ_BINDING_FIXED0 2 /* matrices and codebooks (fp32) */
+#define KVQ_BINDING_FIXED1 3
+#define KVQ_BINDING_SRC 4    /* inputs: tokens, queries, probabilities */
+#define KVQ_BINDING_DST 5    /* outputs: errors, decoded tokens, prepared queries, scores */
+#define KVQ_BINDING_RING 6   /* the full-precision window */
+#define KVQ_BINDING_AUX 7    /* the weighted sum's output, probability sums */
+
+/* flags */
+#define KVQ_PUSH_ERRORS 1u     /* QUANTIZE: write per-token errors */
+#define KVQ_PUSH_ACCUMULATE 2u /* SOFTMAX: write per-slot probability sums */
+#define KVQ_PUSH_WEIGHTS 4u    /* KMEANS_UPDATE: weights are bound */
+#define KVQ_PUSH_DISTANCE 8u   /* KMEANS_ASSIGN: distances are bound */
+
+#if defined(GL_core_profile) || defined(VULKAN)
+#define KVQ_PUSH_MEMBER(name) uint name;
+#else
+#include <stdint.h>
+#define KVQ_PUSH_MEMBER(name) uint32_t name;
+typedef struct kvq_push {
+  KVQ_PUSH_FIELDS(KVQ_PUSH_MEMBER)
+} kvq_push;
+_Static_assert(sizeof(kvq_push) == KVQ_PUSH_WORDS * 4u, "KVQ_PUSH_WORDS must count the fields");
+_Static_assert(sizeof(kvq_push) <= 128u, "push constants must fit the 128 bytes every device offers");
+#endif
+
+#endif

@@ -1,0 +1,31 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// SCORE for one sequence: logit of query row r, query head h against slot t, scaled, or -inf where
+// masked, into dst at score_offset + (r * query_heads + h) * n + t. Queries: src fp32
+// [rows][query_heads][d]. Invocation: one (r, h, t), t fastest.
+#include "shaders/common.glsl"
+#include "shaders/method.glsl"
+#include "shaders/attention.glsl"
+
+void main() {
+  uint id = kvq_invocation();
+  uint n = kvq_seq_tokens();
+  if (n == 0u) return;
+  uint t = id % n, h = (id / n) % pc.query_heads, r = id / n / pc.query_heads;
+  if (r >= kvq_seq(SEQ_QUERY_COUNT)) return;
+  uint out_index = kvq_seq(SEQ_SCORE_OFFSET) + (r * pc.query_heads + h) * n + t;
+  if (!kvq_visible(r, t)) {
+    dst[out_index] = 0xff800000u; // -inf
+    return;
+  }
+  uint kvh = h / (pc.query_heads / pc.kv_heads), d = pc.head_dim;
+  uint q = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d;
+  float dot = 0.0;
+  if (t < kvq_seq(SEQ_QUANTIZED)) {
+    uint block = kvq_slot_block(t, kvh);
+    for (uint c = 0u; c < d; c++) dot += uintBitsToFloat(src[q + c]) * kvq_decode(block, t % pc.page_size, c);
+  } else {
+    for (uint c = 0u; c < d; c++) dot += uintBitsToFloat(src[q + c]) * kvq_window_value(t, kvh, c);
+  }
+  dst[out_index] = floatBitsToUint(dot * uintBitsToFloat(pc.scale_bits));
+}
