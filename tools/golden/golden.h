@@ -36,6 +36,11 @@ const char *kvq_golden_case_name(uint32_t index);
 /* Writes every golden file into dir with the CPU backend. Returns 0 or prints why and returns 1. */
 int kvq_golden_write(const char *dir, FILE *log);
 
+struct golden_case;
+/* Writes the golden file of one configuration (any, not only the matrix's: tests build their own)
+ * into dir with the CPU reference. Returns 0, or prints why to log and returns 1. */
+int kvq_golden_write_case(const struct golden_case *c, const char *dir, FILE *log);
+
 struct golden_file;
 /* Adds to a golden file holding only inputs (config, schedule, sequences, keys/values, queries) the
  * results computed on a context: matrix SHA-256s, page images, logits, probabilities, outputs.

@@ -298,6 +298,17 @@ static int write_case(const golden_case *c, const char *dir, kvq_context *ctx, F
   return rc;
 }
 
+int kvq_golden_write_case(const golden_case *c, const char *dir, FILE *log) {
+  kvq_context *ctx = cpu_context();
+  if (!ctx) {
+    fprintf(log, "kvq golden --write: the CPU backend does not start\n");
+    return 1;
+  }
+  const int rc = write_case(c, dir, ctx, log, NULL);
+  kvq_context_destroy(ctx);
+  return rc;
+}
+
 static int write_bytes(const char *dir, const char *file, const uint8_t *data, size_t size, FILE *log) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, file);

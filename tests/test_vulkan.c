@@ -1,0 +1,223 @@
+/*
+ * The Vulkan backend against the CPU reference. Runs on whatever Vulkan device the machine has (in
+ * CI: lavapipe, Mesa's CPU implementation) with the Khronos validation layer on (meson sets
+ * KVQ_VULKAN_VALIDATION=1; the backend then fails any job after which the layer said anything).
+ * Without a Vulkan device every test here is skipped, saying why.
+ *
+ * Agreement is judged by the golden checker (tools/golden, docs/GOLDEN.md): codes byte-identical
+ * with near-ties proven, side data within 1 ulp, scores/probabilities/outputs within the derived
+ * bounds of docs/ACCURACY.md. The same checker that holds the CPU to the committed golden files holds
+ * Vulkan to them, and to files the CPU writes here for odd sizes.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "golden/cases.h"
+#include "golden/golden.h"
+#include "helpers.h"
+
+/* Skips the calling test (visibly, with the reason) when kvq has no Vulkan device here. */
+static void require_vulkan(void) {
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(infos, 4, &count), KVQ_OK);
+  for (size_t i = 0; i < count; i++)
+    if (infos[i].kind == KVQ_BACKEND_VULKAN && infos[i].availability != KVQ_AVAILABLE)
+      cr_skip_test("no Vulkan device: %s", infos[i].reason);
+}
+
+static kvq_context *vulkan_context(void) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  return ctx;
+}
+
+static void log_lines(FILE *out) {
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+}
+
+/* Every golden-matrix configuration, policy stream and saved file, on Vulkan. */
+Test(vulkan, agrees_with_committed_golden_files, .timeout = 600) {
+  require_vulkan();
+  golden_totals t;
+  FILE *out = tmpfile();
+  const int rc = kvq_golden_check(KVQ_SOURCE_GOLDEN_DIR, KVQ_BACKEND_VULKAN, out, &t);
+  log_lines(out);
+  cr_assert_eq(rc, 0, "kvq golden --check --backend vulkan failed (the log above says where)");
+  cr_assert_eq(t.configurations, kvq_golden_case_count());
+  cr_assert_gt(t.code_bytes, 100000u);
+  cr_assert_eq(t.unexplained, 0u);
+  cr_assert_eq(t.side_beyond, 0u);
+  cr_assert_gt(t.class3_values, 10000u);
+  cr_assert_eq(t.class3_beyond, 0u);
+  cr_assert_eq(t.decisions_differing, 0u);
+  cr_assert_eq(t.files_failed, 0u);
+}
+
+/* ---- Odd sizes: files the CPU writes here, checked on Vulkan ------------------------------------ */
+
+static char *temp_dir(void) {
+  char *dir = strdup("/tmp/kvq-vulkan-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  return dir;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
+static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
+
+static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
+  kvq_method_config c = method(KVQ_METHOD_KIVI);
+  c.kivi = (kvq_kivi_config){bits, group_tokens};
+  return c;
+}
+
+/*
+ * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8; every input dtype; with and without a
+ * residual window. Each case's two sequences get different lengths, so the batch mixes them.
+ */
+Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
+  require_vulkan();
+  enum { P = 16 };
+  static const struct {
+    uint32_t kv_heads, ratio, len0, len1, window;
+    kvq_dtype input;
+  } shapes[] = {
+      {1, 1, 1, 2, 0, KVQ_DTYPE_F32},          {2, 4, P + 1, 1, 0, KVQ_DTYPE_F16},
+      {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
+      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},
+  };
+  static char names[16][64];
+  golden_case cases[16];
+  uint32_t count = 0;
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int pair = 0; pair < 3; pair++) {
+      golden_case *c = &cases[count];
+      memset(c, 0, sizeof *c);
+      kvq_method_config keys, values;
+      if (pair == 0) keys = kivi(2, P), values = th_uniform(2, 32);
+      else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
+      else keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
+      snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
+      c->name = names[count];
+      c->input = shapes[s].input;
+      c->page_size = P;
+      c->window = shapes[s].window;
+      c->layer_count = 1;
+      c->layers[0] = th_layer(shapes[s].kv_heads * shapes[s].ratio, shapes[s].kv_heads, 64, keys, values);
+      c->lengths[0] = shapes[s].len0;
+      c->lengths[1] = shapes[s].len1;
+      c->seed = 1000 + count;
+      c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
+      count++;
+    }
+  char *dir = temp_dir();
+  FILE *log = tmpfile();
+  for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);
+  fclose(log);
+  golden_totals t;
+  FILE *out = tmpfile();
+  kvq_golden_check(dir, KVQ_BACKEND_VULKAN, out, &t); /* no saved files here: those are counted failed */
+  log_lines(out);
+  remove_dir(dir);
+  free(dir);
+  cr_assert_eq(t.configurations, count);
+  cr_assert_eq(t.configurations_failed, 0u, "the log above names the configurations that failed");
+  cr_assert_gt(t.code_bytes, 10000u);
+  cr_assert_eq(t.code_bytes_differing, t.near_ties + t.implied, "every differing byte is a proven near-tie");
+  cr_assert_eq(t.unexplained, 0u);
+  cr_assert_eq(t.side_beyond, 0u);
+  cr_assert_gt(t.class3_values, 1000u);
+  cr_assert_eq(t.class3_beyond, 0u);
+}
+
+/* ---- Backend selection and error paths ----------------------------------------------------------- */
+
+Test(vulkan, listed_with_its_device) {
+  require_vulkan();
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(infos, 4, &count), KVQ_OK);
+  for (size_t i = 0; i < count; i++)
+    if (infos[i].kind == KVQ_BACKEND_VULKAN) {
+      cr_assert_str_eq(infos[i].name, "vulkan");
+      cr_assert_str_empty(infos[i].reason);
+      cr_assert_str_not_empty(infos[i].device);
+    }
+  kvq_context *ctx = vulkan_context();
+  cr_assert_eq(kvq_context_backend(ctx), KVQ_BACKEND_VULKAN);
+  kvq_context_destroy(ctx);
+}
+
+Test(vulkan, device_index_out_of_range_is_refused_with_a_reason) {
+  require_vulkan();
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.device_index = 1000;
+  kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_BACKEND_UNAVAILABLE);
+  cr_assert_null(ctx);
+}
+
+Test(vulkan, incomplete_runtime_device_is_an_invalid_argument) {
+  require_vulkan();
+  kvq_vulkan_device device = {0};
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.vulkan = &device;
+  kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(ctx);
+}
+
+/* The automatic choice takes a GPU only: on a machine whose one Vulkan device is a CPU
+ * implementation, AUTO picks kvq's own CPU reference. */
+Test(vulkan, auto_never_picks_a_cpu_vulkan_device) {
+  require_vulkan();
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  kvq_backends_list(infos, 4, &count);
+  int llvmpipe = 0;
+  for (size_t i = 0; i < count; i++) llvmpipe |= infos[i].kind == KVQ_BACKEND_VULKAN && strstr(infos[i].device, "llvmpipe");
+  if (!llvmpipe) cr_skip_test("the Vulkan device here is not lavapipe (llvmpipe)");
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(NULL, &ctx), KVQ_OK);
+  cr_assert_eq(kvq_context_backend(ctx), KVQ_BACKEND_CPU);
+  kvq_context_destroy(ctx);
+}
+
+/* A cache larger than the device's largest storage buffer is refused with a status, not a crash. */
+Test(vulkan, a_pool_beyond_the_device_limits_is_refused) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  kvq_layer_config layer = th_layer(8, 8, 256, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  /* 8 heads x 256 channels x 4 bytes x 256 tokens = 2 MiB per page; 4096 pages = 8 GiB per side */
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 256, 0, 4096, 4, 1);
+  kvq_cache *cache = (kvq_cache *)(uintptr_t)1;
+  const kvq_status st = kvq_cache_create(ctx, &config, &cache);
+  cr_assert(st == KVQ_ERROR_DEVICE_MEMORY || st == KVQ_ERROR_OUT_OF_MEMORY, "got %s: %s", kvq_status_string(st),
+            kvq_context_last_error(ctx));
+  cr_assert_null(cache);
+  cr_assert_str_not_empty(kvq_context_last_error(ctx));
+  kvq_context_destroy(ctx);
+}
