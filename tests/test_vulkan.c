@@ -221,3 +221,94 @@ Test(vulkan, a_pool_beyond_the_device_limits_is_refused) {
   cr_assert_str_not_empty(kvq_context_last_error(ctx));
   kvq_context_destroy(ctx);
 }
+
+/* ---- The runtime's own device ----------------------------------------------------------------------- */
+
+#include <volk.h>
+
+/* What a runtime would have: its instance, a physical device with a compute queue, a device. */
+typedef struct runtime_device {
+  VkInstance instance;
+  VkPhysicalDevice physical;
+  VkDevice device;
+  uint32_t family;
+} runtime_device;
+
+static void runtime_start(runtime_device *r) {
+  cr_assert_eq(volkInitialize(), VK_SUCCESS);
+  VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2};
+  VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+  cr_assert_eq(vkCreateInstance(&info, NULL, &r->instance), VK_SUCCESS);
+  volkLoadInstanceOnly(r->instance);
+  uint32_t count = 1;
+  const VkResult listed = vkEnumeratePhysicalDevices(r->instance, &count, &r->physical);
+  cr_assert(listed == VK_SUCCESS || listed == VK_INCOMPLETE);
+  cr_assert_eq(count, 1u);
+  VkQueueFamilyProperties families[16];
+  uint32_t fc = 16;
+  vkGetPhysicalDeviceQueueFamilyProperties(r->physical, &fc, families);
+  r->family = UINT32_MAX;
+  for (uint32_t i = 0; i < fc && r->family == UINT32_MAX; i++)
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) r->family = i;
+  cr_assert_neq(r->family, UINT32_MAX);
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = r->family,
+                                   .queueCount = 1, .pQueuePriorities = &priority};
+  VkDeviceCreateInfo dinfo = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
+  cr_assert_eq(vkCreateDevice(r->physical, &dinfo, NULL, &r->device), VK_SUCCESS);
+  volkLoadDevice(r->device); /* the runtime's own device functions; kvq keeps a table of its own */
+}
+
+/* Attention on a cache of the runtime's device equals attention on kvq's own Vulkan device, bit for
+ * bit (same device, same shaders), and the runtime's device outlives the context, still usable. */
+Test(vulkan, runs_on_the_runtimes_device) {
+  require_vulkan();
+  runtime_device r;
+  runtime_start(&r);
+  kvq_vulkan_device handed = {r.instance, r.physical, r.device, r.family, 0};
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.vulkan = &handed;
+  kvq_context *theirs = NULL, *ours = vulkan_context();
+  cr_assert_eq(kvq_context_create(&opt, &theirs), KVQ_OK);
+  enum { HQ = 4, HKV = 2, D = 64, N = 40 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 2, 7);
+  static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[2][HQ * D];
+  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  kvq_context *ctxs[2] = {theirs, ours};
+  for (int c = 0; c < 2; c++) {
+    kvq_cache *cache = NULL;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
+    KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[c], cache, seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+    int64_t qshape[3] = {1, HQ, D};
+    kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                                 .output = kvq_tensor_host(out[c], KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
+    KVQ_CHECK(ctxs[c], kvq_attention(cache, 0, &req, 1));
+    kvq_cache_destroy(cache);
+  }
+  cr_assert_eq(memcmp(out[0], out[1], sizeof out[0]), 0, "the same device and shaders give the same bits");
+  kvq_context_destroy(theirs);
+  kvq_context_destroy(ours);
+  cr_assert_eq(vkDeviceWaitIdle(r.device), VK_SUCCESS, "kvq left the runtime's device usable");
+  vkDestroyDevice(r.device, NULL);
+  vkDestroyInstance(r.instance, NULL);
+}
+
+Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) {
+  require_vulkan();
+  runtime_device r;
+  runtime_start(&r);
+  kvq_vulkan_device handed = {r.instance, r.physical, r.device, 999, 0};
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.vulkan = &handed;
+  kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(ctx);
+  vkDestroyDevice(r.device, NULL);
+  vkDestroyInstance(r.instance, NULL);
+}

@@ -85,6 +85,10 @@ typedef struct vk_backend {
   uint64_t last_submission_ns;
 
   VkDebugUtilsMessengerEXT messenger; /* validation runs (KVQ_VULKAN_VALIDATION=1) */
+  /* Instance functions used after creation, kept here: volk's global instance pointers follow the
+   * last instance loaded (another context's, or the runtime's), which may lack the extension. */
+  PFN_vkDestroyInstance destroy_instance;
+  PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
   uint32_t validation_messages;
   char validation_first[384];
 } vk_backend;

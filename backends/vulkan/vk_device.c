@@ -85,9 +85,15 @@ static kvq_status create_instance(vk_backend *b, kvq_availability *availability,
   }
   b->owns_instance = 1;
   volkLoadInstanceOnly(b->instance);
-  if (validate && vkCreateDebugUtilsMessengerEXT &&
-      vkCreateDebugUtilsMessengerEXT(b->instance, &messenger, NULL, &b->messenger) != VK_SUCCESS)
-    b->messenger = VK_NULL_HANDLE;
+  b->destroy_instance = vkDestroyInstance;
+  if (validate) {
+    PFN_vkCreateDebugUtilsMessengerEXT create =
+        (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(b->instance, "vkCreateDebugUtilsMessengerEXT");
+    b->destroy_messenger =
+        (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(b->instance, "vkDestroyDebugUtilsMessengerEXT");
+    if (!create || !b->destroy_messenger || create(b->instance, &messenger, NULL, &b->messenger) != VK_SUCCESS)
+      b->messenger = VK_NULL_HANDLE;
+  }
   return KVQ_OK;
 }
 
@@ -263,8 +269,8 @@ static void vk_destroy(kvq_backend *backend) {
     if (b->command_pool) b->vk.vkDestroyCommandPool(b->device, b->command_pool, NULL);
     if (b->owns_device) b->vk.vkDestroyDevice(b->device, NULL);
   }
-  if (b->messenger) vkDestroyDebugUtilsMessengerEXT(b->instance, b->messenger, NULL);
-  if (b->owns_instance) vkDestroyInstance(b->instance, NULL);
+  if (b->messenger) b->destroy_messenger(b->instance, b->messenger, NULL);
+  if (b->owns_instance) b->destroy_instance(b->instance, NULL);
   free(b);
 }
 
