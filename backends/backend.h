@@ -28,7 +28,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 2u
+#define KVQ_BACKEND_ABI_VERSION 3u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -194,6 +194,12 @@ typedef struct kvq_backend_ops {
   kvq_status (*kmeans_update)(kvq_backend *backend, const kvq_job_kmeans *job);
 
   kvq_status (*finish)(kvq_backend *backend);
+
+  /* Optional (NULL: the backend takes host tensors only). Wraps caller-owned memory of a kind the
+   * backend owns (KVQ_MEMORY_VULKAN_BUFFER: `handle` is a VkBuffer) of at least `bytes` as a
+   * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory. */
+  kvq_status (*buffer_import)(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes,
+                              kvq_buffer **out);
 } kvq_backend_ops;
 
 struct kvq_backend {

@@ -207,7 +207,7 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
     goto done;
   }
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
-    kvq_tensor_gather(tensors[s], packed[s], cache->config.input_dtype);
+    if ((st = kvq_tensor_read(ctx, tensors[s], packed[s], cache->config.input_dtype)) != KVQ_OK) break;
     st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, packed[s], count,
                           s ? "kvq_append values" : "kvq_append keys", n);
   }

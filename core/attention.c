@@ -305,8 +305,8 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
     if (!q || !items[i].output || (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
       st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
     } else {
-      kvq_tensor_gather(&requests[i].queries, q, KVQ_DTYPE_F32);
-      st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
+      st = kvq_tensor_read(ctx, &requests[i].queries, q, KVQ_DTYPE_F32);
+      if (st == KVQ_OK) st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
     }
   }
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
@@ -315,11 +315,11 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
     if (st == KVQ_OK)
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
-  if (st == KVQ_OK)
-    for (size_t i = 0; i < count; i++) {
-      kvq_tensor_scatter(&requests[i].output, items[i].output);
-      if (items[i].sums) kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
-    }
+  /* A device output that cannot be written (a device error) stops the loop: the statistics of the
+   * sequences not answered stay as they were. */
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if ((st = kvq_tensor_write(ctx, &requests[i].output, items[i].output)) == KVQ_OK && items[i].sums)
+      kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);
     free(items[i].output);
@@ -350,8 +350,8 @@ kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   item.queries = q;
   if (!q || !item.scores || !kept) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
   if (st == KVQ_OK) {
-    kvq_tensor_gather(queries, q, KVQ_DTYPE_F32);
-    st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
+    st = kvq_tensor_read(ctx, queries, q, KVQ_DTYPE_F32);
+    if (st == KVQ_OK) st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
   if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
   if (st == KVQ_OK && n != width) { /* evicted tokens' slots leave the rows: kept tokens only, in order */
@@ -361,7 +361,7 @@ kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   }
   if (st == KVQ_OK) st = check_finite_results(ctx, item.scores, rows * n, kind == KVQ_SCORES_LOGITS, "kvq_scores");
   if (st == KVQ_OK) st = check_fits(ctx, item.scores, rows * n, scores->dtype, "kvq_scores");
-  if (st == KVQ_OK) kvq_tensor_scatter(scores, item.scores);
+  if (st == KVQ_OK) st = kvq_tensor_write(ctx, scores, item.scores);
   free(q);
   free(kept);
   free(item.scores);
@@ -447,9 +447,8 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
   free(slots);
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
-  if (st == KVQ_OK)
-    for (int s = 0; s < 2; s++)
-      if (outs[s]) kvq_tensor_scatter(outs[s], buffers[s]);
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    if (outs[s]) st = kvq_tensor_write(ctx, outs[s], buffers[s]);
   free(buffers[0]);
   free(buffers[1]);
   return st;

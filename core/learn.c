@@ -259,7 +259,7 @@ kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tenso
       st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_learn: out of host memory");
       break;
     }
-    kvq_tensor_gather(tensors[s], x, KVQ_DTYPE_F32);
+    if ((st = kvq_tensor_read(ctx, tensors[s], x, KVQ_DTYPE_F32)) != KVQ_OK) break;
     for (uint64_t i = 0; i < count && st == KVQ_OK; i++)
       if (!isfinite(x[i])) st = kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "kvq_codebooks_learn: calibration %s hold %g",
                                          s ? "values" : "keys", (double)x[i]);

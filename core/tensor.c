@@ -30,16 +30,21 @@ uint64_t kvq_tensor_count(const kvq_tensor *t) {
 kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *name, const int64_t expect[3]) {
   if (!t) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: tensor is NULL", name);
   if (t->memory != KVQ_MEMORY_HOST) {
-    if (t->memory == KVQ_MEMORY_VULKAN_BUFFER || t->memory == KVQ_MEMORY_CUDA_DEVICE)
-      return kvq_fail(ctx, KVQ_ERROR_UNSUPPORTED, "%s: device-memory tensors need a GPU backend; this context runs on %s",
-                      name, ctx && ctx->backend ? ctx->backend->ops->name : "?");
-    return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: unknown memory kind %d", name, (int)t->memory);
+    if (t->memory != KVQ_MEMORY_VULKAN_BUFFER && t->memory != KVQ_MEMORY_CUDA_DEVICE)
+      return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: unknown memory kind %d", name, (int)t->memory);
+    const kvq_backend_kind owner = t->memory == KVQ_MEMORY_VULKAN_BUFFER ? KVQ_BACKEND_VULKAN : KVQ_BACKEND_CUDA;
+    if (!ctx || !ctx->backend || ctx->backend->kind != owner || !ctx->backend->ops->buffer_import)
+      return kvq_fail(ctx, KVQ_ERROR_UNSUPPORTED, "%s: device-memory tensors (%s) need the %s backend; this context runs on %s",
+                      name, owner == KVQ_BACKEND_VULKAN ? "a VkBuffer" : "CUDA", owner == KVQ_BACKEND_VULKAN ? "vulkan" : "cuda",
+                      ctx && ctx->backend ? ctx->backend->ops->name : "?");
+    if (owner == KVQ_BACKEND_VULKAN && !t->vk_buffer)
+      return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: vk_buffer is VK_NULL_HANDLE", name);
   }
   if (t->dtype != KVQ_DTYPE_F32 && t->dtype != KVQ_DTYPE_F16 && t->dtype != KVQ_DTYPE_BF16)
     return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: unknown dtype %d", name, (int)t->dtype);
   if (t->rank != 3)
     return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: rank %u, expected 3", name, t->rank);
-  if (!t->data) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: data is NULL", name);
+  if (!t->data && t->memory != KVQ_MEMORY_VULKAN_BUFFER) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: data is NULL", name);
   for (uint32_t i = 0; i < 3; i++) {
     if (t->shape[i] < 1 || t->shape[i] > (int64_t)1 << 31)
       return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: shape[%u] = %lld must be from 1 to 2^31", name, i,
@@ -60,8 +65,10 @@ kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *n
     else if (total != UINT64_MAX) total = total + a * b > UINT64_MAX / 8 ? UINT64_MAX : total + a * b;
   }
   uint64_t size = t->dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  /* (a VkBuffer is addressed from 0: its data field is not a pointer) */
+  const uintptr_t base = t->memory == KVQ_MEMORY_VULKAN_BUFFER ? 0 : (uintptr_t)t->data;
   if (total == UINT64_MAX || (total + 1) * size > UINT64_MAX - t->offset ||
-      (total + 1) * size + t->offset > (uint64_t)(UINTPTR_MAX - (uintptr_t)t->data))
+      (total + 1) * size + t->offset > (uint64_t)(UINTPTR_MAX - base))
     return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: shape, strides and offset reach past the address space", name);
   return KVQ_OK;
 }

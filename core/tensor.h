@@ -5,7 +5,7 @@
 #include "internal.h"
 
 /* Checks `t` (named `name` in messages) against rank 3 and an expected shape, where -1 accepts any
- * size >= 1. Host memory only in this build. */
+ * size >= 1. Host memory, or device memory the context's backend can import (buffer_import). */
 kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *name, const int64_t expect[3]);
 
 /* Number of elements. */
@@ -14,6 +14,12 @@ uint64_t kvq_tensor_count(const kvq_tensor *t);
 /* Copies the elements in row-major order into dst as dst_dtype: raw bits when the dtypes match,
  * else converted (to fp32 exactly; fp32 to fp16/bf16 rounding half to even). */
 void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
+
+/* kvq_tensor_gather and kvq_tensor_scatter for tensors in any memory the check accepted: device
+ * tensors are imported and the bytes they span read into host memory (and written back after a
+ * scatter, gaps between strided elements included, unchanged). Fail with a message in ctx. */
+kvq_status kvq_tensor_read(kvq_context *ctx, const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
+kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *src);
 
 /* Converts n packed little-endian values of `dtype` to fp32 (exact). */
 void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n);

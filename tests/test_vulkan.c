@@ -312,3 +312,140 @@ Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) {
   vkDestroyDevice(r.device, NULL);
   vkDestroyInstance(r.instance, NULL);
 }
+
+/* ---- Caller VkBuffers as tensors -------------------------------------------------------------------- */
+
+/* A host-visible VkBuffer of the runtime's device, mapped, holding `bytes`. */
+typedef struct runtime_buffer {
+  VkBuffer buffer;
+  VkDeviceMemory memory;
+  void *mapped;
+} runtime_buffer;
+
+static runtime_buffer runtime_buffer_make(const runtime_device *r, const void *data, size_t bytes) {
+  runtime_buffer rb = {0};
+  VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes,
+                             .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                      VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
+  cr_assert_eq(vkCreateBuffer(r->device, &info, NULL, &rb.buffer), VK_SUCCESS);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(r->device, rb.buffer, &req);
+  VkPhysicalDeviceMemoryProperties mp;
+  vkGetPhysicalDeviceMemoryProperties(r->physical, &mp);
+  const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  uint32_t type = UINT32_MAX;
+  for (uint32_t i = 0; i < mp.memoryTypeCount && type == UINT32_MAX; i++)
+    if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = i;
+  cr_assert_neq(type, UINT32_MAX);
+  VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = type};
+  cr_assert_eq(vkAllocateMemory(r->device, &alloc, NULL, &rb.memory), VK_SUCCESS);
+  cr_assert_eq(vkBindBufferMemory(r->device, rb.buffer, rb.memory, 0), VK_SUCCESS);
+  cr_assert_eq(vkMapMemory(r->device, rb.memory, 0, VK_WHOLE_SIZE, 0, &rb.mapped), VK_SUCCESS);
+  if (data) memcpy(rb.mapped, data, bytes);
+  else memset(rb.mapped, 0x5a, bytes);
+  return rb;
+}
+
+static void runtime_buffer_free(const runtime_device *r, runtime_buffer *rb) {
+  vkUnmapMemory(r->device, rb->memory);
+  vkDestroyBuffer(r->device, rb->buffer, NULL);
+  vkFreeMemory(r->device, rb->memory, NULL);
+}
+
+static kvq_tensor device_tensor(const runtime_buffer *rb, uint64_t offset, kvq_dtype dtype, const int64_t shape[3],
+                                const int64_t strides[3]) {
+  kvq_tensor t = kvq_tensor_host(NULL, dtype, 3, shape);
+  t.memory = KVQ_MEMORY_VULKAN_BUFFER;
+  t.vk_buffer = (uint64_t)(uintptr_t)rb->buffer;
+  t.offset = offset;
+  if (strides) memcpy(t.strides, strides, 3 * sizeof strides[0]);
+  return t;
+}
+
+/*
+ * Keys, values and queries in the runtime's VkBuffers (fp16, at an offset) and the output in one too,
+ * strided with gaps: the same bits as host tensors on the same context, the gaps untouched, and the
+ * input buffers unchanged.
+ */
+Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
+  require_vulkan();
+  runtime_device r;
+  runtime_start(&r);
+  kvq_vulkan_device handed = {r.instance, r.physical, r.device, r.family, 0};
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.vulkan = &handed;
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  enum { HQ = 8, HKV = 2, D = 64, N = 37, NQ = 2, OFFSET = 6 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, 16, 16, 16, 2, 3);
+  static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D], host_out[NQ * HQ * D];
+  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < NQ * HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  void *ks = NULL, *vs = NULL, *qs = NULL;
+  kvq_tensor kt = th_tensor_from_f32(k, KVQ_DTYPE_F16, N, HKV, D, &ks);
+  kvq_tensor vt = th_tensor_from_f32(v, KVQ_DTYPE_F16, N, HKV, D, &vs);
+  kvq_tensor qt = th_tensor_from_f32(q, KVQ_DTYPE_F16, NQ, HQ, D, &qs);
+  uint8_t staging[2 * N * HKV * D + OFFSET];
+  runtime_buffer kb, vb, qb, ob;
+  memset(staging, 0, OFFSET), memcpy(staging + OFFSET, ks, 2 * N * HKV * D);
+  kb = runtime_buffer_make(&r, staging, sizeof staging);
+  memcpy(staging + OFFSET, vs, 2 * N * HKV * D);
+  vb = runtime_buffer_make(&r, staging, sizeof staging);
+  qb = runtime_buffer_make(&r, qs, 2 * NQ * HQ * D);
+  /* output rows of HQ * (D + 8) floats: the 8 floats after each head are a gap */
+  const int64_t oshape[3] = {NQ, HQ, D}, ostrides[3] = {HQ * (D + 8), D + 8, 1};
+  ob = runtime_buffer_make(&r, NULL, 4 * NQ * HQ * (D + 8));
+  const int64_t kshape[3] = {N, HKV, D}, qshape[3] = {NQ, HQ, D};
+
+  kvq_cache *cache[2];
+  uint32_t seq[2];
+  for (int c = 0; c < 2; c++) {
+    KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache[c]));
+    KVQ_CHECK(ctx, kvq_sequence_add(cache[c], &seq[c]));
+  }
+  KVQ_CHECK(ctx, kvq_append(cache[0], seq[0], 0, &kt, &vt));
+  kvq_tensor kd = device_tensor(&kb, OFFSET, KVQ_DTYPE_F16, kshape, NULL), vd = device_tensor(&vb, OFFSET, KVQ_DTYPE_F16, kshape, NULL);
+  KVQ_CHECK(ctx, kvq_append(cache[1], seq[1], 0, &kd, &vd));
+  kvq_attention_request host_req = {.sequence = seq[0], .mask = KVQ_MASK_NONE, .queries = qt,
+                                    .output = kvq_tensor_host(host_out, KVQ_DTYPE_F32, 3, oshape)};
+  kvq_attention_request dev_req = {.sequence = seq[1], .mask = KVQ_MASK_NONE,
+                                   .queries = device_tensor(&qb, 0, KVQ_DTYPE_F16, qshape, NULL),
+                                   .output = device_tensor(&ob, 0, KVQ_DTYPE_F32, oshape, ostrides)};
+  KVQ_CHECK(ctx, kvq_attention(cache[0], 0, &host_req, 1));
+  KVQ_CHECK(ctx, kvq_attention(cache[1], 0, &dev_req, 1));
+  const float *o = ob.mapped;
+  const uint8_t *raw = ob.mapped;
+  for (int r0 = 0; r0 < NQ; r0++)
+    for (int h = 0; h < HQ; h++) {
+      const size_t at = (size_t)(r0 * HQ + h) * (D + 8);
+      cr_assert_eq(memcmp(o + at, host_out + (r0 * HQ + h) * D, 4 * D), 0, "row %d head %d differs", r0, h);
+      for (int g = 0; g < 4 * 8; g++) cr_assert_eq(raw[4 * (at + D) + g], 0x5a, "the gap after row %d head %d was written", r0, h);
+    }
+  cr_assert_eq(memcmp((uint8_t *)kb.mapped + OFFSET, ks, 2 * N * HKV * D), 0, "the key buffer is an input: unchanged");
+
+  /* a VkBuffer tensor without a buffer, and on a CPU context */
+  kvq_tensor bad = device_tensor(&qb, 0, KVQ_DTYPE_F16, qshape, NULL);
+  bad.vk_buffer = 0;
+  dev_req.queries = bad;
+  cr_assert_eq(kvq_attention(cache[1], 0, &dev_req, 1), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(kvq_context_last_error(ctx), "vk_buffer"), "%s", kvq_context_last_error(ctx));
+  kvq_context *cpu = th_cpu_context();
+  kvq_cache *cpu_cache;
+  uint32_t cpu_seq;
+  KVQ_CHECK(cpu, kvq_cache_create(cpu, &config, &cpu_cache));
+  KVQ_CHECK(cpu, kvq_sequence_add(cpu_cache, &cpu_seq));
+  cr_assert_eq(kvq_append(cpu_cache, cpu_seq, 0, &kd, &vd), KVQ_ERROR_UNSUPPORTED);
+  cr_assert(strstr(kvq_context_last_error(cpu), "vulkan"), "%s", kvq_context_last_error(cpu));
+  kvq_cache_destroy(cpu_cache);
+  kvq_context_destroy(cpu);
+
+  for (int c = 0; c < 2; c++) kvq_cache_destroy(cache[c]);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&kb, &vb, &qb, &ob};
+  for (int i = 0; i < 4; i++) runtime_buffer_free(&r, all[i]);
+  free(ks), free(vs), free(qs);
+  vkDestroyDevice(r.device, NULL);
+  vkDestroyInstance(r.instance, NULL);
+}

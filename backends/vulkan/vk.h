@@ -46,7 +46,8 @@ typedef enum kvq_vk_shader {
 
 struct kvq_buffer {
   VkBuffer buffer;
-  VkDeviceMemory memory; /* VK_NULL_HANDLE for an imported buffer: the caller owns it */
+  VkDeviceMemory memory; /* VK_NULL_HANDLE for an imported buffer */
+  int imported;          /* the caller's VkBuffer: never destroyed by kvq */
   uint64_t size;
   void *mapped; /* host-visible buffers only (staging, metadata) */
 };
@@ -108,6 +109,7 @@ kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t
 kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
                               uint64_t src_offset, uint64_t bytes);
 kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes);
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out);
 kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what);
 
 /* vk_dispatch.c: pipelines, recording, submission. */

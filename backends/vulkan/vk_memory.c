@@ -33,7 +33,7 @@ kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t 
 void kvq_vk_buffer_free(vk_backend *b, kvq_buffer *buffer) {
   if (!buffer) return;
   if (buffer->mapped) b->vk.vkUnmapMemory(b->device, buffer->memory);
-  if (buffer->buffer) b->vk.vkDestroyBuffer(b->device, buffer->buffer, NULL);
+  if (buffer->buffer && !buffer->imported) b->vk.vkDestroyBuffer(b->device, buffer->buffer, NULL);
   if (buffer->memory) b->vk.vkFreeMemory(b->device, buffer->memory, NULL);
   free(buffer);
 }
@@ -102,6 +102,28 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
     *out = NULL;
   }
   return st;
+}
+
+/* A caller's VkBuffer (kvq_tensor.vk_buffer). Vulkan cannot tell a buffer's size: the caller
+ * promises `bytes` (the tensor's span), and the validation layer checks what kvq does with it.
+ * It must have been created with TRANSFER_SRC usage (inputs) and TRANSFER_DST usage (outputs). */
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out) {
+  vk_backend *b = (vk_backend *)backend;
+  *out = NULL;
+  if (memory != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: only a VkBuffer can be imported");
+    return KVQ_ERROR_INVALID_ARGUMENT;
+  }
+  kvq_buffer *buf = calloc(1, sizeof *buf);
+  if (!buf) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
+    return KVQ_ERROR_OUT_OF_MEMORY;
+  }
+  buf->buffer = (VkBuffer)(uintptr_t)handle;
+  buf->size = bytes;
+  buf->imported = 1;
+  *out = buf;
+  return KVQ_OK;
 }
 
 void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) { kvq_vk_buffer_free((vk_backend *)backend, buffer); }

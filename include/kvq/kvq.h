@@ -104,8 +104,12 @@ typedef enum kvq_memory {
  *   offset + sizeof(dtype) * (i0 * strides[0] + i1 * strides[1] + ...)
  * from data (host / CUDA) or from the start of vk_buffer. Strides are in elements and must be >= 1.
  * Input tensors are only read; output tensors are written only when the call succeeds.
- * This build accepts KVQ_MEMORY_HOST; other kinds return KVQ_ERROR_UNSUPPORTED until the GPU
- * backends that own them are selected.
+ * KVQ_MEMORY_HOST works on every backend. KVQ_MEMORY_VULKAN_BUFFER works on a Vulkan context
+ * created on the runtime's own device (kvq_context_options.vulkan): vk_buffer is a VkBuffer of that
+ * device (data is ignored) that covers the tensor's elements, created with TRANSFER_SRC usage for
+ * inputs and TRANSFER_DST usage for outputs; kvq reads inputs and writes outputs with transfers on its
+ * queue before the call returns, and writes nothing between strided elements. Other backends, and
+ * CUDA memory in this build, return KVQ_ERROR_UNSUPPORTED.
  */
 typedef struct kvq_tensor {
   kvq_memory memory;
