@@ -200,6 +200,10 @@ typedef struct kvq_backend_ops {
    * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory. */
   kvq_status (*buffer_import)(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes,
                               kvq_buffer **out);
+
+  /* Optional (NULL: no device clock). The device time, in ns, that the work submitted since the
+   * previous call took, measured by the device's timestamps (kvq-bench prints it next to wall time). */
+  kvq_status (*device_time)(kvq_backend *backend, uint64_t *ns);
 } kvq_backend_ops;
 
 struct kvq_backend {

@@ -83,7 +83,7 @@ typedef struct vk_backend {
 
   VkQueryPool timestamps; /* two queries: start and end of the last submission */
   float timestamp_period; /* ns per tick; 0 when the queue has no timestamps */
-  uint64_t last_submission_ns;
+  uint64_t device_ns; /* summed over submissions since kvq_vk_device_time last read it */
 
   VkDebugUtilsMessengerEXT messenger; /* validation runs (KVQ_VULKAN_VALIDATION=1) */
   /* Instance functions used after creation, kept here: volk's global instance pointers follow the
@@ -123,6 +123,7 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
 /* Submits what was recorded and waits for it. */
 kvq_status kvq_vk_submit(vk_backend *b);
 kvq_status kvq_vk_finish(kvq_backend *backend);
+kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns);
 /* Copies a job's host arrays (one block of words) into the metadata buffer, grown as needed, before
  * the job records anything; *word_offset is where they start. Valid until the job's submit. */
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset);

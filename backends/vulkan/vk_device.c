@@ -296,6 +296,7 @@ static const kvq_backend_ops vk_ops = {
     .kmeans_update = kvq_vk_kmeans_update,
     .finish = kvq_vk_finish,
     .buffer_import = kvq_vk_buffer_import,
+    .device_time = kvq_vk_device_time,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

@@ -147,7 +147,7 @@ kvq_status kvq_vk_submit(vk_backend *b) {
     uint64_t ticks[2];
     if (b->vk.vkGetQueryPoolResults(b->device, b->timestamps, 0, 2, sizeof ticks, ticks, sizeof ticks[0],
                                     VK_QUERY_RESULT_64_BIT) == VK_SUCCESS)
-      b->last_submission_ns = (uint64_t)((double)(ticks[1] - ticks[0]) * b->timestamp_period);
+      b->device_ns += (uint64_t)((double)(ticks[1] - ticks[0]) * b->timestamp_period);
   }
   return kvq_vk_check_validation(b);
 }
@@ -156,6 +156,17 @@ kvq_status kvq_vk_finish(kvq_backend *backend) {
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_submit(b);
   return st == KVQ_OK ? kvq_vk_check_validation(b) : st;
+}
+
+kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
+  vk_backend *b = (vk_backend *)backend;
+  if (!b->timestamps) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: the queue has no timestamps");
+    return KVQ_ERROR_UNSUPPORTED;
+  }
+  *ns = b->device_ns;
+  b->device_ns = 0;
+  return KVQ_OK;
 }
 
 kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
