@@ -80,6 +80,7 @@ typedef struct vk_backend {
   kvq_buffer *staging;  /* host-visible, KVQ_VK_STAGING_BYTES */
   kvq_buffer *metadata; /* host-visible, grown to the largest job's host arrays */
   kvq_buffer *dummy;    /* bound to unused bindings */
+  kvq_buffer *scratch;  /* device-local, the fused attention's partial results; grown as needed */
 
   VkQueryPool timestamps; /* two queries: start and end of the last submission */
   float timestamp_period; /* ns per tick; 0 when the queue has no timestamps */
@@ -137,6 +138,7 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job);
 kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job);
 kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job);
 kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job);
+kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job);
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job);
 

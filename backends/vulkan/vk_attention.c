@@ -1,7 +1,8 @@
 /*
  * Attention jobs on Vulkan: SCORE, SOFTMAX (with the probability sums of the H2O and Q-Hitter
- * policies) and WEIGHTED_SUM, one dispatch per sequence of the batch. The job's sequence views and
- * page lists go into the metadata buffer in the form shaders/attention.glsl reads.
+ * policies) and WEIGHTED_SUM, one dispatch per sequence of the batch, and the fused ATTENTION
+ * (flash-decoding, shaders/flash.glsl) that core uses when it wants outputs only. The job's sequence
+ * views and page lists go into the metadata buffer in the form shaders/attention.glsl reads.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,86 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
   buffers[KVQ_BINDING_RING] = job->value_ring;
   buffers[KVQ_BINDING_AUX] = job->output;
   st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+/* Shaders/flash.glsl's constants and scratch size. */
+#define FLASH_SPLIT 64u
+#define FLASH_HEADS_PER_PASS 8u
+
+static uint64_t flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q) {
+  const uint64_t n = seq_tokens(q), splits = (n + FLASH_SPLIT - 1) / FLASH_SPLIT;
+  return (uint64_t)q->query_count * job->query_heads * (n + 2 * splits + splits * job->values->layout.head_dim);
+}
+
+static kvq_status ensure_scratch(vk_backend *b, uint64_t bytes) {
+  if (b->scratch && b->scratch->size >= bytes) return KVQ_OK;
+  kvq_buffer *grown;
+  kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 4, 0, &grown);
+  if (st != KVQ_OK) return st;
+  kvq_vk_buffer_free(b, b->scratch);
+  b->scratch = grown;
+  return KVQ_OK;
+}
+
+/* The unfused jobs, one after the other (what the fused path cannot give: per-token sums). */
+static kvq_status unfused(kvq_backend *backend, const kvq_job_attention *job) {
+  kvq_status st = kvq_vk_score(backend, job);
+  if (st == KVQ_OK) st = kvq_vk_softmax(backend, job);
+  if (st == KVQ_OK) st = kvq_vk_weighted_sum(backend, job);
+  return st;
+}
+
+kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *ks = &job->keys->layout, *vs = &job->values->layout;
+  const kvq_vk_shader logits = KVQ_VK_VARIANT(flash_logits, ks->method), values = KVQ_VK_VARIANT(flash_values, vs->method);
+  /* Policies that track attention need every probability; keys scored from prepared queries (QJL)
+   * use their own estimator: both take the unfused jobs. */
+  if (job->accumulate || kvq_prepared_floats(ks) > 0 || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)
+    return unfused(backend, job);
+  uint64_t scratch = 0;
+  for (uint32_t i = 0; i < job->seq_count; i++) {
+    const uint64_t f = flash_scratch_floats(job, &job->seqs[i]);
+    scratch = f > scratch ? f : scratch;
+  }
+  if (scratch * 4 > UINT32_MAX) return fail(b, KVQ_ERROR_UNSUPPORTED, "a fused attention's scratch lies beyond the 4 GiB kvq's shaders address");
+  uint32_t base = 0;
+  kvq_status st = upload(b, job, ks, &base);
+  if (st == KVQ_OK) st = ensure_scratch(b, scratch * 4);
+  if (st != KVQ_OK) return st;
+  kvq_push key_push = {0}, value_push = {0};
+  kvq_vk_push_side(&key_push, job->keys);
+  kvq_vk_push_side(&value_push, job->values);
+  push_job(&key_push, job, base);
+  push_job(&value_push, job, base);
+  kvq_buffer *key_buffers[KVQ_VK_BINDINGS] = {0}, *value_buffers[KVQ_VK_BINDINGS] = {0};
+  key_buffers[KVQ_BINDING_META] = value_buffers[KVQ_BINDING_META] = b->metadata;
+  key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = b->scratch;
+  key_buffers[KVQ_BINDING_PAGES] = job->key_pages;
+  key_buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
+  key_buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
+  key_buffers[KVQ_BINDING_SRC] = job->queries;
+  key_buffers[KVQ_BINDING_RING] = job->key_ring;
+  value_buffers[KVQ_BINDING_PAGES] = job->value_pages;
+  value_buffers[KVQ_BINDING_FIXED0] = job->values->fixed[0];
+  value_buffers[KVQ_BINDING_FIXED1] = job->values->fixed[1];
+  value_buffers[KVQ_BINDING_RING] = job->value_ring;
+  value_buffers[KVQ_BINDING_AUX] = job->output;
+  const uint32_t group = job->query_heads / ks->kv_heads;
+  const uint64_t passes = (group + FLASH_HEADS_PER_PASS - 1) / FLASH_HEADS_PER_PASS;
+  for (uint32_t i = 0; st == KVQ_OK && i < job->seq_count; i++) {
+    const kvq_attention_seq *q = &job->seqs[i];
+    const uint64_t n = seq_tokens(q), splits = (n + FLASH_SPLIT - 1) / FLASH_SPLIT;
+    const uint64_t workgroups = (uint64_t)q->query_count * ks->kv_heads * passes * splits;
+    key_push.first = value_push.first = i;
+    st = kvq_vk_dispatch(b, logits, &key_push, key_buffers, workgroups * FLASH_SPLIT);
+    if (st == KVQ_OK) st = kvq_vk_dispatch(b, values, &value_push, value_buffers, workgroups * FLASH_SPLIT);
+    if (st == KVQ_OK)
+      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_flash_combine, &value_push, value_buffers,
+                           (uint64_t)q->query_count * job->query_heads * vs->head_dim);
+  }
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
 }

@@ -263,6 +263,7 @@ static void vk_destroy(kvq_backend *backend) {
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
+    kvq_vk_buffer_free(b, b->scratch);
     kvq_vk_pipelines_destroy(b);
     if (b->timestamps) b->vk.vkDestroyQueryPool(b->device, b->timestamps, NULL);
     if (b->fence) b->vk.vkDestroyFence(b->device, b->fence, NULL);
@@ -291,7 +292,7 @@ static const kvq_backend_ops vk_ops = {
     .score = kvq_vk_score,
     .softmax = kvq_vk_softmax,
     .weighted_sum = kvq_vk_weighted_sum,
-    .attention = NULL,
+    .attention = kvq_vk_attention,
     .kmeans_assign = kvq_vk_kmeans_assign,
     .kmeans_update = kvq_vk_kmeans_update,
     .finish = kvq_vk_finish,

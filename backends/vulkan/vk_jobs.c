@@ -18,7 +18,6 @@ static int method_has_shaders(uint32_t method) { return KVQ_VK_VARIANT(quantize,
 int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
                     const kvq_side_layout *values) {
   (void)backend;
-  if (kind == KVQ_JOB_ATTENTION) return 0; /* the unfused jobs run attention */
   if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 0; /* not yet: learning runs on the CPU path only */
   return (!keys || method_has_shaders(keys->method)) && (!values || method_has_shaders(values->method));
 }

@@ -1,0 +1,58 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Fused decode attention, pass 1 of 3 (shaders/flash.glsl): each invocation decodes its token's key
+// once and scores it against every query head of the pass; the workgroup then finds, per head, the
+// split's maximum logit and the sum of exp(logit - maximum), and stores exp(logit - maximum).
+#include "shaders/common.glsl"
+#include "shaders/method.glsl"
+#include "shaders/attention.glsl"
+#include "shaders/flash.glsl"
+
+shared float reduce[KVQ_SPLIT];
+
+void main() {
+  uint n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
+  uint r, kvh, pass, split;
+  if (n == 0u || !kvq_flash_unit(n, r, kvh, pass, split)) return; // uniform over the workgroup
+  uint lane = gl_LocalInvocationID.x, t = split * KVQ_SPLIT + lane, d = pc.head_dim;
+  uint h0 = kvh * kvq_group() + pass * KVQ_HEADS_PER_PASS;
+  uint heads = min(KVQ_HEADS_PER_PASS, kvq_group() - pass * KVQ_HEADS_PER_PASS);
+  bool visible = t < n && kvq_visible(r, t);
+  float logit[KVQ_HEADS_PER_PASS];
+  for (uint g = 0u; g < KVQ_HEADS_PER_PASS; g++) logit[g] = 0.0;
+  if (visible) {
+    uint q = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
+    bool paged = t < kvq_seq(SEQ_QUANTIZED);
+    uint block = paged ? kvq_slot_block(t, kvh) : 0u;
+    for (uint c = 0u; c < d; c++) {
+      float k = paged ? kvq_decode(block, t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
+    }
+  }
+  const float minus_inf = uintBitsToFloat(0xff800000u);
+  for (uint g = 0u; g < heads; g++) {
+    float x = visible ? logit[g] * uintBitsToFloat(pc.scale_bits) : minus_inf;
+    reduce[lane] = x;
+    barrier();
+    for (uint step = KVQ_SPLIT / 2u; step > 0u; step /= 2u) {
+      if (lane < step) reduce[lane] = max(reduce[lane], reduce[lane + step]);
+      barrier();
+    }
+    float m = reduce[0];
+    barrier();
+    float p = visible ? exp(x - m) : 0.0;
+    reduce[lane] = p;
+    barrier();
+    for (uint step = KVQ_SPLIT / 2u; step > 0u; step /= 2u) {
+      if (lane < step) reduce[lane] += reduce[lane + step];
+      barrier();
+    }
+    uint row_head = r * pc.query_heads + h0 + g;
+    if (t < n) dst[row_head * n + t] = floatBitsToUint(p);
+    if (lane == 0u) {
+      dst[kvq_flash_max(rows, n, row_head, split)] = floatBitsToUint(m);
+      dst[kvq_flash_sum(rows, n, row_head, split)] = floatBitsToUint(reduce[0]);
+    }
+    barrier();
+  }
+}

@@ -1,0 +1,35 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Fused decode attention, pass 2 of 3 (shaders/flash.glsl): the split's probability-weighted sum of
+// values for every query head of the pass, each value decoded once; invocations share the channels.
+#include "shaders/common.glsl"
+#include "shaders/method.glsl"
+#include "shaders/attention.glsl"
+#include "shaders/flash.glsl"
+
+shared float prob[KVQ_HEADS_PER_PASS][KVQ_SPLIT];
+
+void main() {
+  uint n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
+  uint r, kvh, pass, split;
+  if (n == 0u || !kvq_flash_unit(n, r, kvh, pass, split)) return; // uniform over the workgroup
+  uint lane = gl_LocalInvocationID.x, d = pc.head_dim;
+  uint h0 = kvh * kvq_group() + pass * KVQ_HEADS_PER_PASS;
+  uint heads = min(KVQ_HEADS_PER_PASS, kvq_group() - pass * KVQ_HEADS_PER_PASS);
+  uint first = split * KVQ_SPLIT, count = min(KVQ_SPLIT, n - first);
+  for (uint g = 0u; g < heads; g++)
+    prob[g][lane] = lane < count ? uintBitsToFloat(dst[(r * pc.query_heads + h0 + g) * n + first + lane]) : 0.0;
+  barrier();
+  uint quantized = kvq_seq(SEQ_QUANTIZED);
+  for (uint c = lane; c < d; c += KVQ_SPLIT) {
+    float acc[KVQ_HEADS_PER_PASS];
+    for (uint g = 0u; g < KVQ_HEADS_PER_PASS; g++) acc[g] = 0.0;
+    for (uint i = 0u; i < count; i++) {
+      uint t = first + i;
+      float v = t < quantized ? kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
+    }
+    for (uint g = 0u; g < heads; g++)
+      dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
+  }
+}
