@@ -93,8 +93,9 @@ static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
 }
 
 /*
- * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8; every input dtype; with and without a
- * residual window. Each case's two sequences get different lengths, so the batch mixes them.
+ * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8, and 12 (more query heads than the fused
+ * attention takes per pass); every input dtype; with and without a residual window. Each case's two
+ * sequences get different lengths, so the batch mixes them.
  */
 Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
   require_vulkan();
@@ -105,10 +106,10 @@ Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
   } shapes[] = {
       {1, 1, 1, 2, 0, KVQ_DTYPE_F32},          {2, 4, P + 1, 1, 0, KVQ_DTYPE_F16},
       {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
-      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},
+      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
   };
-  static char names[16][64];
-  golden_case cases[16];
+  static char names[24][64];
+  golden_case cases[24];
   uint32_t count = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
     for (int pair = 0; pair < 3; pair++) {
