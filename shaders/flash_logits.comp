@@ -1,5 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef KVQ_SUBGROUPS
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 // Fused decode attention, pass 1 of 3 (shaders/flash.glsl): each invocation decodes its token's key
 // once and scores it against every query head of the pass; the workgroup then finds, per head, the
 // split's maximum logit and the sum of exp(logit - maximum), and stores exp(logit - maximum).
@@ -7,8 +11,6 @@
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
-
-shared float reduce[KVQ_SPLIT];
 
 void main() {
   uint n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
@@ -32,27 +34,14 @@ void main() {
   const float minus_inf = uintBitsToFloat(0xff800000u);
   for (uint g = 0u; g < heads; g++) {
     float x = visible ? logit[g] * uintBitsToFloat(pc.scale_bits) : minus_inf;
-    reduce[lane] = x;
-    barrier();
-    for (uint step = KVQ_SPLIT / 2u; step > 0u; step /= 2u) {
-      if (lane < step) reduce[lane] = max(reduce[lane], reduce[lane + step]);
-      barrier();
-    }
-    float m = reduce[0];
-    barrier();
+    float m = kvq_workgroup_max(x);
     float p = visible ? exp(x - m) : 0.0;
-    reduce[lane] = p;
-    barrier();
-    for (uint step = KVQ_SPLIT / 2u; step > 0u; step /= 2u) {
-      if (lane < step) reduce[lane] += reduce[lane + step];
-      barrier();
-    }
+    float sum = kvq_workgroup_sum(p);
     uint row_head = r * pc.query_heads + h0 + g;
     if (t < n) dst[row_head * n + t] = floatBitsToUint(p);
     if (lane == 0u) {
       dst[kvq_flash_max(rows, n, row_head, split)] = floatBitsToUint(m);
-      dst[kvq_flash_sum(rows, n, row_head, split)] = floatBitsToUint(reduce[0]);
+      dst[kvq_flash_sum(rows, n, row_head, split)] = floatBitsToUint(sum);
     }
-    barrier();
   }
 }

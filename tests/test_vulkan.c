@@ -97,8 +97,7 @@ static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
  * attention takes per pass); every input dtype; with and without a residual window. Each case's two
  * sequences get different lengths, so the batch mixes them.
  */
-Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
-  require_vulkan();
+static void check_odd_sizes(void) {
   enum { P = 16 };
   static const struct {
     uint32_t kv_heads, ratio, len0, len1, window;
@@ -150,6 +149,23 @@ Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
   cr_assert_eq(t.side_beyond, 0u);
   cr_assert_gt(t.class3_values, 1000u);
   cr_assert_eq(t.class3_beyond, 0u);
+}
+
+Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
+  require_vulkan();
+  check_odd_sizes();
+}
+
+/* The same with the fallback every device has (no subgroup operations), on a device that has them. */
+Test(vulkan, odd_sizes_agree_without_subgroups, .timeout = 600) {
+  require_vulkan();
+  cr_assert_eq(setenv("KVQ_VULKAN_NO_SUBGROUPS", "1", 1), 0); /* this test's own process (Criterion forks) */
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  kvq_backends_list(infos, 4, &count);
+  for (size_t i = 0; i < count; i++)
+    if (infos[i].kind == KVQ_BACKEND_VULKAN) cr_assert_null(strstr(infos[i].device, "subgroups"), "%s", infos[i].device);
+  check_odd_sizes();
 }
 
 /* ---- Backend selection and error paths ----------------------------------------------------------- */

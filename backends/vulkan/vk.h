@@ -63,6 +63,10 @@ typedef struct vk_backend {
   uint32_t queue_family;
   VkPhysicalDeviceProperties properties;
   VkPhysicalDeviceMemoryProperties memory;
+  /* Optional capabilities the shaders use where the device reports them (fallback otherwise):
+   * subgroup arithmetic in compute shaders (the fused attention's reductions). Tests turn it off
+   * with KVQ_VULKAN_NO_SUBGROUPS=1 to check the fallback on a device that has it. */
+  int subgroups;
 
   VkCommandPool command_pool;
   VkCommandBuffer cmd;

@@ -185,7 +185,9 @@ static kvq_status unfused(kvq_backend *backend, const kvq_job_attention *job) {
 kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_side_layout *ks = &job->keys->layout, *vs = &job->values->layout;
-  const kvq_vk_shader logits = KVQ_VK_VARIANT(flash_logits, ks->method), values = KVQ_VK_VARIANT(flash_values, vs->method);
+  const kvq_vk_shader logits = b->subgroups ? KVQ_VK_VARIANT(flash_logits_subgroups, ks->method)
+                                            : KVQ_VK_VARIANT(flash_logits, ks->method);
+  const kvq_vk_shader values = KVQ_VK_VARIANT(flash_values, vs->method);
   /* Policies that track attention need every probability; keys scored from prepared queries (QJL)
    * use their own estimator: both take the unfused jobs. */
   if (job->accumulate || kvq_prepared_floats(ks) > 0 || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)

@@ -229,6 +229,17 @@ static kvq_status adopt_device(vk_backend *b, const kvq_vulkan_device *v, char *
   return KVQ_OK;
 }
 
+/* Whether compute shaders may use subgroup arithmetic (Vulkan 1.1 core properties). */
+static int subgroup_arithmetic(VkPhysicalDevice device) {
+  const char *off = getenv("KVQ_VULKAN_NO_SUBGROUPS");
+  if (off && off[0] == '1') return 0;
+  VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
+  vkGetPhysicalDeviceProperties2(device, &props);
+  return (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+         (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
+}
+
 /* Command pool and buffer, fence and timestamp queries. */
 static kvq_status create_submission(vk_backend *b) {
   VkResult r;
@@ -336,6 +347,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     b->vk.vkGetDeviceQueue(b->device, b->queue_family, options && options->vulkan ? options->vulkan->queue_index : 0,
                            &b->queue);
     vkGetPhysicalDeviceMemoryProperties(b->physical, &b->memory);
+    b->subgroups = subgroup_arithmetic(b->physical);
     st = create_submission(b);
     if (st == KVQ_OK) st = kvq_vk_pipelines_init(b);
     if (st == KVQ_OK) st = kvq_vk_buffer_make(b, KVQ_VK_STAGING_BYTES, 1, &b->staging);
@@ -347,9 +359,10 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     vk_destroy(&b->base);
     return st == KVQ_ERROR_INVALID_ARGUMENT ? st : KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
-  snprintf(b->base.device, sizeof b->base.device, "%.200s (Vulkan %u.%u.%u%s)", b->properties.deviceName,
+  snprintf(b->base.device, sizeof b->base.device, "%.200s (Vulkan %u.%u.%u%s%s)", b->properties.deviceName,
            VK_API_VERSION_MAJOR(b->properties.apiVersion), VK_API_VERSION_MINOR(b->properties.apiVersion),
-           VK_API_VERSION_PATCH(b->properties.apiVersion), b->owns_device ? "" : ", the runtime's device");
+           VK_API_VERSION_PATCH(b->properties.apiVersion), b->subgroups ? ", subgroups" : "",
+           b->owns_device ? "" : ", the runtime's device");
   *availability = KVQ_AVAILABLE;
   *out = &b->base;
   return KVQ_OK;
