@@ -59,6 +59,8 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
 static uint32_t encode_units(const kvq_side_layout *s) {
   if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
+  if (s->method == KVQ_LAYOUT_QJL) /* one word of sign bits of one token */
+    return s->page_size * (kvq_qjl_words_per_token(s->sketch_dim) + (s->outliers ? kvq_qjl_words_per_token(s->outlier_sketch_dim) : 0));
   return s->page_size;
 }
 
@@ -112,6 +114,9 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     buffers[KVQ_BINDING_SRC] = job->items[first].src;
     buffers[KVQ_BINDING_DST] = job->errors;
     st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
+    /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
+    if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
+      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_VK_GROUP_SIZE);
     if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
