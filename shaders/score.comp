@@ -23,7 +23,11 @@ void main() {
   float dot = 0.0;
   if (t < kvq_seq(SEQ_QUANTIZED)) {
     uint block = kvq_slot_block(t, kvh);
+#ifdef KVQ_METHOD_DOT
+    dot = kvq_method_dot(block, t % pc.page_size, q, (kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h);
+#else
     for (uint c = 0u; c < d; c++) dot += uintBitsToFloat(src[q + c]) * kvq_decode(block, t % pc.page_size, c);
+#endif
   } else {
     for (uint c = 0u; c < d; c++) dot += uintBitsToFloat(src[q + c]) * kvq_window_value(t, kvh, c);
   }

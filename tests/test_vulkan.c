@@ -107,17 +107,18 @@ static void check_odd_sizes(void) {
       {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
       {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
   };
-  static char names[24][64];
-  golden_case cases[24];
+  static char names[32][64];
+  golden_case cases[32];
   uint32_t count = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 3; pair++) {
+    for (int pair = 0; pair < 4; pair++) {
       golden_case *c = &cases[count];
       memset(c, 0, sizeof *c);
       kvq_method_config keys, values;
       if (pair == 0) keys = kivi(2, P), values = th_uniform(2, 32);
       else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
-      else keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
+      else if (pair == 2) keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
+      else keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
       snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
       c->name = names[count];
       c->input = shapes[s].input;

@@ -40,6 +40,7 @@ typedef enum kvq_vk_shader {
  * method, or KVQ_VK_SHADER_COUNT when the method has no shader code yet. */
 #define KVQ_VK_VARIANT(shader, method)                                                                 \
   ((method) == KVQ_LAYOUT_EXACT     ? KVQ_VK_SHADER_##shader##_exact                                   \
+   : (method) == KVQ_LAYOUT_QJL     ? KVQ_VK_SHADER_##shader##_qjl                                     \
    : (method) == KVQ_LAYOUT_UNIFORM ? KVQ_VK_SHADER_##shader##_uniform                                 \
    : (method) == KVQ_LAYOUT_KIVI    ? KVQ_VK_SHADER_##shader##_kivi                                    \
                                     : KVQ_VK_SHADER_COUNT)

@@ -188,9 +188,8 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   const kvq_vk_shader logits = b->subgroups ? KVQ_VK_VARIANT(flash_logits_subgroups, ks->method)
                                             : KVQ_VK_VARIANT(flash_logits, ks->method);
   const kvq_vk_shader values = KVQ_VK_VARIANT(flash_values, vs->method);
-  /* Policies that track attention need every probability; keys scored from prepared queries (QJL)
-   * use their own estimator: both take the unfused jobs. */
-  if (job->accumulate || kvq_prepared_floats(ks) > 0 || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)
+  /* Policies that track attention need every probability: they take the unfused jobs. */
+  if (job->accumulate || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)
     return unfused(backend, job);
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < job->seq_count; i++) {
@@ -215,6 +214,7 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   key_buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
   key_buffers[KVQ_BINDING_SRC] = job->queries;
   key_buffers[KVQ_BINDING_RING] = job->key_ring;
+  key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */
   value_buffers[KVQ_BINDING_PAGES] = job->value_pages;
   value_buffers[KVQ_BINDING_FIXED0] = job->values->fixed[0];
   value_buffers[KVQ_BINDING_FIXED1] = job->values->fixed[1];

@@ -359,7 +359,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     vk_destroy(&b->base);
     return st == KVQ_ERROR_INVALID_ARGUMENT ? st : KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
-  snprintf(b->base.device, sizeof b->base.device, "%.200s (Vulkan %u.%u.%u%s%s)", b->properties.deviceName,
+  snprintf(b->base.device, sizeof b->base.device, "%.180s (Vulkan %u.%u.%u%s%s)", b->properties.deviceName,
            VK_API_VERSION_MAJOR(b->properties.apiVersion), VK_API_VERSION_MINOR(b->properties.apiVersion),
            VK_API_VERSION_PATCH(b->properties.apiVersion), b->subgroups ? ", subgroups" : "",
            b->owns_device ? "" : ", the runtime's device");

@@ -58,6 +58,8 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
 static uint32_t encode_units(const kvq_side_layout *s) {
   if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
+  if (s->method == KVQ_LAYOUT_QJL) /* one word of sign bits of one token */
+    return s->page_size * (kvq_qjl_words_per_token(s->sketch_dim) + (s->outliers ? kvq_qjl_words_per_token(s->outlier_sketch_dim) : 0));
   return s->page_size;
 }
 
@@ -111,6 +113,9 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     buffers[KVQ_BINDING_SRC] = job->items[first].src;
     buffers[KVQ_BINDING_DST] = job->errors;
     st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
+    /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
+    if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
+      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_VK_GROUP_SIZE);
     if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
@@ -153,10 +158,39 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   return st == KVQ_OK ? submitted : st;
 }
 
+/* The query preparation shader of a key method (one invocation per prepared float of a row), or
+ * KVQ_VK_SHADER_COUNT if none. */
+static kvq_vk_shader prepare_shader(uint32_t method) {
+  return method == KVQ_LAYOUT_QJL ? KVQ_VK_SHADER_qjl_prepare : KVQ_VK_SHADER_COUNT;
+}
+
 kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   vk_backend *b = (vk_backend *)backend;
-  if (kvq_prepared_floats(&job->keys->layout) == 0) return KVQ_OK; /* the method scores the query itself */
-  return unsupported(b, "query preparation", job->keys->layout.method);
+  const kvq_side_layout *s = &job->keys->layout;
+  const uint32_t pf = kvq_prepared_floats(s);
+  if (pf == 0) return KVQ_OK; /* the method scores the query itself */
+  const kvq_vk_shader shader = prepare_shader(s->method);
+  if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "query preparation", s->method);
+  if (job->rows == 0) return KVQ_OK;
+  kvq_status st = kvq_vk_check_range(b, job->queries, job->q_offset, (uint64_t)job->rows * s->head_dim * 4, "the prepared queries' input");
+  if (st == KVQ_OK) st = kvq_vk_check_range(b, job->out, job->out_offset, (uint64_t)job->rows * pf * 4, "the prepared queries");
+  if (st == KVQ_OK && (job->q_offset % 4 || job->out_offset % 4 || job->q_offset / 4 + (uint64_t)job->rows * s->head_dim > UINT32_MAX ||
+                       job->out_offset / 4 + (uint64_t)job->rows * pf > UINT32_MAX))
+    st = too_large(b, "a query preparation");
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->keys);
+  push.count = job->rows;
+  push.offset0 = (uint32_t)(job->q_offset / 4);
+  push.offset1 = (uint32_t)(job->out_offset / 4);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
+  buffers[KVQ_BINDING_SRC] = job->queries;
+  buffers[KVQ_BINDING_DST] = job->out;
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * pf);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
 }
 
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {
