@@ -3,27 +3,30 @@
 // WEIGHTED_SUM for one sequence: output row (r, h), channel c = sum over slots t of p[t] * v_t[c],
 // with probabilities in src (the scores after SOFTMAX) and the output in aux fp32
 // [rows][query_heads][d]. Page tokens and window tokens are summed apart and added last, as the
-// CPU reference does. Invocation: one (r, h, c), c fastest.
+// CPU reference does. One workgroup per (r, h, c); its invocations take every 64th token.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
+#include "shaders/reduce.glsl"
 
 void main() {
-  uint id = kvq_invocation();
+  uint id = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
   uint d = pc.head_dim;
   uint c = id % d, h = (id / d) % pc.query_heads, r = id / d / pc.query_heads;
-  if (r >= kvq_seq(SEQ_QUERY_COUNT)) return;
-  uint n = kvq_seq_tokens(), quantized = kvq_seq(SEQ_QUANTIZED);
+  if (r >= kvq_seq(SEQ_QUERY_COUNT)) return; // uniform over the workgroup
+  uint lane = gl_LocalInvocationID.x, n = kvq_seq_tokens(), quantized = kvq_seq(SEQ_QUANTIZED);
   uint kvh = h / (pc.query_heads / pc.kv_heads);
   uint p = kvq_seq(SEQ_SCORE_OFFSET) + (r * pc.query_heads + h) * n;
   float paged = 0.0, window = 0.0;
-  for (uint t = 0u; t < quantized; t++) {
+  for (uint t = lane; t < quantized; t += KVQ_VK_LANES) {
     float w = uintBitsToFloat(src[p + t]);
     if (w != 0.0) paged += w * kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c);
   }
-  for (uint t = quantized; t < n; t++) {
+  for (uint t = quantized + lane; t < n; t += KVQ_VK_LANES) {
     float w = uintBitsToFloat(src[p + t]);
     if (w != 0.0) window += w * kvq_window_value(t, kvh, c);
   }
-  aux[((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(paged + window);
+  paged = kvq_workgroup_sum(paged);
+  window = kvq_workgroup_sum(window);
+  if (lane == 0u) aux[((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(paged + window);
 }

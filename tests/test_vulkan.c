@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -466,4 +467,54 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   free(ks), free(vs), free(qs);
   vkDestroyDevice(r.device, NULL);
   vkDestroyInstance(r.instance, NULL);
+}
+
+/* ---- Long sequences ---------------------------------------------------------------------------------- */
+
+/*
+ * 70000 tokens: more than llvmpipe lets one shader invocation loop (65535 iterations; past that a loop
+ * ends silently), so every per-token loop must be spread over a workgroup. Probabilities (SCORE and
+ * SOFTMAX) and outputs (the fused attention) against the CPU reference, exact fp32 keys and values.
+ *
+ * Tolerances: the logits come from the same fp32 keys and queries (d = 16 products and sums, both
+ * sides rounding in fp32 or better: |dlogit| <= 2 * 16 u |q||k| <= 2^-18 here, with |q|, |k| <= 1
+ * per channel and the scale 1/4); a probability's relative error is then at most |dlogit| for each of
+ * the exp terms plus n u for the sum of n terms: (2 * 2^-18 + n * 2^-24) relative, about 0.5%. An
+ * output, a convex combination of values in [-1, 1], moves by at most that relative error times
+ * max |v| = 1, plus n u for its own sum.
+ */
+Test(vulkan, long_sequences_agree_with_the_cpu, .timeout = 600) {
+  require_vulkan();
+  enum { N = 70000, D = 16, P = 256 };
+  kvq_layer_config layer = th_layer(1, 1, D, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, N / P + 2, 1, 5);
+  float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
+  float *probs[2] = {malloc(sizeof(float) * N), malloc(sizeof(float) * N)};
+  float q[D], out[2][D];
+  cr_assert(k && v && probs[0] && probs[1]);
+  for (int i = 0; i < N * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  kvq_context *ctxs[2] = {th_cpu_context(), vulkan_context()};
+  const int64_t qshape[3] = {1, 1, D}, sshape[3] = {1, 1, N};
+  for (int c = 0; c < 2; c++) {
+    kvq_cache *cache;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
+    KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[c], cache, seq, 0, k, v, 0, N, 1, D, KVQ_DTYPE_F32);
+    kvq_tensor qt = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), st = kvq_tensor_host(probs[c], KVQ_DTYPE_F32, 3, sshape);
+    KVQ_CHECK(ctxs[c], kvq_scores(cache, seq, 0, &qt, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
+    kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_NONE, .queries = qt,
+                                 .output = kvq_tensor_host(out[c], KVQ_DTYPE_F32, 3, qshape)};
+    KVQ_CHECK(ctxs[c], kvq_attention(cache, 0, &req, 1));
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctxs[c]);
+  }
+  const double relative = 2.0 * 0x1p-18 + N * 0x1p-24;
+  for (int t = 0; t < N; t++)
+    cr_assert_leq(fabs((double)probs[1][t] - probs[0][t]), relative * probs[0][t] + 1e-45, "probability of token %d: %g vs %g", t,
+                  probs[1][t], probs[0][t]);
+  for (int c = 0; c < D; c++)
+    cr_assert_leq(fabs((double)out[1][c] - out[0][c]), relative + N * 0x1p-24, "output channel %d: %g vs %g", c, out[1][c], out[0][c]);
+  free(k), free(v), free(probs[0]), free(probs[1]);
 }

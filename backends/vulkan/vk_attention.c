@@ -73,20 +73,26 @@ static void push_job(kvq_push *push, const kvq_job_attention *job, uint32_t base
   push->alive_words = job->alive_words;
 }
 
-/* One dispatch per sequence of `invocations(seq)`. */
+/* What one invocation (or workgroup) of a per-sequence shader covers. */
+enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3 };
+
+/* One dispatch per sequence, sized by `what` the shader's invocations cover. */
 static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_vk_shader shader, kvq_push *push,
                                kvq_buffer *const buffers[KVQ_VK_BINDINGS], int what) {
   kvq_status st = KVQ_OK;
   for (uint32_t i = 0; st == KVQ_OK && i < job->seq_count; i++) {
     const kvq_attention_seq *q = &job->seqs[i];
     const uint64_t n = seq_tokens(q), rows = (uint64_t)q->query_count * job->query_heads;
-    const uint64_t invocations = what == 0 ? rows * n : what == 1 ? rows : what == 2 ? n : rows * push->head_dim;
+    /* PER_ROW and PER_CHANNEL shaders give each row (and channel) a workgroup of KVQ_VK_GROUP_SIZE */
+    const uint64_t invocations = what == PER_SCORE ? rows * n
+                                 : what == PER_ROW ? rows * KVQ_VK_GROUP_SIZE
+                                 : what == PER_SLOT ? n
+                                                    : rows * push->head_dim * KVQ_VK_GROUP_SIZE;
     push->first = i;
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
   }
   return st;
 }
-enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3 };
 
 kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
