@@ -1,16 +1,19 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // After SOFTMAX (H2O and Q-Hitter): the sum over a sequence's query rows and heads of the
-// probability of slot t, into aux at accumulate_offset + t. Invocation: one slot.
+// probability of slot t, into aux at accumulate_offset + t. One workgroup per slot; its invocations
+// take every 64th row (a prefill can have more rows than llvmpipe lets one invocation loop over).
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
+#include "shaders/reduce.glsl"
 
 void main() {
-  uint t = kvq_invocation();
+  uint t = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
   uint n = kvq_seq_tokens();
-  if (t >= n) return;
+  if (t >= n) return; // uniform over the workgroup
   uint rows = kvq_seq(SEQ_QUERY_COUNT) * pc.query_heads, base = kvq_seq(SEQ_SCORE_OFFSET);
   float sum = 0.0;
-  for (uint row = 0u; row < rows; row++) sum += uintBitsToFloat(dst[base + row * n + t]);
-  aux[kvq_seq(SEQ_ACCUMULATE_OFFSET) + t] = floatBitsToUint(sum);
+  for (uint row = gl_LocalInvocationID.x; row < rows; row += KVQ_VK_LANES) sum += uintBitsToFloat(dst[base + row * n + t]);
+  sum = kvq_workgroup_sum(sum);
+  if (gl_LocalInvocationID.x == 0u) aux[kvq_seq(SEQ_ACCUMULATE_OFFSET) + t] = floatBitsToUint(sum);
 }

@@ -83,10 +83,10 @@ static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_
   for (uint32_t i = 0; st == KVQ_OK && i < job->seq_count; i++) {
     const kvq_attention_seq *q = &job->seqs[i];
     const uint64_t n = seq_tokens(q), rows = (uint64_t)q->query_count * job->query_heads;
-    /* PER_ROW and PER_CHANNEL shaders give each row (and channel) a workgroup of KVQ_VK_GROUP_SIZE */
+    /* PER_ROW, PER_SLOT and PER_CHANNEL shaders give each row, slot or channel a workgroup */
     const uint64_t invocations = what == PER_SCORE ? rows * n
                                  : what == PER_ROW ? rows * KVQ_VK_GROUP_SIZE
-                                 : what == PER_SLOT ? n
+                                 : what == PER_SLOT ? n * KVQ_VK_GROUP_SIZE
                                                     : rows * push->head_dim * KVQ_VK_GROUP_SIZE;
     push->first = i;
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
