@@ -73,6 +73,25 @@ static void push_job(kvq_push *push, const kvq_job_attention *job, uint32_t base
   push->alive_words = job->alive_words;
 }
 
+/* Every attention job's start: its host arrays into the metadata buffer, and push constants for
+ * the side it reads (base: where upload() put the arrays). */
+static void push_for(kvq_push *push, const kvq_job_attention *job, const kvq_side_desc *side, uint32_t base) {
+  memset(push, 0, sizeof *push);
+  kvq_vk_push_side(push, side);
+  push_job(push, job, base);
+}
+
+/* The bindings of one side: its pages, fixed data and window, and the metadata. */
+static void bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const kvq_side_desc *side, kvq_buffer *pages,
+                      kvq_buffer *ring) {
+  memset(buffers, 0, sizeof(kvq_buffer *) * KVQ_VK_BINDINGS);
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_PAGES] = pages;
+  buffers[KVQ_BINDING_FIXED0] = side->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = side->fixed[1];
+  buffers[KVQ_BINDING_RING] = ring;
+}
+
 /* What one invocation (or workgroup) of a per-sequence shader covers. */
 enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3 };
 
@@ -96,23 +115,17 @@ static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_
 
 kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
-  const kvq_side_layout *s = &job->keys->layout;
-  const kvq_vk_shader shader = KVQ_VK_VARIANT(score, s->method);
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(score, job->keys->layout.method);
   if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
   uint32_t base = 0;
-  kvq_status st = upload(b, job, s, &base);
+  kvq_status st = upload(b, job, &job->keys->layout, &base);
   if (st != KVQ_OK) return st;
-  kvq_push push = {0};
-  kvq_vk_push_side(&push, job->keys);
-  push_job(&push, job, base);
-  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
-  buffers[KVQ_BINDING_META] = b->metadata;
-  buffers[KVQ_BINDING_PAGES] = job->key_pages;
-  buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
-  buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
+  kvq_push push;
+  push_for(&push, job, job->keys, base);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS];
+  bind_side(buffers, b, job->keys, job->key_pages, job->key_ring);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->scores;
-  buffers[KVQ_BINDING_RING] = job->key_ring;
   buffers[KVQ_BINDING_AUX] = job->prepared;
   st = per_sequence(b, job, shader, &push, buffers, PER_SCORE);
   kvq_status submitted = kvq_vk_submit(b);
@@ -124,9 +137,8 @@ kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job) {
   uint32_t base = 0;
   kvq_status st = upload(b, job, &job->keys->layout, &base);
   if (st != KVQ_OK) return st;
-  kvq_push push = {0};
-  kvq_vk_push_side(&push, job->keys);
-  push_job(&push, job, base);
+  kvq_push push;
+  push_for(&push, job, job->keys, base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
   buffers[KVQ_BINDING_META] = b->metadata;
   buffers[KVQ_BINDING_DST] = job->scores;
@@ -139,22 +151,16 @@ kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job) {
 
 kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
-  const kvq_side_layout *s = &job->values->layout;
-  const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, s->method);
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, job->values->layout.method);
   if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no weighted-sum shader for this value method");
   uint32_t base = 0;
-  kvq_status st = upload(b, job, s, &base);
+  kvq_status st = upload(b, job, &job->values->layout, &base);
   if (st != KVQ_OK) return st;
-  kvq_push push = {0};
-  kvq_vk_push_side(&push, job->values);
-  push_job(&push, job, base);
-  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
-  buffers[KVQ_BINDING_META] = b->metadata;
-  buffers[KVQ_BINDING_PAGES] = job->value_pages;
-  buffers[KVQ_BINDING_FIXED0] = job->values->fixed[0];
-  buffers[KVQ_BINDING_FIXED1] = job->values->fixed[1];
+  kvq_push push;
+  push_for(&push, job, job->values, base);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS];
+  bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
   buffers[KVQ_BINDING_SRC] = job->scores;
-  buffers[KVQ_BINDING_RING] = job->value_ring;
   buffers[KVQ_BINDING_AUX] = job->output;
   st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
   kvq_status submitted = kvq_vk_submit(b);
@@ -207,24 +213,15 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   kvq_status st = upload(b, job, ks, &base);
   if (st == KVQ_OK) st = ensure_scratch(b, scratch * 4);
   if (st != KVQ_OK) return st;
-  kvq_push key_push = {0}, value_push = {0};
-  kvq_vk_push_side(&key_push, job->keys);
-  kvq_vk_push_side(&value_push, job->values);
-  push_job(&key_push, job, base);
-  push_job(&value_push, job, base);
-  kvq_buffer *key_buffers[KVQ_VK_BINDINGS] = {0}, *value_buffers[KVQ_VK_BINDINGS] = {0};
-  key_buffers[KVQ_BINDING_META] = value_buffers[KVQ_BINDING_META] = b->metadata;
+  kvq_push key_push, value_push;
+  push_for(&key_push, job, job->keys, base);
+  push_for(&value_push, job, job->values, base);
+  kvq_buffer *key_buffers[KVQ_VK_BINDINGS], *value_buffers[KVQ_VK_BINDINGS];
+  bind_side(key_buffers, b, job->keys, job->key_pages, job->key_ring);
+  bind_side(value_buffers, b, job->values, job->value_pages, job->value_ring);
   key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = b->scratch;
-  key_buffers[KVQ_BINDING_PAGES] = job->key_pages;
-  key_buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
-  key_buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
   key_buffers[KVQ_BINDING_SRC] = job->queries;
-  key_buffers[KVQ_BINDING_RING] = job->key_ring;
   key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */
-  value_buffers[KVQ_BINDING_PAGES] = job->value_pages;
-  value_buffers[KVQ_BINDING_FIXED0] = job->values->fixed[0];
-  value_buffers[KVQ_BINDING_FIXED1] = job->values->fixed[1];
-  value_buffers[KVQ_BINDING_RING] = job->value_ring;
   value_buffers[KVQ_BINDING_AUX] = job->output;
   const uint32_t group = job->query_heads / ks->kv_heads;
   const uint64_t passes = (group + FLASH_HEADS_PER_PASS - 1) / FLASH_HEADS_PER_PASS;
