@@ -278,18 +278,23 @@ static void runtime_start(runtime_device *r) {
   volkLoadDevice(r->device); /* the runtime's own device functions; kvq keeps a table of its own */
 }
 
+/* Creating a context on the runtime's device with `family` as its queue family. */
+static kvq_status runtime_context(const runtime_device *r, uint32_t family, kvq_context **ctx) {
+  kvq_vulkan_device handed = {r->instance, r->physical, r->device, family, 0};
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  opt.vulkan = &handed;
+  return kvq_context_create(&opt, ctx);
+}
+
 /* Attention on a cache of the runtime's device equals attention on kvq's own Vulkan device, bit for
  * bit (same device, same shaders), and the runtime's device outlives the context, still usable. */
 Test(vulkan, runs_on_the_runtimes_device) {
   require_vulkan();
   runtime_device r;
   runtime_start(&r);
-  kvq_vulkan_device handed = {r.instance, r.physical, r.device, r.family, 0};
-  kvq_context_options opt = kvq_context_options_default();
-  opt.backend = KVQ_BACKEND_VULKAN;
-  opt.vulkan = &handed;
   kvq_context *theirs = NULL, *ours = vulkan_context();
-  cr_assert_eq(kvq_context_create(&opt, &theirs), KVQ_OK);
+  cr_assert_eq(runtime_context(&r, r.family, &theirs), KVQ_OK);
   enum { HQ = 4, HKV = 2, D = 64, N = 40 };
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 2, 7);
@@ -321,12 +326,8 @@ Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) {
   require_vulkan();
   runtime_device r;
   runtime_start(&r);
-  kvq_vulkan_device handed = {r.instance, r.physical, r.device, 999, 0};
-  kvq_context_options opt = kvq_context_options_default();
-  opt.backend = KVQ_BACKEND_VULKAN;
-  opt.vulkan = &handed;
   kvq_context *ctx = (kvq_context *)(uintptr_t)1;
-  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(runtime_context(&r, 999, &ctx), KVQ_ERROR_INVALID_ARGUMENT);
   cr_assert_null(ctx);
   vkDestroyDevice(r.device, NULL);
   vkDestroyInstance(r.instance, NULL);
@@ -390,12 +391,8 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   require_vulkan();
   runtime_device r;
   runtime_start(&r);
-  kvq_vulkan_device handed = {r.instance, r.physical, r.device, r.family, 0};
-  kvq_context_options opt = kvq_context_options_default();
-  opt.backend = KVQ_BACKEND_VULKAN;
-  opt.vulkan = &handed;
   kvq_context *ctx = NULL;
-  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  cr_assert_eq(runtime_context(&r, r.family, &ctx), KVQ_OK);
   enum { HQ = 8, HKV = 2, D = 64, N = 37, NQ = 2, OFFSET = 6 };
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, 16, 16, 16, 2, 3);
