@@ -6,6 +6,20 @@
 //                                                       byte `block` of `pages`; token t, channel c
 //                                                       of the input is element x + t*kv_heads*d + c of src
 //   float kvq_decode(uint block, uint t, uint c)        channel c of token t as DEQUANTIZE returns it
+// and may define, with their functions:
+//   KVQ_PREPARES      keys are scored against a prepared query (PREPARE_QUERY):
+//     uint  kvq_prepared_floats()                       floats of one prepared query
+//     void  kvq_prepare(uint q, uint h, uint out_at)    prepare the fp32 query at element q of src
+//                                                       for kv head h into dst from element out_at
+//     float kvq_score_dot(uint block, uint t, uint q, uint p)
+//                                                       q.k_t for the query at element q of src,
+//                                                       prepared at element p of aux
+//   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
+//     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
+//     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])
+//                                                       the sum at element s of dst, rotated back
+//   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)
+//                                                       ||x - x^|| of token t, x at element x of src
 #if KVQ_METHOD == 0
 #include "methods/exact.glsl"
 #elif KVQ_METHOD == 2

@@ -79,6 +79,7 @@ typedef struct vk_backend {
   kvq_buffer *staging;  /* host-visible, KVQ_VK_STAGING_BYTES */
   kvq_buffer *metadata; /* host-visible, grown to the largest job's host arrays */
   kvq_buffer *dummy;    /* bound to unused bindings */
+  kvq_buffer *scratch;  /* device-local, grown to the largest intermediate result of a job; or NULL */
 
   VkQueryPool timestamps; /* two queries: start and end of the last submission */
   float timestamp_period; /* ns per tick; 0 when the queue has no timestamps */
@@ -120,6 +121,8 @@ kvq_status kvq_vk_finish(kvq_backend *backend);
 /* Copies a job's host arrays (one block of words) into the metadata buffer, grown as needed, before
  * the job records anything; *word_offset is where they start. Valid until the job's submit. */
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset);
+/* b->scratch, grown to at least `bytes` before the job records anything. Valid until its submit. */
+kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out);
 
 /* vk_jobs.c, vk_attention.c, vk_kmeans.c: the jobs. */
 int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,

@@ -92,6 +92,7 @@ kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   const kvq_side_layout *s = &job->keys->layout;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(score, s->method);
   if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
+  if (kvq_prepared_floats(s) && !job->prepared) return fail(b, KVQ_ERROR_INTERNAL, "scores without the prepared queries");
   uint32_t base = 0;
   kvq_status st = upload(b, job, s, &base);
   if (st != KVQ_OK) return st;
@@ -130,6 +131,20 @@ kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job) {
   return st == KVQ_OK ? submitted : st;
 }
 
+/* Value methods whose shaders define KVQ_SUMS_ROTATED (shaders/method.glsl): step 1 leaves the page
+ * sums in their rotated space in scratch memory, step 2 (weighted_sum_rotate) rotates them back. */
+static int sums_rotated(uint32_t method) { return method == KVQ_LAYOUT_POLAR; }
+
+/* Query rows x query heads of the job's output. */
+static uint64_t output_rows(const kvq_job_attention *job) {
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < job->seq_count; i++) {
+    const uint64_t end = (uint64_t)job->seqs[i].query_first + job->seqs[i].query_count;
+    if (end > rows) rows = end;
+  }
+  return rows * job->query_heads;
+}
+
 kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_side_layout *s = &job->values->layout;
@@ -149,7 +164,10 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
   buffers[KVQ_BINDING_SRC] = job->scores;
   buffers[KVQ_BINDING_RING] = job->value_ring;
   buffers[KVQ_BINDING_AUX] = job->output;
-  st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  if (sums_rotated(s->method)) st = kvq_vk_scratch(b, output_rows(job) * s->head_dim * 4, &buffers[KVQ_BINDING_DST]);
+  if (st == KVQ_OK) st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  if (st == KVQ_OK && sums_rotated(s->method))
+    st = per_sequence(b, job, KVQ_VK_VARIANT(weighted_sum_rotate, s->method), &push, buffers, PER_ROW);
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
 }

@@ -257,6 +257,7 @@ static void vk_destroy(kvq_backend *backend) {
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
+    kvq_vk_buffer_free(b, b->scratch);
     kvq_vk_pipelines_destroy(b);
     if (b->timestamps) b->vk.vkDestroyQueryPool(b->device, b->timestamps, NULL);
     if (b->fence) b->vk.vkDestroyFence(b->device, b->fence, NULL);

@@ -154,10 +154,39 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   return st == KVQ_OK ? submitted : st;
 }
 
+/* Key methods with prepared floats define KVQ_PREPARES in their shaders (shaders/method.glsl). */
 kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   vk_backend *b = (vk_backend *)backend;
-  if (kvq_prepared_floats(&job->keys->layout) == 0) return KVQ_OK; /* the method scores the query itself */
-  return unsupported(b, "query preparation", job->keys->layout.method);
+  const kvq_side_layout *s = &job->keys->layout;
+  const uint32_t pf = kvq_prepared_floats(s);
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(prepare, s->method);
+  if (pf == 0) return KVQ_OK; /* the method scores the query itself */
+  if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "query preparation", s->method);
+  if (job->rows == 0) return KVQ_OK;
+  const uint64_t in_bytes = (uint64_t)job->rows * s->head_dim * 4, out_bytes = (uint64_t)job->rows * pf * 4;
+  kvq_status st = kvq_vk_check_range(b, job->queries, job->q_offset, in_bytes, "the queries to prepare");
+  if (st == KVQ_OK) st = kvq_vk_check_range(b, job->out, job->out_offset, out_bytes, "the prepared queries");
+  if (st == KVQ_OK && (job->q_offset % 4 || job->out_offset % 4 || job->query_heads == 0 ||
+                       job->query_heads % s->kv_heads))
+    st = kvq_vk_check_range(b, NULL, 0, 1, "a query preparation");
+  if (st == KVQ_OK && ((job->q_offset + in_bytes) / 4 > UINT32_MAX || (job->out_offset + out_bytes) / 4 > UINT32_MAX))
+    st = too_large(b, "a query preparation");
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->keys);
+  push.input_dtype = KVQ_LAYOUT_F32; /* queries are fp32 */
+  push.count = job->rows;
+  push.query_heads = job->query_heads;
+  push.offset0 = (uint32_t)(job->q_offset / 4);
+  push.offset1 = (uint32_t)(job->out_offset / 4);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_FIXED0] = job->keys->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
+  buffers[KVQ_BINDING_SRC] = job->queries;
+  buffers[KVQ_BINDING_DST] = job->out;
+  st = kvq_vk_dispatch(b, shader, &push, buffers, job->rows);
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
 }
 
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {
