@@ -26,6 +26,8 @@
 #include "methods/uniform.glsl"
 #elif KVQ_METHOD == 3
 #include "methods/kivi.glsl"
+#elif KVQ_METHOD == 4
+#include "methods/polar.glsl"
 #else
 #error "shaders/method.glsl: no shader code for this method yet"
 #endif

@@ -49,11 +49,19 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   push->levels = s->levels;
   push->level_bits = s->level_bits;
   push->rotation = s->rotation;
+  push->codebook = s->codebook;
   push->channels = s->channels;
   push->code_bits = s->code_bits;
   push->head_words = s->head_bytes / 4;
   float constant = (float)side->qjl_constant;
   memcpy(&push->constant_bits, &constant, 4);
+}
+
+/* Whether the shaders find a head block's kv head from its offset in the pool (per-head codebook
+ * tables, shaders/methods/polar.glsl): that holds for pages at whole multiples of page_bytes, where
+ * core places them. */
+static int head_from_offset(const kvq_side_layout *s) {
+  return s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE;
 }
 
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
@@ -86,6 +94,12 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     if (st == KVQ_OK) st = kvq_vk_check_range(b, job->dst, it->dst_offset, s->page_bytes, "a quantized page");
     if (st == KVQ_OK && (it->src_offset / esize > UINT32_MAX || it->dst_offset + s->page_bytes > UINT32_MAX))
       st = too_large(b, "a quantize item");
+    if (st == KVQ_OK && head_from_offset(s) && it->dst_offset % s->page_bytes) {
+      snprintf(b->base.message, sizeof b->base.message,
+               "vulkan: a quantized page at byte %llu is not a whole page into its pool (per-head codebooks)",
+               (unsigned long long)it->dst_offset);
+      st = KVQ_ERROR_UNSUPPORTED;
+    }
     meta[4 * i] = (uint32_t)(it->src_offset / esize);
     meta[4 * i + 1] = (uint32_t)it->dst_offset;
     meta[4 * i + 2] = it->tokens;
