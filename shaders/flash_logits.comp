@@ -26,10 +26,11 @@ void main() {
     uint q = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
     bool paged = t < kvq_seq(SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
-#ifdef KVQ_METHOD_DOT
-    if (paged) { // the method's estimator from its codes (QJL), with the prepared queries in aux
+#ifdef KVQ_PREPARES
+    if (paged) { // scored from the prepared queries in aux (QJL's estimator, PolarQuant's rotation)
       uint row = (kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;
-      for (uint g = 0u; g < heads; g++) logit[g] = kvq_method_dot(block, t % pc.page_size, q + g * d, row + g);
+      for (uint g = 0u; g < heads; g++)
+        logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
 #endif
     for (uint c = 0u; c < d; c++) {

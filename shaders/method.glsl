@@ -6,12 +6,23 @@
 //                                                       byte `block` of `pages`; token t, channel c
 //                                                       of the input is element x + t*kv_heads*d + c of src
 //   float kvq_decode(uint block, uint t, uint c)        channel c of token t as DEQUANTIZE returns it
-// and, where a method scores page tokens from their codes rather than by decoding (QJL), defines
-// KVQ_METHOD_DOT and provides
-//   float kvq_method_dot(uint block, uint t, uint q, uint row)
-//                                                       the unscaled logit of token t for the query at
-//                                                       element q of src, whose prepared floats
-//                                                       (PREPARE_QUERY) are row `row` of aux
+// and may define, with their functions:
+//   KVQ_PREPARES      keys are scored against a prepared query (PREPARE_QUERY):
+//     uint  kvq_prepared_floats()                       floats of one prepared query
+//     uint  kvq_prepare_units()                         invocations that prepare one query
+//     void  kvq_prepare_unit(uint q, uint h, uint u, uint out_at)
+//                                                       unit u of preparing the fp32 query at element
+//                                                       q of src for kv head h into dst from element
+//                                                       out_at (QJL: row u of S q; PolarQuant: all)
+//     float kvq_score_dot(uint block, uint t, uint q, uint p)
+//                                                       q.k_t for the query at element q of src,
+//                                                       prepared at element p of aux
+//   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
+//     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
+//     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])
+//                                                       the sum at element s of dst, rotated back
+//   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)
+//                                                       ||x - x^|| of token t, x at element x of src
 #if KVQ_METHOD == 0
 #include "methods/exact.glsl"
 #elif KVQ_METHOD == 1
@@ -20,6 +31,8 @@
 #include "methods/uniform.glsl"
 #elif KVQ_METHOD == 3
 #include "methods/kivi.glsl"
+#elif KVQ_METHOD == 4
+#include "methods/polar.glsl"
 #else
 #error "shaders/method.glsl: no shader code for this method yet"
 #endif

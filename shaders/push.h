@@ -14,13 +14,13 @@
 #define KVQ_PUSH_FIELDS(F)                                                                          \
   /* the side layout */                                                                            \
   F(method) F(page_size) F(head_dim) F(kv_heads) F(dtype) F(sketch_dim) F(outliers)                \
-  F(outlier_sketch_dim) F(bits) F(group) F(levels) F(level_bits) F(rotation) F(channels)            \
+  F(outlier_sketch_dim) F(bits) F(group) F(levels) F(level_bits) F(rotation) F(codebook) F(channels) \
   F(code_bits) F(head_words) F(constant_bits)                                                       \
   /* the job */                                                                                    \
   F(count) F(first) F(input_dtype) F(meta) F(flags) F(offset0) F(offset1)                          \
   F(query_heads) F(scale_bits) F(window_dtype) F(alive_words)
 
-#define KVQ_PUSH_WORDS 28u
+#define KVQ_PUSH_WORDS 29u
 
 /* The eight storage-buffer bindings every shader declares (shaders/common.glsl). */
 #define KVQ_BINDING_META 0   /* the job's host arrays */

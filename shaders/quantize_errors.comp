@@ -14,10 +14,15 @@ void main() {
   if (t >= meta[m + 2u]) return;
   uint x = meta[m] + h * pc.head_dim + t * pc.kv_heads * pc.head_dim;
   uint block = meta[m + 1u] + h * pc.head_words * 4u;
+#ifdef KVQ_TOKEN_ERROR
+  float norm = kvq_token_error(block, t, x);
+#else
   float sum = 0.0;
   for (uint c = 0u; c < pc.head_dim; c++) {
     float diff = KVQ_READ_ELEMENT(src, pc.input_dtype, x + c) - kvq_decode(block, t, c);
     sum += diff * diff;
   }
-  dst[(k * pc.page_size + t) * pc.kv_heads + h] = floatBitsToUint(sqrt(sum));
+  float norm = sqrt(sum);
+#endif
+  dst[(k * pc.page_size + t) * pc.kv_heads + h] = floatBitsToUint(norm);
 }

@@ -2,7 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // SCORE for one sequence: logit of query row r, query head h against slot t, scaled, or -inf where
 // masked, into dst at score_offset + (r * query_heads + h) * n + t. Queries: src fp32
-// [rows][query_heads][d]. Invocation: one (r, h, t), t fastest.
+// [rows][query_heads][d]; prepared queries (KVQ_PREPARES): aux, [rows][query_heads][prepared floats].
+// Invocation: one (r, h, t), t fastest.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
@@ -19,12 +20,12 @@ void main() {
     return;
   }
   uint kvh = h / (pc.query_heads / pc.kv_heads), d = pc.head_dim;
-  uint q = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d;
+  uint row = (kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h, q = row * d;
   float dot = 0.0;
   if (t < kvq_seq(SEQ_QUANTIZED)) {
     uint block = kvq_slot_block(t, kvh);
-#ifdef KVQ_METHOD_DOT
-    dot = kvq_method_dot(block, t % pc.page_size, q, (kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h);
+#ifdef KVQ_PREPARES
+    dot = kvq_score_dot(block, t % pc.page_size, q, row * kvq_prepared_floats());
 #else
     for (uint c = 0u; c < d; c++) dot += uintBitsToFloat(src[q + c]) * kvq_decode(block, t % pc.page_size, c);
 #endif

@@ -3,7 +3,9 @@
 // WEIGHTED_SUM for one sequence: output row (r, h), channel c = sum over slots t of p[t] * v_t[c],
 // with probabilities in src (the scores after SOFTMAX) and the output in aux fp32
 // [rows][query_heads][d]. Page tokens and window tokens are summed apart and added last, as the
-// CPU reference does. One workgroup per (r, h, c); its invocations take every 64th token.
+// CPU reference does; value methods that define KVQ_SUMS_ROTATED leave coordinate c of the page sum
+// in their rotated space in dst and the window part in aux, for weighted_sum_rotate.comp.
+// One workgroup per (r, h, c); its invocations take every 64th token.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
@@ -20,7 +22,11 @@ void main() {
   float paged = 0.0, window = 0.0;
   for (uint t = lane; t < quantized; t += KVQ_VK_LANES) {
     float w = uintBitsToFloat(src[p + t]);
+#ifdef KVQ_SUMS_ROTATED
+    if (w != 0.0) paged += w * kvq_decode_rotated(kvq_slot_block(t, kvh), t % pc.page_size, c);
+#else
     if (w != 0.0) paged += w * kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c);
+#endif
   }
   for (uint t = quantized + lane; t < n; t += KVQ_VK_LANES) {
     float w = uintBitsToFloat(src[p + t]);
@@ -28,5 +34,12 @@ void main() {
   }
   paged = kvq_workgroup_sum(paged);
   window = kvq_workgroup_sum(window);
-  if (lane == 0u) aux[((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(paged + window);
+  if (lane != 0u) return;
+  uint o = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c;
+#ifdef KVQ_SUMS_ROTATED
+  dst[o] = floatBitsToUint(paged); // coordinate c of the rotated sum: weighted_sum_rotate.comp finishes
+  aux[o] = floatBitsToUint(window);
+#else
+  aux[o] = floatBitsToUint(paged + window);
+#endif
 }

@@ -87,6 +87,16 @@ static void remove_dir(const char *dir) {
 
 static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
 
+/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
+static kvq_method_config polar(kvq_rotation rotation) {
+  kvq_method_config c = method(KVQ_METHOD_POLAR);
+  c.polar.levels = 3;
+  c.polar.bits[0] = 3, c.polar.bits[1] = 2, c.polar.bits[2] = 2;
+  c.polar.rotation = rotation;
+  c.polar.codebook = KVQ_CODEBOOK_OFFLINE;
+  return c;
+}
+
 static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
   kvq_method_config c = method(KVQ_METHOD_KIVI);
   c.kivi = (kvq_kivi_config){bits, group_tokens};
@@ -108,18 +118,19 @@ static void check_odd_sizes(void) {
       {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
       {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
   };
-  static char names[32][64];
-  golden_case cases[32];
+  static char names[40][64];
+  golden_case cases[40];
   uint32_t count = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 4; pair++) {
+    for (int pair = 0; pair < 5; pair++) {
       golden_case *c = &cases[count];
       memset(c, 0, sizeof *c);
       kvq_method_config keys, values;
       if (pair == 0) keys = kivi(2, P), values = th_uniform(2, 32);
       else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
       else if (pair == 2) keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
-      else keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
+      else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
+      else keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
       snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
       c->name = names[count];
       c->input = shapes[s].input;

@@ -43,6 +43,7 @@ typedef enum kvq_vk_shader {
    : (method) == KVQ_LAYOUT_QJL     ? KVQ_VK_SHADER_##shader##_qjl                                     \
    : (method) == KVQ_LAYOUT_UNIFORM ? KVQ_VK_SHADER_##shader##_uniform                                 \
    : (method) == KVQ_LAYOUT_KIVI    ? KVQ_VK_SHADER_##shader##_kivi                                    \
+   : (method) == KVQ_LAYOUT_POLAR   ? KVQ_VK_SHADER_##shader##_polar                                   \
                                     : KVQ_VK_SHADER_COUNT)
 
 struct kvq_buffer {
@@ -85,7 +86,7 @@ typedef struct vk_backend {
   kvq_buffer *staging;  /* host-visible, KVQ_VK_STAGING_BYTES */
   kvq_buffer *metadata; /* host-visible, grown to the largest job's host arrays */
   kvq_buffer *dummy;    /* bound to unused bindings */
-  kvq_buffer *scratch;  /* device-local, the fused attention's partial results; grown as needed */
+  kvq_buffer *scratch;  /* device-local, grown to the largest intermediate result of a job; or NULL */
 
   VkQueryPool timestamps; /* two queries: start and end of the last submission */
   float timestamp_period; /* ns per tick; 0 when the queue has no timestamps */
@@ -133,6 +134,8 @@ kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns);
 /* Copies a job's host arrays (one block of words) into the metadata buffer, grown as needed, before
  * the job records anything; *word_offset is where they start. Valid until the job's submit. */
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset);
+/* b->scratch, grown to at least `bytes` before the job records anything. Valid until its submit. */
+kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out);
 
 /* vk_jobs.c, vk_attention.c, vk_kmeans.c: the jobs. */
 int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,

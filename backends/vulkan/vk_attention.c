@@ -93,7 +93,7 @@ static void bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const
 }
 
 /* What one invocation (or workgroup) of a per-sequence shader covers. */
-enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3 };
+enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3, PER_OUTPUT_ROW = 4 };
 
 /* One dispatch per sequence, sized by `what` the shader's invocations cover. */
 static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_vk_shader shader, kvq_push *push,
@@ -102,10 +102,12 @@ static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_
   for (uint32_t i = 0; st == KVQ_OK && i < job->seq_count; i++) {
     const kvq_attention_seq *q = &job->seqs[i];
     const uint64_t n = seq_tokens(q), rows = (uint64_t)q->query_count * job->query_heads;
-    /* PER_ROW, PER_SLOT and PER_CHANNEL shaders give each row, slot or channel a workgroup */
+    /* PER_ROW, PER_SLOT and PER_CHANNEL shaders give each row, slot or channel a workgroup;
+     * PER_OUTPUT_ROW one invocation per row */
     const uint64_t invocations = what == PER_SCORE ? rows * n
                                  : what == PER_ROW ? rows * KVQ_VK_GROUP_SIZE
                                  : what == PER_SLOT ? n * KVQ_VK_GROUP_SIZE
+                                 : what == PER_OUTPUT_ROW ? rows
                                                     : rows * push->head_dim * KVQ_VK_GROUP_SIZE;
     push->first = i;
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
@@ -117,6 +119,7 @@ kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(score, job->keys->layout.method);
   if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
+  if (kvq_prepared_floats(&job->keys->layout) && !job->prepared) return fail(b, KVQ_ERROR_INTERNAL, "scores without the prepared queries");
   uint32_t base = 0;
   kvq_status st = upload(b, job, &job->keys->layout, &base);
   if (st != KVQ_OK) return st;
@@ -149,6 +152,20 @@ kvq_status kvq_vk_softmax(kvq_backend *backend, const kvq_job_attention *job) {
   return st == KVQ_OK ? submitted : st;
 }
 
+/* Value methods whose shaders define KVQ_SUMS_ROTATED (shaders/method.glsl): step 1 leaves the page
+ * sums in their rotated space in scratch memory, step 2 (weighted_sum_rotate) rotates them back. */
+static int sums_rotated(uint32_t method) { return method == KVQ_LAYOUT_POLAR; }
+
+/* Query rows x query heads of the job's output. */
+static uint64_t output_rows(const kvq_job_attention *job) {
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < job->seq_count; i++) {
+    const uint64_t end = (uint64_t)job->seqs[i].query_first + job->seqs[i].query_count;
+    if (end > rows) rows = end;
+  }
+  return rows * job->query_heads;
+}
+
 kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, job->values->layout.method);
@@ -162,7 +179,11 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
   bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
   buffers[KVQ_BINDING_SRC] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->output;
-  st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  const kvq_side_layout *s = &job->values->layout;
+  if (sums_rotated(s->method)) st = kvq_vk_scratch(b, output_rows(job) * s->head_dim * 4, &buffers[KVQ_BINDING_DST]);
+  if (st == KVQ_OK) st = per_sequence(b, job, shader, &push, buffers, PER_CHANNEL);
+  if (st == KVQ_OK && sums_rotated(s->method))
+    st = per_sequence(b, job, KVQ_VK_VARIANT(weighted_sum_rotate, s->method), &push, buffers, PER_OUTPUT_ROW);
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
 }
@@ -174,16 +195,6 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
 static uint64_t flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q) {
   const uint64_t n = seq_tokens(q), splits = (n + FLASH_SPLIT - 1) / FLASH_SPLIT;
   return (uint64_t)q->query_count * job->query_heads * (n + 2 * splits + splits * job->values->layout.head_dim);
-}
-
-static kvq_status ensure_scratch(vk_backend *b, uint64_t bytes) {
-  if (b->scratch && b->scratch->size >= bytes) return KVQ_OK;
-  kvq_buffer *grown;
-  kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 4, 0, &grown);
-  if (st != KVQ_OK) return st;
-  kvq_vk_buffer_free(b, b->scratch);
-  b->scratch = grown;
-  return KVQ_OK;
 }
 
 /* The unfused jobs, one after the other (what the fused path cannot give: per-token sums). */
@@ -200,8 +211,10 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   const kvq_vk_shader logits = b->subgroups ? KVQ_VK_VARIANT(flash_logits_subgroups, ks->method)
                                             : KVQ_VK_VARIANT(flash_logits, ks->method);
   const kvq_vk_shader values = KVQ_VK_VARIANT(flash_values, vs->method);
-  /* Policies that track attention need every probability: they take the unfused jobs. */
-  if (job->accumulate || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)
+  /* Policies that track attention need every probability, and values summed in a rotated space
+   * (PolarQuant) are rotated back per output row by the unfused weighted sum: both take the unfused
+   * jobs. */
+  if (job->accumulate || sums_rotated(vs->method) || logits == KVQ_VK_SHADER_COUNT || values == KVQ_VK_SHADER_COUNT)
     return unfused(backend, job);
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < job->seq_count; i++) {
@@ -211,7 +224,8 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   if (scratch * 4 > UINT32_MAX) return fail(b, KVQ_ERROR_UNSUPPORTED, "a fused attention's scratch lies beyond the 4 GiB kvq's shaders address");
   uint32_t base = 0;
   kvq_status st = upload(b, job, ks, &base);
-  if (st == KVQ_OK) st = ensure_scratch(b, scratch * 4);
+  kvq_buffer *partials = NULL;
+  if (st == KVQ_OK) st = kvq_vk_scratch(b, scratch * 4, &partials);
   if (st != KVQ_OK) return st;
   kvq_push key_push, value_push;
   push_for(&key_push, job, job->keys, base);
@@ -219,7 +233,7 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   kvq_buffer *key_buffers[KVQ_VK_BINDINGS], *value_buffers[KVQ_VK_BINDINGS];
   bind_side(key_buffers, b, job->keys, job->key_pages, job->key_ring);
   bind_side(value_buffers, b, job->values, job->value_pages, job->value_ring);
-  key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = b->scratch;
+  key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = partials;
   key_buffers[KVQ_BINDING_SRC] = job->queries;
   key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */
   value_buffers[KVQ_BINDING_AUX] = job->output;

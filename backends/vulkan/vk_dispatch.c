@@ -235,3 +235,20 @@ kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint
   *word_offset = 0;
   return KVQ_OK;
 }
+
+kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out) {
+  /* as the metadata: replaced only while nothing recorded refers to it */
+  if (b->recording) {
+    snprintf(b->base.message, sizeof b->base.message, "vulkan: scratch memory asked for while a submission is recorded");
+    return KVQ_ERROR_INTERNAL;
+  }
+  if (!b->scratch || bytes > b->scratch->size) {
+    kvq_buffer *grown;
+    kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 2, 0, &grown);
+    if (st != KVQ_OK) return st;
+    kvq_vk_buffer_free(b, b->scratch);
+    b->scratch = grown;
+  }
+  *out = b->scratch;
+  return KVQ_OK;
+}

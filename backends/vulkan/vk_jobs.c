@@ -48,11 +48,19 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   push->levels = s->levels;
   push->level_bits = s->level_bits;
   push->rotation = s->rotation;
+  push->codebook = s->codebook;
   push->channels = s->channels;
   push->code_bits = s->code_bits;
   push->head_words = s->head_bytes / 4;
   float constant = (float)side->qjl_constant;
   memcpy(&push->constant_bits, &constant, 4);
+}
+
+/* Whether the shaders find a head block's kv head from its offset in the pool (per-head codebook
+ * tables, shaders/methods/polar.glsl): that holds for pages at whole multiples of page_bytes, where
+ * core places them. */
+static int head_from_offset(const kvq_side_layout *s) {
+  return s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE;
 }
 
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
@@ -87,6 +95,12 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     if (st == KVQ_OK) st = kvq_vk_check_range(b, job->dst, it->dst_offset, s->page_bytes, "a quantized page");
     if (st == KVQ_OK && (it->src_offset / esize > UINT32_MAX || it->dst_offset + s->page_bytes > UINT32_MAX))
       st = too_large(b, "a quantize item");
+    if (st == KVQ_OK && head_from_offset(s) && it->dst_offset % s->page_bytes) {
+      snprintf(b->base.message, sizeof b->base.message,
+               "vulkan: a quantized page at byte %llu is not a whole page into its pool (per-head codebooks)",
+               (unsigned long long)it->dst_offset);
+      st = KVQ_ERROR_UNSUPPORTED;
+    }
     meta[4 * i] = (uint32_t)(it->src_offset / esize);
     meta[4 * i + 1] = (uint32_t)it->dst_offset;
     meta[4 * i + 2] = it->tokens;
@@ -158,29 +172,33 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   return st == KVQ_OK ? submitted : st;
 }
 
-/* The query preparation shader of a key method (one invocation per prepared float of a row), or
- * KVQ_VK_SHADER_COUNT if none. */
-static kvq_vk_shader prepare_shader(uint32_t method) {
-  return method == KVQ_LAYOUT_QJL ? KVQ_VK_SHADER_qjl_prepare : KVQ_VK_SHADER_COUNT;
-}
+/* Key methods with prepared floats define KVQ_PREPARES in their shaders (shaders/method.glsl);
+ * kvq_prepare_units() there: QJL prepares one row of S q per invocation (all m x d products in one
+ * would pass llvmpipe's loop limit), PolarQuant a whole rotated query. */
+static uint32_t prepare_units(const kvq_side_layout *s) { return s->method == KVQ_LAYOUT_QJL ? s->sketch_dim : 1; }
 
 kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_side_layout *s = &job->keys->layout;
   const uint32_t pf = kvq_prepared_floats(s);
+  const kvq_vk_shader shader = KVQ_VK_VARIANT(prepare, s->method);
   if (pf == 0) return KVQ_OK; /* the method scores the query itself */
-  const kvq_vk_shader shader = prepare_shader(s->method);
   if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "query preparation", s->method);
   if (job->rows == 0) return KVQ_OK;
-  kvq_status st = kvq_vk_check_range(b, job->queries, job->q_offset, (uint64_t)job->rows * s->head_dim * 4, "the prepared queries' input");
-  if (st == KVQ_OK) st = kvq_vk_check_range(b, job->out, job->out_offset, (uint64_t)job->rows * pf * 4, "the prepared queries");
-  if (st == KVQ_OK && (job->q_offset % 4 || job->out_offset % 4 || job->q_offset / 4 + (uint64_t)job->rows * s->head_dim > UINT32_MAX ||
-                       job->out_offset / 4 + (uint64_t)job->rows * pf > UINT32_MAX))
+  const uint64_t in_bytes = (uint64_t)job->rows * s->head_dim * 4, out_bytes = (uint64_t)job->rows * pf * 4;
+  kvq_status st = kvq_vk_check_range(b, job->queries, job->q_offset, in_bytes, "the queries to prepare");
+  if (st == KVQ_OK) st = kvq_vk_check_range(b, job->out, job->out_offset, out_bytes, "the prepared queries");
+  if (st == KVQ_OK && (job->q_offset % 4 || job->out_offset % 4 || job->query_heads == 0 ||
+                       job->query_heads % s->kv_heads))
+    st = kvq_vk_check_range(b, NULL, 0, 1, "a query preparation");
+  if (st == KVQ_OK && ((job->q_offset + in_bytes) / 4 > UINT32_MAX || (job->out_offset + out_bytes) / 4 > UINT32_MAX))
     st = too_large(b, "a query preparation");
   if (st != KVQ_OK) return st;
   kvq_push push = {0};
   kvq_vk_push_side(&push, job->keys);
+  push.input_dtype = KVQ_LAYOUT_F32; /* queries are fp32 */
   push.count = job->rows;
+  push.query_heads = job->query_heads;
   push.offset0 = (uint32_t)(job->q_offset / 4);
   push.offset1 = (uint32_t)(job->out_offset / 4);
   kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
@@ -188,7 +206,7 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   buffers[KVQ_BINDING_FIXED1] = job->keys->fixed[1];
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
-  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * pf);
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * prepare_units(s));
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
 }

@@ -2,7 +2,7 @@
 // fixed1) with fp16 norms |k_in|, |k_out|, where k_out keeps the page's outlier channels and k_in the
 // others. The outlier list is written by shaders/qjl_outliers.comp before the tokens are encoded, so
 // every token of the page reads the same list. Page tokens are scored with the paper's estimator
-// (KVQ_METHOD_DOT), not by decoding.
+// (KVQ_PREPARES), not by decoding.
 //
 // Work unit: one 32-row word of sign bits of one token, the inlier sketch's words first, then the
 // outlier sketch's; the unit of a sketch's word 0 also stores its norm. Units this small keep every
@@ -111,10 +111,10 @@ float kvq_decode(uint block, uint t, uint c) {
 // ---- SCORE -------------------------------------------------------------------------------------
 
 // One sketch's part of qjl_dot_page for token t: c_d/rows |k_part| <sign bits, S_part q_part>. As
-// on the CPU, S q_in is the prepared S q (row `row` of aux) minus the sum over the page's outlier
+// on the CPU, S q_in is the prepared S q (from element p of aux) minus the sum over the page's outlier
 // channels c of S[i][c] q[c], since the outliers differ from page to page; S_o q_out is that sum
 // over S_o alone.
-float kvq_qjl_estimate(uint block, bool outer, uint t, uint q, uint row, uint list[KVQ_MAX_OUTLIERS]) {
+float kvq_qjl_estimate(uint block, bool outer, uint t, uint q, uint p, uint list[KVQ_MAX_OUTLIERS]) {
   uint rows = outer ? pc.outlier_sketch_dim : pc.sketch_dim;
   float dot_signs = 0.0;
   for (uint i = 0u; i < rows; i += 4u) {
@@ -122,17 +122,30 @@ float kvq_qjl_estimate(uint block, bool outer, uint t, uint q, uint row, uint li
     vec4 outlier_part = vec4(0.0);
     for (uint j = 0u; j < pc.outliers; j++) outlier_part += kvq_qjl_column4(outer, i, list[j]) * uintBitsToFloat(src[q + list[j]]);
     vec4 part = outer ? outlier_part
-                      : vec4(uintBitsToFloat(aux[row * rows + i]), uintBitsToFloat(aux[row * rows + i + 1u]),
-                             uintBitsToFloat(aux[row * rows + i + 2u]), uintBitsToFloat(aux[row * rows + i + 3u])) - outlier_part;
+                      : vec4(uintBitsToFloat(aux[p + i]), uintBitsToFloat(aux[p + i + 1u]), uintBitsToFloat(aux[p + i + 2u]),
+                             uintBitsToFloat(aux[p + i + 3u])) - outlier_part;
     dot_signs += dot(kvq_qjl_signs4(bits), part);
   }
   return uintBitsToFloat(pc.constant_bits) / float(rows) * kvq_qjl_norm(block, outer, t) * dot_signs;
 }
 
-#define KVQ_METHOD_DOT 1
-float kvq_method_dot(uint block, uint t, uint q, uint row) {
+// ---- PREPARE_QUERY and the estimator (shaders/method.glsl: KVQ_PREPARES) --------------------------
+
+#define KVQ_PREPARES
+
+// S q, the query's sketch (qjl_prepare), one row of S per invocation. S is shared by the kv heads.
+// Summed in fp32: prepared queries only feed scores (class 3, docs/ACCURACY.md).
+uint kvq_prepared_floats() { return pc.sketch_dim; }
+uint kvq_prepare_units() { return pc.sketch_dim; }
+void kvq_prepare_unit(uint q, uint h, uint i, uint out_at) {
+  float sum = 0.0;
+  for (uint c = 0u; c < pc.head_dim; c++) sum += kvq_qjl_sketch(false, i, c) * uintBitsToFloat(src[q + c]);
+  dst[out_at + i] = floatBitsToUint(sum);
+}
+
+float kvq_score_dot(uint block, uint t, uint q, uint p) {
   uint list[KVQ_MAX_OUTLIERS];
   for (uint j = 0u; j < pc.outliers; j++) list[j] = kvq_page_u8(kvq_qjl_list(block) + j);
-  float estimate = kvq_qjl_estimate(block, false, t, q, row, list);
-  return pc.outliers > 0u ? estimate + kvq_qjl_estimate(block, true, t, q, row, list) : estimate;
+  float estimate = kvq_qjl_estimate(block, false, t, q, p, list);
+  return pc.outliers > 0u ? estimate + kvq_qjl_estimate(block, true, t, q, p, list) : estimate;
 }
