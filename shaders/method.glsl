@@ -12,6 +12,8 @@
 #include "methods/uniform.glsl"
 #elif KVQ_METHOD == 3
 #include "methods/kivi.glsl"
+#elif KVQ_METHOD == 5
+#include "methods/cq.glsl"
 #else
 #error "shaders/method.glsl: no shader code for this method yet"
 #endif

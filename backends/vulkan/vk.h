@@ -42,6 +42,7 @@ typedef enum kvq_vk_shader {
   ((method) == KVQ_LAYOUT_EXACT     ? KVQ_VK_SHADER_##shader##_exact                                   \
    : (method) == KVQ_LAYOUT_UNIFORM ? KVQ_VK_SHADER_##shader##_uniform                                 \
    : (method) == KVQ_LAYOUT_KIVI    ? KVQ_VK_SHADER_##shader##_kivi                                    \
+   : (method) == KVQ_LAYOUT_CQ      ? KVQ_VK_SHADER_##shader##_cq                                      \
                                     : KVQ_VK_SHADER_COUNT)
 
 struct kvq_buffer {

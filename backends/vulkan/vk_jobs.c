@@ -56,9 +56,14 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   memcpy(&push->constant_bits, &constant, 4);
 }
 
+/* Whether the method's shaders find a head block's kv head from its byte offset (its fixed data is
+ * per kv head: methods/cq.glsl), which holds only for pages at multiples of page_bytes. */
+static int head_from_offset(uint32_t method) { return method == KVQ_LAYOUT_CQ; }
+
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
 static uint32_t encode_units(const kvq_side_layout *s) {
   if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
+  if (s->method == KVQ_LAYOUT_CQ) return s->page_size * (s->head_dim / s->channels);
   return s->page_size;
 }
 
@@ -84,6 +89,11 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
       st = kvq_vk_check_range(b, NULL, 0, 1, "a quantize item");
     if (st == KVQ_OK) st = kvq_vk_check_range(b, it->src, it->src_offset, per_token * esize * it->tokens, "a quantize item's tokens");
     if (st == KVQ_OK) st = kvq_vk_check_range(b, job->dst, it->dst_offset, s->page_bytes, "a quantized page");
+    if (st == KVQ_OK && head_from_offset(s->method) && it->dst_offset % s->page_bytes) {
+      snprintf(b->base.message, sizeof b->base.message, "vulkan: a quantized page at byte %llu, not a multiple of the page size",
+               (unsigned long long)it->dst_offset);
+      st = KVQ_ERROR_UNSUPPORTED;
+    }
     if (st == KVQ_OK && (it->src_offset / esize > UINT32_MAX || it->dst_offset + s->page_bytes > UINT32_MAX))
       st = too_large(b, "a quantize item");
     meta[4 * i] = (uint32_t)(it->src_offset / esize);
@@ -156,7 +166,9 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
 
 kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   vk_backend *b = (vk_backend *)backend;
-  if (kvq_prepared_floats(&job->keys->layout) == 0) return KVQ_OK; /* the method scores the query itself */
+  /* the method scores the query itself; CQ's score shader decodes centroids instead of the CPU's
+   * per-query lookup tables, so its prepared rows stay unused */
+  if (kvq_prepared_floats(&job->keys->layout) == 0 || job->keys->layout.method == KVQ_LAYOUT_CQ) return KVQ_OK;
   return unsupported(b, "query preparation", job->keys->layout.method);
 }
 
