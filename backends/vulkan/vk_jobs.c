@@ -19,7 +19,7 @@ int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_sid
                     const kvq_side_layout *values) {
   (void)backend;
   if (kind == KVQ_JOB_ATTENTION) return 0; /* the unfused jobs run attention */
-  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 0; /* not yet: learning runs on the CPU path only */
+  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1; /* vk_kmeans.c */
   return (!keys || method_has_shaders(keys->method)) && (!values || method_has_shaders(values->method));
 }
 
@@ -170,14 +170,4 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
    * per-query lookup tables, so its prepared rows stay unused */
   if (kvq_prepared_floats(&job->keys->layout) == 0 || job->keys->layout.method == KVQ_LAYOUT_CQ) return KVQ_OK;
   return unsupported(b, "query preparation", job->keys->layout.method);
-}
-
-kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {
-  (void)job;
-  return unsupported((vk_backend *)backend, "k-means assignment", 0);
-}
-
-kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job) {
-  (void)job;
-  return unsupported((vk_backend *)backend, "k-means update", 0);
 }
