@@ -33,6 +33,8 @@
 #include "methods/kivi.glsl"
 #elif KVQ_METHOD == 4
 #include "methods/polar.glsl"
+#elif KVQ_METHOD == 5
+#include "methods/cq.glsl"
 #else
 #error "shaders/method.glsl: no shader code for this method yet"
 #endif

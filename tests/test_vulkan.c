@@ -97,6 +97,13 @@ static kvq_method_config polar(kvq_rotation rotation) {
   return c;
 }
 
+static kvq_method_config cq(uint32_t channels, uint32_t bits) {
+  kvq_method_config c = method(KVQ_METHOD_CQ);
+  c.cq.channels = channels;
+  c.cq.bits = bits;
+  return c;
+}
+
 static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
   kvq_method_config c = method(KVQ_METHOD_KIVI);
   c.kivi = (kvq_kivi_config){bits, group_tokens};
@@ -118,11 +125,11 @@ static void check_odd_sizes(void) {
       {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
       {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
   };
-  static char names[40][64];
-  golden_case cases[40];
+  static char names[48][64];
+  golden_case cases[48];
   uint32_t count = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 5; pair++) {
+    for (int pair = 0; pair < 6; pair++) {
       golden_case *c = &cases[count];
       memset(c, 0, sizeof *c);
       kvq_method_config keys, values;
@@ -130,7 +137,8 @@ static void check_odd_sizes(void) {
       else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
       else if (pair == 2) keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
       else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
-      else keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
+      else if (pair == 4) keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
+      else keys = cq(4, 8), values = cq(2, 5);
       snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
       c->name = names[count];
       c->input = shapes[s].input;

@@ -44,6 +44,7 @@ typedef enum kvq_vk_shader {
    : (method) == KVQ_LAYOUT_UNIFORM ? KVQ_VK_SHADER_##shader##_uniform                                 \
    : (method) == KVQ_LAYOUT_KIVI    ? KVQ_VK_SHADER_##shader##_kivi                                    \
    : (method) == KVQ_LAYOUT_POLAR   ? KVQ_VK_SHADER_##shader##_polar                                   \
+   : (method) == KVQ_LAYOUT_CQ      ? KVQ_VK_SHADER_##shader##_cq                                      \
                                     : KVQ_VK_SHADER_COUNT)
 
 struct kvq_buffer {

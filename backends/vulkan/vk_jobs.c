@@ -18,7 +18,7 @@ static int method_has_shaders(uint32_t method) { return KVQ_VK_VARIANT(quantize,
 int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
                     const kvq_side_layout *values) {
   (void)backend;
-  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 0; /* not yet: learning runs on the CPU path only */
+  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1; /* vk_kmeans.c */
   return (!keys || method_has_shaders(keys->method)) && (!values || method_has_shaders(values->method));
 }
 
@@ -56,11 +56,11 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   memcpy(&push->constant_bits, &constant, 4);
 }
 
-/* Whether the shaders find a head block's kv head from its offset in the pool (per-head codebook
- * tables, shaders/methods/polar.glsl): that holds for pages at whole multiples of page_bytes, where
- * core places them. */
+/* Whether the shaders find a head block's kv head from its offset in the pool (per-head fixed data:
+ * learned PolarQuant tables, CQ codebooks): that holds for pages at whole multiples of page_bytes,
+ * where core places them. */
 static int head_from_offset(const kvq_side_layout *s) {
-  return s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE;
+  return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
 }
 
 /* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
@@ -68,6 +68,7 @@ static uint32_t encode_units(const kvq_side_layout *s) {
   if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
   if (s->method == KVQ_LAYOUT_QJL) /* one word of sign bits of one token */
     return s->page_size * (kvq_qjl_words_per_token(s->sketch_dim) + (s->outliers ? kvq_qjl_words_per_token(s->outlier_sketch_dim) : 0));
+  if (s->method == KVQ_LAYOUT_CQ) return s->page_size * (s->head_dim / s->channels);
   return s->page_size;
 }
 
@@ -182,7 +183,9 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   const kvq_side_layout *s = &job->keys->layout;
   const uint32_t pf = kvq_prepared_floats(s);
   const kvq_vk_shader shader = KVQ_VK_VARIANT(prepare, s->method);
-  if (pf == 0) return KVQ_OK; /* the method scores the query itself */
+  /* pf == 0: the method scores the query itself; CQ's shaders decode centroids instead of the CPU's
+   * per-query lookup tables, so its prepared rows stay unused */
+  if (pf == 0 || s->method == KVQ_LAYOUT_CQ) return KVQ_OK;
   if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "query preparation", s->method);
   if (job->rows == 0) return KVQ_OK;
   const uint64_t in_bytes = (uint64_t)job->rows * s->head_dim * 4, out_bytes = (uint64_t)job->rows * pf * 4;
@@ -209,14 +212,4 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * prepare_units(s));
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
-}
-
-kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {
-  (void)job;
-  return unsupported((vk_backend *)backend, "k-means assignment", 0);
-}
-
-kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job) {
-  (void)job;
-  return unsupported((vk_backend *)backend, "k-means update", 0);
 }

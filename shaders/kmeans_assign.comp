@@ -1,0 +1,42 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// KMEANS_ASSIGN over clusters [first, first + count) (shaders/kmeans.glsl): the nearest centroid of
+// every point of every problem (shaders/nearest.glsl, the CPU reference's decision) and its squared
+// distance. Bindings:
+//   src     data, fp32 [problems][points][dims]
+//   fixed1  centroids, fp32 [problems][clusters][dims]
+//   dst     assignment, u32 [problems][points]
+//   aux     distance, fp32 [problems][points] (written only with KVQ_PUSH_DISTANCE)
+// After the first range, the best centroid so far is read back from dst and its distance computed
+// again by the same operations, so splitting the clusters changes no result.
+// Invocation: one point of one problem.
+#include "shaders/common.glsl"
+#include "shaders/kmeans.glsl"
+#include "shaders/nearest.glsl"
+
+float kvq_km_distance(uint x, uint mu, uint dims) {
+  precise float sum = 0.0;
+  for (uint i = 0u; i < dims; i++) sum = kvq_distance_step(sum, uintBitsToFloat(src[x + i]), uintBitsToFloat(fixed1[mu + i]));
+  return sum;
+}
+
+void main() {
+  uint i = kvq_invocation();
+  uint points = KVQ_KM_POINTS, dims = KVQ_KM_DIMS;
+  if (i >= KVQ_KM_PROBLEMS * points) return;
+  uint x = i * dims, mu = i / points * KVQ_KM_CLUSTERS * dims, best = 0u;
+  float best_d = 0.0;
+  if (pc.first > 0u) {
+    best = dst[i];
+    best_d = kvq_km_distance(x, mu + best * dims, dims);
+  }
+  for (uint j = pc.first; j < pc.first + pc.count; j++) {
+    float sum = kvq_km_distance(x, mu + j * dims, dims);
+    if (kvq_nearer(j, sum, best_d)) {
+      best = j;
+      best_d = sum;
+    }
+  }
+  dst[i] = best;
+  if ((pc.flags & KVQ_PUSH_DISTANCE) != 0u) aux[i] = floatBitsToUint(best_d);
+}
