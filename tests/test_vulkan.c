@@ -534,3 +534,52 @@ Test(vulkan, long_sequences_agree_with_the_cpu, .timeout = 600) {
     cr_assert_leq(fabs((double)out[1][c] - out[0][c]), relative + N * 0x1p-24, "output channel %d: %g vs %g", c, out[1][c], out[0][c]);
   free(k), free(v), free(probs[0]), free(probs[1]);
 }
+
+/* ---- Codebook learning (the k-means jobs) ------------------------------------------------------------ */
+
+/*
+ * CQ codebooks learned on Vulkan and on the CPU from the same calibration data: four well separated
+ * prototypes per channel group (corners of [-4, 4]^4) plus noise below 0.01, so every point's
+ * nearest centroid is the same on both (the assignment is decided by the same fp32 operations
+ * anyway) and only the means can differ. A mean on the CPU is a double sum rounded once; on Vulkan a
+ * compensated fp32 sum (error at most 2u sum|x|) divided in fp32 (u): |difference| <= 4u max|x|,
+ * with u = 2^-24 and max|x| < 4.01. The centroids are read back as the dequantized tokens of a
+ * cache holding one token per prototype.
+ */
+Test(vulkan, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
+  require_vulkan();
+  enum { D = 16, T = 512, G = D / 4 };
+  kvq_layer_config layer = th_layer(1, 1, D, cq(4, 2), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 11);
+  static float cal[T * D], probe[4 * D], keys[2][16 * D], values[16 * D];
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < D; c++) {
+      const int corner = (t + c / 4) % 4; /* which prototype the token's group c / 4 takes */
+      const float sign = ((corner >> (c % 2)) & 1) ? 4.0f : -4.0f;
+      cal[t * D + c] = sign + (float)(((t * 31 + c * 17) % 19) - 9) * 0.001f;
+    }
+  for (int p = 0; p < 4; p++)
+    for (int c = 0; c < D; c++) probe[p * D + c] = ((p >> (c % 2)) & 1) ? 4.0f : -4.0f;
+  kvq_context *ctxs[2] = {th_cpu_context(), vulkan_context()};
+  const int64_t cal_shape[3] = {T, 1, D}, out_shape[3] = {4, 1, D};
+  for (int x = 0; x < 2; x++) {
+    kvq_cache *cache;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[x], kvq_cache_create(ctxs[x], &config, &cache));
+    kvq_tensor kt = kvq_tensor_host(cal, KVQ_DTYPE_F32, 3, cal_shape);
+    KVQ_CHECK(ctxs[x], kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
+    KVQ_CHECK(ctxs[x], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[x], cache, seq, 0, probe, probe, 0, 4, 1, D, KVQ_DTYPE_F32);
+    KVQ_CHECK(ctxs[x], kvq_flush(cache, seq));
+    kvq_tensor ko = kvq_tensor_host(keys[x], KVQ_DTYPE_F32, 3, out_shape), vo = kvq_tensor_host(values, KVQ_DTYPE_F32, 3, out_shape);
+    KVQ_CHECK(ctxs[x], kvq_dequantize(cache, seq, 0, 0, 4, &ko, &vo));
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctxs[x]);
+  }
+  const double bound = 4.0 * 0x1p-24 * 4.01;
+  for (int i = 0; i < 4 * D; i++) {
+    cr_assert_lt(fabs((double)keys[0][i] - probe[i]), 0.01, "the CPU learned the prototypes (centroid %d)", i);
+    cr_assert_leq(fabs((double)keys[1][i] - keys[0][i]), bound, "centroid component %d: %.9g on Vulkan, %.9g on the CPU", i,
+                  keys[1][i], keys[0][i]);
+  }
+}
