@@ -1,8 +1,11 @@
 #include "helpers.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/halfconv.h"
 
@@ -107,4 +110,26 @@ void th_round_to_dtype(float *x, size_t n, kvq_dtype dtype) {
     if (dtype == KVQ_DTYPE_F16) x[i] = kvq_round_f16(x[i]);
     else if (dtype == KVQ_DTYPE_BF16) x[i] = kvq_bf16_bits_to_f32(kvq_f32_to_bf16_bits(x[i]));
   }
+}
+
+char *th_temp_dir(const char *what) {
+  char *dir = malloc(strlen(what) + 32);
+  cr_assert_not_null(dir);
+  sprintf(dir, "/tmp/kvq-%s-XXXXXX", what);
+  cr_assert_not_null(mkdtemp(dir), "mkdtemp(%s)", dir);
+  return dir;
+}
+
+void th_remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[1024];
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      remove(path);
+    }
+  closedir(d);
+  rmdir(dir);
 }

@@ -41,4 +41,9 @@ void th_exact_attention(const float *q, const float *k, const float *v, uint32_t
 void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer, const float *k, const float *v,
                uint32_t first, uint32_t count, uint32_t hkv, uint32_t d, kvq_dtype dtype);
 
+/* A fresh directory /tmp/kvq-<what>-XXXXXX (the caller frees the name), and removing it with the
+ * files in it (no subdirectories). */
+char *th_temp_dir(const char *what);
+void th_remove_dir(const char *dir);
+
 #endif

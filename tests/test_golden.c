@@ -4,7 +4,6 @@
  * tool's exit status and summary lines are what users' CI relies on.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,26 +19,7 @@
 #include "core/internal.h"
 #include "golden/golden.h"
 #include "golden/polar_ref.h"
-
-static char *make_temp_dir(void) {
-  char *dir = strdup("/tmp/kvq-golden-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  return dir;
-}
-
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char path[1024];
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.') {
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      remove(path);
-    }
-  closedir(d);
-  rmdir(dir);
-}
+#include "helpers.h"
 
 static void copy_file(const char *from, const char *to) {
   FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
@@ -67,7 +47,7 @@ static void copy_saved_files(const char *dir) {
 /* Checks the CPU against a (modified) golden file alone in a directory with the committed saved
  * files, logging the checker's lines; frees g. Returns the check's exit status. */
 static int check_file(golden_file *g, const char *case_name, golden_totals *t) {
-  char error[512], out_path[1024], *dir = make_temp_dir();
+  char error[512], out_path[1024], *dir = th_temp_dir("golden");
   snprintf(out_path, sizeof out_path, "%s/%s.kvqg", dir, case_name);
   cr_assert_eq(golden_save(g, out_path, error, sizeof error), 0, "%s", error);
   golden_free(g);
@@ -78,7 +58,7 @@ static int check_file(golden_file *g, const char *case_name, golden_totals *t) {
   char line[512];
   while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
   fclose(out);
-  remove_dir(dir);
+  th_remove_dir(dir);
   free(dir);
   return rc;
 }
@@ -109,7 +89,7 @@ Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
 /* Regenerating the files reproduces every record byte for byte, except probabilities and outputs,
  * which pass through the C library's exp() and are compared within bounds instead (class 3). */
 Test(golden, writer_reproduces_committed_records, .timeout = 120) {
-  char *dir = make_temp_dir();
+  char *dir = th_temp_dir("golden");
   FILE *log = tmpfile();
   cr_assert_eq(kvq_golden_write(dir, log), 0);
   fclose(log);
@@ -132,7 +112,7 @@ Test(golden, writer_reproduces_committed_records, .timeout = 120) {
     golden_free(&ga);
     golden_free(&gb);
   }
-  remove_dir(dir);
+  th_remove_dir(dir);
   free(dir);
 }
 
@@ -240,10 +220,10 @@ Test(golden, tool_exit_status_and_summary, .timeout = 120) {
   const char *lines[] = {"matrices: ", "class 1 (codes): ", "class 2 (side data): ",
                          "class 3 (scores, probabilities, outputs): ", "saved files: ", "--backend cpu: PASS"};
   for (int i = 0; i < 6; i++) cr_assert_not_null(strstr(output, lines[i]), "missing '%s' in:\n%s", lines[i], output);
-  char *empty = make_temp_dir();
+  char *empty = th_temp_dir("golden");
   snprintf(args, sizeof args, "golden --check --dir %s", empty);
   cr_assert_eq(run_tool(args, output, sizeof output), 2, "no files is an error, not a pass:\n%s", output);
-  remove_dir(empty);
+  th_remove_dir(empty);
   free(empty);
   snprintf(args, sizeof args, "golden --check --backend cuda --dir %s", KVQ_SOURCE_GOLDEN_DIR);
   kvq_backend_info infos[4];

@@ -10,12 +10,10 @@
  * Vulkan to them, and to files the CPU writes here for odd sizes.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "golden/cases.h"
 #include "golden/golden.h"
@@ -65,25 +63,6 @@ Test(vulkan, agrees_with_committed_golden_files, .timeout = 600) {
 }
 
 /* ---- Odd sizes: files the CPU writes here, checked on Vulkan ------------------------------------ */
-
-static char *temp_dir(void) {
-  char *dir = strdup("/tmp/kvq-vulkan-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  return dir;
-}
-
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  while (d && (e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    unlink(path);
-  }
-  if (d) closedir(d);
-  rmdir(dir);
-}
 
 static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
 
@@ -152,7 +131,7 @@ static void check_odd_sizes(void) {
       c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
       count++;
     }
-  char *dir = temp_dir();
+  char *dir = th_temp_dir("vulkan");
   FILE *log = tmpfile();
   for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);
   fclose(log);
@@ -160,7 +139,7 @@ static void check_odd_sizes(void) {
   FILE *out = tmpfile();
   kvq_golden_check(dir, KVQ_BACKEND_VULKAN, out, &t); /* no saved files here: those are counted failed */
   log_lines(out);
-  remove_dir(dir);
+  th_remove_dir(dir);
   free(dir);
   cr_assert_eq(t.configurations, count);
   cr_assert_eq(t.configurations_failed, 0u, "the log above names the configurations that failed");
