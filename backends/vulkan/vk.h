@@ -103,7 +103,9 @@ typedef struct vk_backend {
 } vk_backend;
 
 
-/* vk_status.c: a VkResult as a kvq status, with the failed call in backend->message. */
+/* vk_status.c: a failure with its sentence ("vulkan: " + format) in backend->message, returning
+ * `status`; a VkResult as a kvq status, with the failed call in the message. */
+kvq_status kvq_vk_error(vk_backend *b, kvq_status status, const char *format, ...) __attribute__((format(printf, 3, 4)));
 kvq_status kvq_vk_fail(vk_backend *b, VkResult result, const char *what);
 kvq_status kvq_vk_check_validation(vk_backend *b);
 

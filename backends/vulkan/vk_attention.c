@@ -14,11 +14,6 @@
 #define SEQ_WORDS 12u /* shaders/attention.glsl: KVQ_SEQ_WORDS */
 
 
-static kvq_status fail(vk_backend *b, kvq_status st, const char *what) {
-  snprintf(b->base.message, sizeof b->base.message, "vulkan: %s", what);
-  return st;
-}
-
 static uint64_t seq_tokens(const kvq_attention_seq *s) { return (uint64_t)s->quantized + s->window; }
 
 /* Writes the job's metadata: [slots offset, index offset, alive offset], the sequences, then the
@@ -32,11 +27,12 @@ static kvq_status upload(vk_backend *b, const kvq_job_attention *job, const kvq_
     if (end > pages) pages = end;
     if (q->ring_offset % esize || q->ring_offset / esize > UINT32_MAX || q->score_offset > UINT32_MAX ||
         q->accumulate_offset > UINT32_MAX || seq_tokens(q) * job->query_heads * q->query_count > UINT32_MAX)
-      return fail(b, KVQ_ERROR_UNSUPPORTED, "an attention sequence lies beyond the 4 GiB kvq's shaders address");
+      return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED,
+                          "an attention sequence lies beyond the 4 GiB kvq's shaders address");
   }
   const uint64_t words = 3 + (uint64_t)job->seq_count * SEQ_WORDS + 2 * pages + pages * job->alive_words;
   uint32_t *meta = calloc((size_t)words, sizeof(uint32_t));
-  if (!meta) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+  if (!meta) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   const uint32_t slots = 3 + job->seq_count * SEQ_WORDS;
   meta[0] = slots;
   meta[1] = (uint32_t)(slots + pages);
@@ -58,7 +54,7 @@ static kvq_status upload(vk_backend *b, const kvq_job_attention *job, const kvq_
   for (uint64_t p = 0; p < pages; p++)
     if (((uint64_t)job->page_slots[p] + 1) * s->page_bytes > UINT32_MAX) {
       free(meta);
-      return fail(b, KVQ_ERROR_UNSUPPORTED, "a page lies beyond the 4 GiB kvq's shaders address");
+      return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a page lies beyond the 4 GiB kvq's shaders address");
     }
   kvq_status st = kvq_vk_metadata(b, meta, words * 4, base);
   free(meta);
@@ -118,8 +114,10 @@ static kvq_status per_sequence(vk_backend *b, const kvq_job_attention *job, kvq_
 kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(score, job->keys->layout.method);
-  if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
-  if (kvq_prepared_floats(&job->keys->layout) && !job->prepared) return fail(b, KVQ_ERROR_INTERNAL, "scores without the prepared queries");
+  if (shader == KVQ_VK_SHADER_COUNT)
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "no score shader for this key method");
+  if (kvq_prepared_floats(&job->keys->layout) && !job->prepared)
+    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "scores without the prepared queries");
   uint32_t base = 0;
   kvq_status st = upload(b, job, &job->keys->layout, &base);
   if (st != KVQ_OK) return st;
@@ -169,7 +167,8 @@ static uint64_t output_rows(const kvq_job_attention *job) {
 kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, job->values->layout.method);
-  if (shader == KVQ_VK_SHADER_COUNT) return fail(b, KVQ_ERROR_UNSUPPORTED, "no weighted-sum shader for this value method");
+  if (shader == KVQ_VK_SHADER_COUNT)
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "no weighted-sum shader for this value method");
   uint32_t base = 0;
   kvq_status st = upload(b, job, &job->values->layout, &base);
   if (st != KVQ_OK) return st;
@@ -221,7 +220,9 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
     const uint64_t f = flash_scratch_floats(job, &job->seqs[i]);
     scratch = f > scratch ? f : scratch;
   }
-  if (scratch * 4 > UINT32_MAX) return fail(b, KVQ_ERROR_UNSUPPORTED, "a fused attention's scratch lies beyond the 4 GiB kvq's shaders address");
+  if (scratch * 4 > UINT32_MAX)
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED,
+                        "a fused attention's scratch lies beyond the 4 GiB kvq's shaders address");
   uint32_t base = 0;
   kvq_status st = upload(b, job, ks, &base);
   kvq_buffer *partials = NULL;

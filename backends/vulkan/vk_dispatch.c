@@ -28,9 +28,8 @@ static const shader_code shader_table[KVQ_VK_SHADER_COUNT] = {
 kvq_status kvq_vk_pipelines_init(vk_backend *b) {
   VkResult r;
   if (sizeof(kvq_push) > b->properties.limits.maxPushConstantsSize) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: kvq needs %u bytes of push constants, the device offers %u",
-             (unsigned)sizeof(kvq_push), b->properties.limits.maxPushConstantsSize);
-    return KVQ_ERROR_UNSUPPORTED;
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "kvq needs %u bytes of push constants, the device offers %u",
+                        (unsigned)sizeof(kvq_push), b->properties.limits.maxPushConstantsSize);
   }
   VkDescriptorSetLayoutBinding bindings[KVQ_VK_BINDINGS];
   for (uint32_t i = 0; i < KVQ_VK_BINDINGS; i++)
@@ -161,8 +160,7 @@ kvq_status kvq_vk_finish(kvq_backend *backend) {
 kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
   vk_backend *b = (vk_backend *)backend;
   if (!b->timestamps) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: the queue has no timestamps");
-    return KVQ_ERROR_UNSUPPORTED;
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "the queue has no timestamps");
   }
   *ns = b->device_ns;
   b->device_ns = 0;
@@ -178,9 +176,8 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
   const uint32_t groups_x = groups < 65535 ? (uint32_t)groups : 65535;
   const uint64_t groups_y = (groups + groups_x - 1) / groups_x;
   if (groups_y > b->properties.limits.maxComputeWorkGroupCount[1] || invocations > UINT32_MAX) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: a dispatch of %llu invocations is larger than kvq's shaders index",
-             (unsigned long long)invocations);
-    return KVQ_ERROR_UNSUPPORTED;
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a dispatch of %llu invocations is larger than kvq's shaders index",
+                        (unsigned long long)invocations);
   }
   VkPipeline p = VK_NULL_HANDLE;
   kvq_status st = pipeline(b, shader, &p);
@@ -221,8 +218,7 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset) {
   /* one job's arrays at a time: the buffer is replaced only while nothing recorded refers to it */
   if (b->recording) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: metadata written while a submission is recorded");
-    return KVQ_ERROR_INTERNAL;
+    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "metadata written while a submission is recorded");
   }
   if (bytes > b->metadata->size) {
     kvq_buffer *grown;
@@ -239,8 +235,7 @@ kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint
 kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out) {
   /* as the metadata: replaced only while nothing recorded refers to it */
   if (b->recording) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: scratch memory asked for while a submission is recorded");
-    return KVQ_ERROR_INTERNAL;
+    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "scratch memory asked for while a submission is recorded");
   }
   if (!b->scratch || bytes > b->scratch->size) {
     kvq_buffer *grown;

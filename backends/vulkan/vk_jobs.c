@@ -11,8 +11,6 @@
 #include "core/layout.h"
 #include "vk.h"
 
-/* The variant of a per-method shader for a layout method, or KVQ_VK_SHADER_COUNT if none. */
-
 static int method_has_shaders(uint32_t method) { return KVQ_VK_VARIANT(quantize, method) != KVQ_VK_SHADER_COUNT; }
 
 int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_side_layout *keys,
@@ -23,14 +21,12 @@ int kvq_vk_supports(const kvq_backend *backend, kvq_job_kind kind, const kvq_sid
 }
 
 static kvq_status unsupported(vk_backend *b, const char *job, uint32_t method) {
-  snprintf(b->base.message, sizeof b->base.message, "vulkan: no %s shader for layout method %u", job, method);
-  return KVQ_ERROR_UNSUPPORTED;
+  return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "no %s shader for layout method %u", job, method);
 }
 
 /* Offsets the shaders address in 32-bit indices must fit them. */
 static kvq_status too_large(vk_backend *b, const char *what) {
-  snprintf(b->base.message, sizeof b->base.message, "vulkan: %s lies beyond the 4 GiB kvq's shaders address", what);
-  return KVQ_ERROR_UNSUPPORTED;
+  return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "%s lies beyond the 4 GiB kvq's shaders address", what);
 }
 
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
@@ -85,23 +81,21 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     st = kvq_vk_check_range(b, job->errors, 0, (uint64_t)job->count * s->page_size * s->kv_heads * 4, "the quantization errors");
   uint32_t *meta = calloc((size_t)job->count * 4, sizeof(uint32_t));
   if (!meta) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+    return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
   for (uint32_t i = 0; st == KVQ_OK && i < job->count; i++) { /* every item is checked before any page is written */
     const kvq_quantize_item *it = &job->items[i];
     if (it->tokens == 0 || it->tokens > s->page_size || it->src_offset % esize)
-      st = kvq_vk_check_range(b, NULL, 0, 1, "a quantize item");
+      st = kvq_vk_error(b, KVQ_ERROR_INTERNAL, "quantize item %u: %u tokens from byte %llu", i, it->tokens,
+                        (unsigned long long)it->src_offset);
     if (st == KVQ_OK) st = kvq_vk_check_range(b, it->src, it->src_offset, per_token * esize * it->tokens, "a quantize item's tokens");
     if (st == KVQ_OK) st = kvq_vk_check_range(b, job->dst, it->dst_offset, s->page_bytes, "a quantized page");
     if (st == KVQ_OK && (it->src_offset / esize > UINT32_MAX || it->dst_offset + s->page_bytes > UINT32_MAX))
       st = too_large(b, "a quantize item");
-    if (st == KVQ_OK && head_from_offset(s) && it->dst_offset % s->page_bytes) {
-      snprintf(b->base.message, sizeof b->base.message,
-               "vulkan: a quantized page at byte %llu is not a whole page into its pool (per-head codebooks)",
-               (unsigned long long)it->dst_offset);
-      st = KVQ_ERROR_UNSUPPORTED;
-    }
+    if (st == KVQ_OK && head_from_offset(s) && it->dst_offset % s->page_bytes)
+      st = kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED,
+                        "a quantized page at byte %llu is not a whole page into its pool (per-head codebooks)",
+                        (unsigned long long)it->dst_offset);
     meta[4 * i] = (uint32_t)(it->src_offset / esize);
     meta[4 * i + 1] = (uint32_t)it->dst_offset;
     meta[4 * i + 2] = it->tokens;
@@ -193,7 +187,9 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   if (st == KVQ_OK) st = kvq_vk_check_range(b, job->out, job->out_offset, out_bytes, "the prepared queries");
   if (st == KVQ_OK && (job->q_offset % 4 || job->out_offset % 4 || job->query_heads == 0 ||
                        job->query_heads % s->kv_heads))
-    st = kvq_vk_check_range(b, NULL, 0, 1, "a query preparation");
+    st = kvq_vk_error(b, KVQ_ERROR_INTERNAL,
+                      "a query preparation with misaligned buffers or %u query heads for %u kv heads",
+                      job->query_heads, s->kv_heads);
   if (st == KVQ_OK && ((job->q_offset + in_bytes) / 4 > UINT32_MAX || (job->out_offset + out_bytes) / 4 > UINT32_MAX))
     st = too_large(b, "a query preparation");
   if (st != KVQ_OK) return st;

@@ -20,19 +20,16 @@ static uint64_t product(uint32_t a, uint32_t b, uint32_t c) {
   return ab > UINT32_MAX ? UINT64_MAX : ab * c;
 }
 
-static kvq_status refuse(vk_backend *b, const char *what) {
-  snprintf(b->base.message, sizeof b->base.message, "vulkan: %s", what);
-  return KVQ_ERROR_UNSUPPORTED;
-}
-
 /* Every array lies in its buffer and every index the shaders compute fits their 32 bits; then the
  * sizes go to the metadata buffer (*base: their word offset). */
 static kvq_status prepare(vk_backend *b, const kvq_job_kmeans *job, uint32_t *base) {
   const uint64_t points = product(job->problems, job->points, 1), values = product(job->problems, job->points, job->dims);
   const uint64_t centroid_values = product(job->problems, job->clusters, job->dims);
   if (points > UINT32_MAX || values > UINT32_MAX || centroid_values > UINT32_MAX)
-    return refuse(b, "a k-means job of more than 2^32 values is larger than kvq's shaders index");
-  if (job->dims > LOOP_BUDGET / 2) return refuse(b, "k-means points of more than 16384 dims are beyond kvq's shaders");
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED,
+                        "a k-means job of more than 2^32 values is larger than kvq's shaders index");
+  if (job->dims > LOOP_BUDGET / 2)
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "k-means points of more than 16384 dims are beyond kvq's shaders");
   kvq_status st = kvq_vk_check_range(b, job->data, 0, values * 4, "the k-means points");
   if (st == KVQ_OK) st = kvq_vk_check_range(b, job->centroids, 0, centroid_values * 4, "the k-means centroids");
   if (st == KVQ_OK) st = kvq_vk_check_range(b, job->assignment, 0, points * 4, "the k-means assignment");

@@ -23,9 +23,9 @@ static uint32_t memory_type(const vk_backend *b, uint32_t bits, VkMemoryProperty
 
 kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what) {
   if (!buffer || offset > buffer->size || bytes > buffer->size - offset) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: %s [%llu, +%llu) lies outside a buffer of %llu bytes", what,
-             (unsigned long long)offset, (unsigned long long)bytes, (unsigned long long)(buffer ? buffer->size : 0));
-    return KVQ_ERROR_INTERNAL;
+    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "%s [%llu, +%llu) lies outside a buffer of %llu bytes",
+                        what, (unsigned long long)offset, (unsigned long long)bytes,
+                        (unsigned long long)(buffer ? buffer->size : 0));
   }
   return KVQ_OK;
 }
@@ -44,15 +44,13 @@ kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, k
   *out = NULL;
   const uint64_t rounded = bytes < 16 ? 16 : (bytes + 15) / 16 * 16;
   if (rounded > b->properties.limits.maxStorageBufferRange) {
-    snprintf(b->base.message, sizeof b->base.message,
-             "vulkan: a buffer of %llu bytes exceeds this device's largest storage buffer (maxStorageBufferRange %u)",
-             (unsigned long long)bytes, b->properties.limits.maxStorageBufferRange);
-    return KVQ_ERROR_DEVICE_MEMORY;
+    return kvq_vk_error(b, KVQ_ERROR_DEVICE_MEMORY,
+                        "a buffer of %llu bytes exceeds this device's largest storage buffer (maxStorageBufferRange %u)",
+                        (unsigned long long)bytes, b->properties.limits.maxStorageBufferRange);
   }
   kvq_buffer *buf = calloc(1, sizeof *buf);
   if (!buf) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+    return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
   buf->size = bytes;
   VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
@@ -73,9 +71,8 @@ kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, k
   const uint32_t type = memory_type(b, req.memoryTypeBits, want, prefer);
   if (type == UINT32_MAX) {
     kvq_vk_buffer_free(b, buf);
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: no memory type fits a %s buffer",
-             host_visible ? "host-visible" : "device");
-    return KVQ_ERROR_INTERNAL;
+    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "no memory type fits a %s buffer",
+                        host_visible ? "host-visible" : "device");
   }
   VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = type};
   if ((r = b->vk.vkAllocateMemory(b->device, &alloc, NULL, &buf->memory)) != VK_SUCCESS ||
@@ -111,13 +108,11 @@ kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_
   vk_backend *b = (vk_backend *)backend;
   *out = NULL;
   if (memory != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: only a VkBuffer can be imported");
-    return KVQ_ERROR_INVALID_ARGUMENT;
+    return kvq_vk_error(b, KVQ_ERROR_INVALID_ARGUMENT, "only a VkBuffer can be imported");
   }
   kvq_buffer *buf = calloc(1, sizeof *buf);
   if (!buf) {
-    snprintf(b->base.message, sizeof b->base.message, "vulkan: out of host memory");
-    return KVQ_ERROR_OUT_OF_MEMORY;
+    return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
   buf->buffer = (VkBuffer)(uintptr_t)handle;
   buf->size = bytes;

@@ -1,4 +1,5 @@
 /* Vulkan results as kvq statuses, and validation messages as failures. */
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "vk.h"
@@ -17,6 +18,15 @@ static const char *result_name(VkResult r) {
   }
 }
 
+kvq_status kvq_vk_error(vk_backend *b, kvq_status status, const char *format, ...) {
+  int n = snprintf(b->base.message, sizeof b->base.message, "vulkan: ");
+  va_list args;
+  va_start(args, format);
+  vsnprintf(b->base.message + n, sizeof b->base.message - (size_t)n, format, args);
+  va_end(args);
+  return status;
+}
+
 kvq_status kvq_vk_fail(vk_backend *b, VkResult r, const char *what) {
   snprintf(b->base.message, sizeof b->base.message, "vulkan: %s failed: %s (%d)", what, result_name(r), (int)r);
   switch (r) {
@@ -30,8 +40,7 @@ kvq_status kvq_vk_fail(vk_backend *b, VkResult r, const char *what) {
 
 kvq_status kvq_vk_check_validation(vk_backend *b) {
   if (b->validation_messages == 0) return KVQ_OK;
-  snprintf(b->base.message, sizeof b->base.message, "vulkan: %u validation message(s), the first: %s",
-           b->validation_messages, b->validation_first);
+  const uint32_t count = b->validation_messages;
   b->validation_messages = 0;
-  return KVQ_ERROR_INTERNAL;
+  return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "%u validation message(s), the first: %s", count, b->validation_first);
 }
