@@ -97,13 +97,19 @@ static kvq_status create_instance(vk_backend *b, kvq_availability *availability,
   return KVQ_OK;
 }
 
-/* The first queue family with compute, or UINT32_MAX. */
-static uint32_t compute_family(VkPhysicalDevice device) {
+/* A device's queue families (the first 32: more exist on no device); returns their count. */
+static uint32_t queue_families(VkPhysicalDevice device, VkQueueFamilyProperties families[32]) {
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(device, &count, NULL);
-  VkQueueFamilyProperties families[32];
   if (count > 32) count = 32;
   vkGetPhysicalDeviceQueueFamilyProperties(device, &count, families);
+  return count;
+}
+
+/* The first queue family with compute, or UINT32_MAX. */
+static uint32_t compute_family(VkPhysicalDevice device) {
+  VkQueueFamilyProperties families[32];
+  const uint32_t count = queue_families(device, families);
   for (uint32_t i = 0; i < count; i++)
     if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return i;
   return UINT32_MAX;
@@ -209,11 +215,8 @@ static kvq_status adopt_device(vk_backend *b, const kvq_vulkan_device *v, char *
   b->device = (VkDevice)v->device;
   volkLoadInstanceOnly(b->instance);
   vkGetPhysicalDeviceProperties(b->physical, &b->properties);
-  uint32_t count = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, NULL);
   VkQueueFamilyProperties families[32];
-  if (count > 32) count = 32;
-  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, families);
+  const uint32_t count = queue_families(b->physical, families);
   if (v->queue_family >= count || !(families[v->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) ||
       v->queue_index >= families[v->queue_family].queueCount) {
     snprintf(why, why_size, "vulkan: queue family %u, index %u is not a compute queue of %s", v->queue_family,
@@ -254,11 +257,8 @@ static kvq_status create_submission(vk_backend *b) {
     return kvq_vk_fail(b, r, "vkAllocateCommandBuffers");
   VkFenceCreateInfo fence = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   if ((r = b->vk.vkCreateFence(b->device, &fence, NULL, &b->fence)) != VK_SUCCESS) return kvq_vk_fail(b, r, "vkCreateFence");
-  uint32_t count = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, NULL);
   VkQueueFamilyProperties families[32];
-  if (count > 32) count = 32;
-  vkGetPhysicalDeviceQueueFamilyProperties(b->physical, &count, families);
+  const uint32_t count = queue_families(b->physical, families);
   if (b->queue_family < count && families[b->queue_family].timestampValidBits > 0 && b->properties.limits.timestampPeriod > 0) {
     VkQueryPoolCreateInfo q = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
     if (b->vk.vkCreateQueryPool(b->device, &q, NULL, &b->timestamps) == VK_SUCCESS)
