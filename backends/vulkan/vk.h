@@ -130,6 +130,10 @@ kvq_status kvq_vk_begin(vk_backend *b);
  * dummy buffer), followed by a barrier, so the next dispatch sees what this one wrote. */
 kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
                            kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations);
+/* The bindings every job on one side starts from: the metadata, the side's pages, fixed data and
+ * window (NULL where the job has none); the rest NULL. */
+void kvq_vk_bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const kvq_side_desc *side, kvq_buffer *pages,
+                      kvq_buffer *ring);
 /* Submits what was recorded and waits for it. */
 kvq_status kvq_vk_submit(vk_backend *b);
 kvq_status kvq_vk_finish(kvq_backend *backend);

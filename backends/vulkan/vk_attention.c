@@ -77,17 +77,6 @@ static void push_for(kvq_push *push, const kvq_job_attention *job, const kvq_sid
   push_job(push, job, base);
 }
 
-/* The bindings of one side: its pages, fixed data and window, and the metadata. */
-static void bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const kvq_side_desc *side, kvq_buffer *pages,
-                      kvq_buffer *ring) {
-  memset(buffers, 0, sizeof(kvq_buffer *) * KVQ_VK_BINDINGS);
-  buffers[KVQ_BINDING_META] = b->metadata;
-  buffers[KVQ_BINDING_PAGES] = pages;
-  buffers[KVQ_BINDING_FIXED0] = side->fixed[0];
-  buffers[KVQ_BINDING_FIXED1] = side->fixed[1];
-  buffers[KVQ_BINDING_RING] = ring;
-}
-
 /* What one invocation (or workgroup) of a per-sequence shader covers. */
 enum { PER_SCORE = 0, PER_ROW = 1, PER_SLOT = 2, PER_CHANNEL = 3, PER_OUTPUT_ROW = 4 };
 
@@ -124,7 +113,7 @@ kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
   kvq_push push;
   push_for(&push, job, job->keys, base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
-  bind_side(buffers, b, job->keys, job->key_pages, job->key_ring);
+  kvq_vk_bind_side(buffers, b, job->keys, job->key_pages, job->key_ring);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->prepared;
@@ -175,7 +164,7 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
   kvq_push push;
   push_for(&push, job, job->values, base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
-  bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
+  kvq_vk_bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
   buffers[KVQ_BINDING_SRC] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->output;
   const kvq_side_layout *s = &job->values->layout;
@@ -232,8 +221,8 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   push_for(&key_push, job, job->keys, base);
   push_for(&value_push, job, job->values, base);
   kvq_buffer *key_buffers[KVQ_VK_BINDINGS], *value_buffers[KVQ_VK_BINDINGS];
-  bind_side(key_buffers, b, job->keys, job->key_pages, job->key_ring);
-  bind_side(value_buffers, b, job->values, job->value_pages, job->value_ring);
+  kvq_vk_bind_side(key_buffers, b, job->keys, job->key_pages, job->key_ring);
+  kvq_vk_bind_side(value_buffers, b, job->values, job->value_pages, job->value_ring);
   key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = partials;
   key_buffers[KVQ_BINDING_SRC] = job->queries;
   key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */

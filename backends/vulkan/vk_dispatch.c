@@ -247,3 +247,13 @@ kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out) {
   *out = b->scratch;
   return KVQ_OK;
 }
+
+void kvq_vk_bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const kvq_side_desc *side, kvq_buffer *pages,
+                      kvq_buffer *ring) {
+  memset(buffers, 0, sizeof(kvq_buffer *) * KVQ_VK_BINDINGS);
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_PAGES] = pages;
+  buffers[KVQ_BINDING_FIXED0] = side->fixed[0];
+  buffers[KVQ_BINDING_FIXED1] = side->fixed[1];
+  buffers[KVQ_BINDING_RING] = ring;
+}
