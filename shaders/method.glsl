@@ -1,6 +1,7 @@
 // The method a shader variant is built for (KVQ_METHOD, a KVQ_LAYOUT_* value, set by
-// shaders/meson.build). Each methods/*.glsl provides:
-//   uint  kvq_encode_units(uint n)                      work units to encode n tokens of a head block
+// shaders/meson.build). How many units a head block or a query splits into is shaders/work_units.h's
+// (shared with the host): kvq_encode_units(n) and kvq_prepare_units() below. Each methods/*.glsl
+// provides:
 //   void  kvq_encode_unit(uint block, uint unit, uint n, uint x)
 //                                                       encode one unit into the zeroed head block at
 //                                                       byte `block` of `pages`; token t, channel c
@@ -9,7 +10,6 @@
 // and may define, with their functions:
 //   KVQ_PREPARES      keys are scored against a prepared query (PREPARE_QUERY):
 //     uint  kvq_prepared_floats()                       floats of one prepared query
-//     uint  kvq_prepare_units()                         invocations that prepare one query
 //     void  kvq_prepare_unit(uint q, uint h, uint u, uint out_at)
 //                                                       unit u of preparing the fp32 query at element
 //                                                       q of src for kv head h into dst from element
@@ -38,3 +38,11 @@
 #else
 #error "shaders/method.glsl: no shader code for this method yet"
 #endif
+
+#include "shaders/work_units.h"
+
+uint kvq_encode_units(uint n) {
+  return kvq_encode_units_of(KVQ_METHOD, n, pc.head_dim, pc.group, pc.sketch_dim, pc.outliers, pc.outlier_sketch_dim,
+                             pc.channels);
+}
+uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim); }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/layout.h"
+#include "shaders/work_units.h"
 #include "vk.h"
 
 static int method_has_shaders(uint32_t method) { return KVQ_VK_VARIANT(quantize, method) != KVQ_VK_SHADER_COUNT; }
@@ -59,14 +60,6 @@ static int head_from_offset(const kvq_side_layout *s) {
   return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
 }
 
-/* The largest number of work units of one head block (kvq_encode_units in shaders/methods/). */
-static uint32_t encode_units(const kvq_side_layout *s) {
-  if (s->method == KVQ_LAYOUT_KIVI) return (s->page_size + s->group - 1) / s->group * s->head_dim;
-  if (s->method == KVQ_LAYOUT_QJL) /* one word of sign bits of one token */
-    return s->page_size * (kvq_qjl_words_per_token(s->sketch_dim) + (s->outliers ? kvq_qjl_words_per_token(s->outlier_sketch_dim) : 0));
-  if (s->method == KVQ_LAYOUT_CQ) return s->page_size * (s->head_dim / s->channels);
-  return s->page_size;
-}
 
 kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
   vk_backend *b = (vk_backend *)backend;
@@ -107,7 +100,9 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
   kvq_vk_push_side(&push, job->side);
   push.input_dtype = (uint32_t)job->input_dtype;
   push.meta = base;
-  push.offset1 = encode_units(s);
+  /* the largest unit count of a head block (a full page) */
+  push.offset1 = kvq_encode_units_of(s->method, s->page_size, s->head_dim, s->group, s->sketch_dim, s->outliers,
+                                     s->outlier_sketch_dim, s->channels);
   /* Items sharing a source buffer run in one dispatch per step. */
   for (uint32_t first = 0; st == KVQ_OK && first < job->count;) {
     uint32_t count = 1;
@@ -161,11 +156,7 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   return st == KVQ_OK ? submitted : st;
 }
 
-/* Key methods with prepared floats define KVQ_PREPARES in their shaders (shaders/method.glsl);
- * kvq_prepare_units() there: QJL prepares one row of S q per invocation (all m x d products in one
- * would pass llvmpipe's loop limit), PolarQuant a whole rotated query. */
-static uint32_t prepare_units(const kvq_side_layout *s) { return s->method == KVQ_LAYOUT_QJL ? s->sketch_dim : 1; }
-
+/* Key methods with prepared floats define KVQ_PREPARES in their shaders (shaders/method.glsl). */
 kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   vk_backend *b = (vk_backend *)backend;
   const kvq_side_layout *s = &job->keys->layout;
@@ -198,7 +189,7 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   kvq_vk_bind_side(buffers, b, job->keys, NULL, NULL);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
-  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * prepare_units(s));
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim));
   kvq_status submitted = kvq_vk_submit(b);
   return st == KVQ_OK ? submitted : st;
 }

@@ -8,7 +8,6 @@
 // is not a multiple of page_bytes, backends/vulkan/vk_jobs.c).
 #include "shaders/nearest.glsl"
 
-uint kvq_encode_units(uint n) { return n * (pc.head_dim / pc.channels); }
 
 uint kvq_cq_head(uint block) { return block / (pc.head_words * 4u) % pc.kv_heads; }
 

@@ -1,7 +1,6 @@
 // EXACT (backends/cpu/cpu_exact.c): tokens stored as they are, in fp32, fp16 or bf16.
 // Work unit: one token.
 
-uint kvq_encode_units(uint n) { return n; }
 
 void kvq_encode_unit(uint block, uint t, uint n, uint x) {
   uint stride = pc.kv_heads * pc.head_dim;

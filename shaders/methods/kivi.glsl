@@ -1,7 +1,6 @@
 // KIVI (backends/cpu/cpu_kivi.c): channel-wise asymmetric b-bit codes over groups of Gt tokens,
 // with UNIFORM's quantizer. Work unit: one channel of one token group.
 
-uint kvq_encode_units(uint n) { return (n + pc.group - 1u) / pc.group * pc.head_dim; }
 
 void kvq_encode_unit(uint block, uint unit, uint n, uint x) {
   uint d = pc.head_dim, b = pc.bits, Gt = pc.group;

@@ -140,7 +140,6 @@ uint polar_boundaries_passed(float s_a, float s_b, uint table, uint K) {
   return code;
 }
 
-uint kvq_encode_units(uint n) { return n; }
 
 void kvq_encode_unit(uint block, uint t, uint n, uint x) {
   uint d = pc.head_dim, L = pc.levels;
@@ -217,7 +216,6 @@ float kvq_token_error(uint block, uint t, uint x) {
 
 // PREPARE_QUERY: R q, exactly as the CPU reference rotates queries (pc.input_dtype is fp32 there).
 uint kvq_prepared_floats() { return pc.head_dim; }
-uint kvq_prepare_units() { return 1u; } // the whole rotation: the Hadamard form needs every coordinate
 void kvq_prepare_unit(uint q, uint h, uint unit, uint out_at) {
   float y[KVQ_MAX_HEAD_DIM];
   polar_rotate(q, y);

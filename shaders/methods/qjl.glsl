@@ -49,7 +49,6 @@ vec4 kvq_qjl_signs4(uint bits) { return vec4(notEqual(uvec4(bits) & uvec4(1u, 2u
 
 // ---- QUANTIZE ----------------------------------------------------------------------------------
 
-uint kvq_encode_units(uint n) { return n * kvq_qjl_token_words(); }
 
 // The page's outlier channels as a bit mask over channels.
 uint kvq_qjl_mask[KVQ_MAX_HEAD_DIM / 32u];
@@ -136,7 +135,6 @@ float kvq_qjl_estimate(uint block, bool outer, uint t, uint q, uint p, uint list
 // S q, the query's sketch (qjl_prepare), one row of S per invocation. S is shared by the kv heads.
 // Summed in fp32: prepared queries only feed scores (class 3, docs/ACCURACY.md).
 uint kvq_prepared_floats() { return pc.sketch_dim; }
-uint kvq_prepare_units() { return pc.sketch_dim; }
 void kvq_prepare_unit(uint q, uint h, uint i, uint out_at) {
   float sum = 0.0;
   for (uint c = 0u; c < pc.head_dim; c++) sum += kvq_qjl_sketch(false, i, c) * uintBitsToFloat(src[q + c]);

@@ -1,7 +1,6 @@
 // UNIFORM (backends/cpu/cpu_uniform.c): token-wise asymmetric b-bit codes in groups of G channels,
 // decided by core/quantize_math.h exactly as the CPU reference decides them. Work unit: one token.
 
-uint kvq_encode_units(uint n) { return n; }
 
 void kvq_encode_unit(uint block, uint t, uint n, uint x) {
   uint d = pc.head_dim, b = pc.bits, G = pc.group;
