@@ -43,6 +43,17 @@ uint polar_level_table(uint block, uint level) {
 // reference's order (core/quantize_math.h): dense y_i = sum_c R[i][c] x_c with c increasing;
 // Hadamard: the signs, the in-place butterflies of core/fwht.h, then the scale. `precise` keeps
 // every product and sum rounded on its own, so stored codes match the CPU's bit for bit.
+// The in-place Walsh-Hadamard butterflies of core/fwht.h, in its order, each sum rounded on its own.
+void polar_butterflies(inout float y[KVQ_MAX_HEAD_DIM]) {
+  for (uint len = 1u; len < pc.head_dim; len <<= 1)
+    for (uint i = 0u; i < pc.head_dim; i += 2u * len)
+      for (uint j = i; j < i + len; j++) {
+        precise float a = y[j], b = y[j + len];
+        y[j] = KVQ_FADD(a, b);
+        y[j + len] = KVQ_FSUB(a, b);
+      }
+}
+
 float polar_input(uint x, uint c) { return KVQ_READ_ELEMENT(src, pc.input_dtype, x + c); }
 float polar_row_step(float p, uint i, float x[KVQ_MAX_HEAD_DIM], uint c) {
   precise float next = KVQ_FADD(p, KVQ_FMUL(polar_fixed0(i * pc.head_dim + c), x[c]));
@@ -66,13 +77,7 @@ void polar_rotate(uint x, out precise float y[KVQ_MAX_HEAD_DIM]) {
     return;
   }
   for (uint c = 0u; c < d; c++) y[c] = KVQ_FMUL(polar_fixed0(c), v[c]);
-  for (uint len = 1u; len < d; len <<= 1)
-    for (uint i = 0u; i < d; i += 2u * len)
-      for (uint j = i; j < i + len; j++) {
-        precise float a = y[j], b = y[j + len];
-        y[j] = KVQ_FADD(a, b);
-        y[j + len] = KVQ_FSUB(a, b);
-      }
+  polar_butterflies(y);
   float scale = kvq_hadamard_scale(d);
   for (uint c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
 }
@@ -94,13 +99,7 @@ void polar_unrotate(float y[KVQ_MAX_HEAD_DIM], out float x[KVQ_MAX_HEAD_DIM]) {
     }
     return;
   }
-  for (uint len = 1u; len < d; len <<= 1)
-    for (uint i = 0u; i < d; i += 2u * len)
-      for (uint j = i; j < i + len; j++) {
-        float a = y[j], b = y[j + len];
-        y[j] = a + b;
-        y[j + len] = a - b;
-      }
+  polar_butterflies(y);
   float scale = kvq_hadamard_scale(d);
   for (uint c = 0u; c < d; c++) x[c] = polar_fixed0(c) * (y[c] * scale);
 }
