@@ -162,64 +162,69 @@ static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
 static const int64_t round_trip_shapes[4][4] = {{37, 0, 0, 0}, {3, 5, 0, 0}, {2, 3, 4, 0}, {2, 1, 3, 5}};
 
+/* One round trip of the sample values in a given rank, stored as fp32 or fp16: the written file's
+ * bytes and data offset, and what reading it back gave. */
+typedef struct round_trip {
+  float *x;
+  size_t count, size, data_offset;
+  unsigned char *bytes;
+  kvq_npy npy;
+  char path[32];
+} round_trip;
+
+/* Writes, checks the data offset (a multiple of 64) and the file size, reads back, checks the rank,
+ * the source dtype and the shape. */
+static void round_trip_run(round_trip *rt, uint32_t rank, int fp16) {
+  const int64_t *shape = round_trip_shapes[rank - 1];
+  rt->count = 1;
+  for (uint32_t d = 0; d < rank; d++) rt->count *= (size_t)shape[d];
+  rt->x = malloc(rt->count * sizeof *rt->x);
+  for (size_t i = 0; i < rt->count; i++) rt->x[i] = sample_value(i);
+  char error[256] = "";
+  temp_path(rt->path);
+  cr_assert_eq(kvq_npy_write(rt->path, rt->x, rank, shape, fp16, error, sizeof error), 0, "rank %u: %s", rank, error);
+  rt->bytes = read_bytes(rt->path, &rt->size);
+  rt->data_offset = 10 + ((size_t)rt->bytes[8] | (size_t)rt->bytes[9] << 8);
+  cr_assert_eq(rt->data_offset % 64, 0, "rank %u: data at %zu, a multiple of 64", rank, rt->data_offset);
+  cr_assert_eq(rt->size, rt->data_offset + (fp16 ? 2 : 4) * rt->count, "rank %u: file size", rank);
+  cr_assert_eq(kvq_npy_read(rt->path, &rt->npy, error, sizeof error), 0, "rank %u: %s", rank, error);
+  cr_assert_eq(rt->npy.rank, rank);
+  cr_assert_eq(rt->npy.source_fp16, fp16);
+  for (uint32_t d = 0; d < 4; d++) cr_assert_eq(rt->npy.shape[d], d < rank ? shape[d] : 0, "rank %u dim %u", rank, d);
+}
+
+static void round_trip_end(round_trip *rt) {
+  free(rt->bytes);
+  kvq_npy_free(&rt->npy);
+  remove(rt->path);
+  free(rt->x);
+}
+
 Test(npy, round_trip_f32_ranks_1_to_4) {
   for (uint32_t rank = 1; rank <= 4; rank++) {
-    const int64_t *shape = round_trip_shapes[rank - 1];
-    size_t count = 1;
-    for (uint32_t d = 0; d < rank; d++) count *= (size_t)shape[d];
-    float *x = malloc(count * sizeof *x);
-    for (size_t i = 0; i < count; i++) x[i] = sample_value(i);
-    char path[32], error[256] = "";
-    temp_path(path);
-    cr_assert_eq(kvq_npy_write(path, x, rank, shape, 0, error, sizeof error), 0, "rank %u: %s", rank, error);
-    size_t size;
-    unsigned char *bytes = read_bytes(path, &size);
-    size_t data_offset = 10 + ((size_t)bytes[8] | (size_t)bytes[9] << 8);
-    cr_assert_eq(data_offset % 64, 0, "rank %u: data at %zu, a multiple of 64", rank, data_offset);
-    cr_assert_eq(size, data_offset + 4 * count, "rank %u: file size", rank);
-    cr_assert_eq(bytes[data_offset - 1], '\n');
-    free(bytes);
-    kvq_npy npy;
-    cr_assert_eq(kvq_npy_read(path, &npy, error, sizeof error), 0, "rank %u: %s", rank, error);
-    cr_assert_eq(npy.rank, rank);
-    cr_assert_eq(npy.source_fp16, 0);
-    for (uint32_t d = 0; d < 4; d++) cr_assert_eq(npy.shape[d], d < rank ? shape[d] : 0, "rank %u dim %u", rank, d);
-    for (size_t i = 0; i < count; i++)
-      cr_assert(same_bits(npy.data[i], x[i]), "rank %u element %zu: %a vs %a", rank, i, (double)npy.data[i], (double)x[i]);
-    kvq_npy_free(&npy);
-    kvq_npy_free(&npy); /* harmless twice */
-    remove(path);
-    free(x);
+    round_trip rt;
+    round_trip_run(&rt, rank, 0);
+    cr_assert_eq(rt.bytes[rt.data_offset - 1], '\n');
+    for (size_t i = 0; i < rt.count; i++)
+      cr_assert(same_bits(rt.npy.data[i], rt.x[i]), "rank %u element %zu: %a vs %a", rank, i, (double)rt.npy.data[i],
+                (double)rt.x[i]);
+    kvq_npy_free(&rt.npy);
+    round_trip_end(&rt); /* the second kvq_npy_free is harmless */
   }
 }
 
 Test(npy, round_trip_f16_ranks_1_to_4_rounds_half_to_even) {
   for (uint32_t rank = 1; rank <= 4; rank++) {
-    const int64_t *shape = round_trip_shapes[rank - 1];
-    size_t count = 1;
-    for (uint32_t d = 0; d < rank; d++) count *= (size_t)shape[d];
-    float *x = malloc(count * sizeof *x);
-    for (size_t i = 0; i < count; i++) x[i] = sample_value(i);
-    char path[32], error[256] = "";
-    temp_path(path);
-    cr_assert_eq(kvq_npy_write(path, x, rank, shape, 1, error, sizeof error), 0, "rank %u: %s", rank, error);
-    size_t size;
-    unsigned char *bytes = read_bytes(path, &size);
-    size_t data_offset = 10 + ((size_t)bytes[8] | (size_t)bytes[9] << 8);
-    cr_assert_eq(data_offset % 64, 0);
-    cr_assert_eq(size, data_offset + 2 * count, "rank %u: file size", rank);
-    cr_assert_not_null(strstr((const char *)bytes + 10, "'descr': '<f2'"));
-    for (size_t i = 0; i < count; i++) {
-      uint32_t h = (uint32_t)bytes[data_offset + 2 * i] | (uint32_t)bytes[data_offset + 2 * i + 1] << 8;
+    round_trip rt;
+    round_trip_run(&rt, rank, 1);
+    const float *x = rt.x;
+    const kvq_npy npy = rt.npy;
+    cr_assert_not_null(strstr((const char *)rt.bytes + 10, "'descr': '<f2'"));
+    for (size_t i = 0; i < rt.count; i++) {
+      uint32_t h = (uint32_t)rt.bytes[rt.data_offset + 2 * i] | (uint32_t)rt.bytes[rt.data_offset + 2 * i + 1] << 8;
       cr_assert_eq(h, kvq_f32_to_f16_bits(x[i]), "rank %u element %zu: stored little-endian fp16", rank, i);
     }
-    free(bytes);
-    kvq_npy npy;
-    cr_assert_eq(kvq_npy_read(path, &npy, error, sizeof error), 0, "rank %u: %s", rank, error);
-    cr_assert_eq(npy.rank, rank);
-    cr_assert_eq(npy.source_fp16, 1);
-    for (uint32_t d = 0; d < 4; d++) cr_assert_eq(npy.shape[d], d < rank ? shape[d] : 0);
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; i < rt.count; i++) {
       float want = kvq_round_f16(x[i]);
       if (isnan(want)) cr_assert(isnan(npy.data[i]), "element %zu NaN", i);
       else cr_assert(same_bits(npy.data[i], want), "rank %u element %zu: %a vs %a", rank, i, (double)npy.data[i], (double)want);
@@ -232,9 +237,7 @@ Test(npy, round_trip_f16_ranks_1_to_4_rounds_half_to_even) {
       cr_assert(isinf(npy.data[8]) && npy.data[8] > 0, "65520 rounds to Inf");
       cr_assert(same_bits(npy.data[4], 0.0f), "1e-40 becomes +0");
     }
-    kvq_npy_free(&npy);
-    remove(path);
-    free(x);
+    round_trip_end(&rt);
   }
 }
 
