@@ -141,6 +141,7 @@ kvq_status kvq_vk_submit(vk_backend *b) {
   b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
   b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
   b->sets_used = 0;
+  b->bound_set = VK_NULL_HANDLE;
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, what);
   if (b->timestamps) {
     uint64_t ticks[2];
@@ -167,21 +168,9 @@ kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
   return KVQ_OK;
 }
 
-kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
-                           kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations) {
-  if (invocations == 0) return KVQ_OK;
-  /* workgroups of KVQ_VK_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
-   * offers); shaders fold the grid back into one index (kvq_invocation) and ignore the excess */
-  const uint64_t groups = (invocations + KVQ_VK_GROUP_SIZE - 1) / KVQ_VK_GROUP_SIZE;
-  const uint32_t groups_x = groups < 65535 ? (uint32_t)groups : 65535;
-  const uint64_t groups_y = (groups + groups_x - 1) / groups_x;
-  if (groups_y > b->properties.limits.maxComputeWorkGroupCount[1] || invocations > UINT32_MAX) {
-    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a dispatch of %llu invocations is larger than kvq's shaders index",
-                        (unsigned long long)invocations);
-  }
-  VkPipeline p = VK_NULL_HANDLE;
-  kvq_status st = pipeline(b, shader, &p);
-  if (st != KVQ_OK) return st;
+/* A descriptor set for these buffers, bound in a recording command buffer. */
+static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BINDINGS]) {
+  kvq_status st;
   if (b->sets_used == KVQ_VK_SETS_PER_BATCH) { /* the pool is spent: run what is recorded first */
     if ((st = kvq_vk_submit(b)) != KVQ_OK) return st;
   }
@@ -197,8 +186,7 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
   VkDescriptorBufferInfo infos[KVQ_VK_BINDINGS];
   VkWriteDescriptorSet writes[KVQ_VK_BINDINGS];
   for (uint32_t i = 0; i < KVQ_VK_BINDINGS; i++) {
-    const kvq_buffer *buf = buffers[i] ? buffers[i] : b->dummy;
-    infos[i] = (VkDescriptorBufferInfo){.buffer = buf->buffer, .offset = 0, .range = VK_WHOLE_SIZE};
+    infos[i] = (VkDescriptorBufferInfo){.buffer = handles[i], .offset = 0, .range = VK_WHOLE_SIZE};
     writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
                                        .dstSet = set,
                                        .dstBinding = i,
@@ -207,8 +195,33 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
                                        .pBufferInfo = &infos[i]};
   }
   b->vk.vkUpdateDescriptorSets(b->device, KVQ_VK_BINDINGS, writes, 0, NULL);
-  b->vk.vkCmdBindPipeline(b->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p);
   b->vk.vkCmdBindDescriptorSets(b->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, b->pipeline_layout, 0, 1, &set, 0, NULL);
+  b->bound_set = set;
+  memcpy(b->bound, handles, sizeof b->bound);
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
+                           kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations) {
+  if (invocations == 0) return KVQ_OK;
+  /* workgroups of KVQ_VK_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
+   * offers); shaders fold the grid back into one index (kvq_invocation) and ignore the excess */
+  const uint64_t groups = (invocations + KVQ_VK_GROUP_SIZE - 1) / KVQ_VK_GROUP_SIZE;
+  const uint32_t groups_x = groups < 65535 ? (uint32_t)groups : 65535;
+  const uint64_t groups_y = (groups + groups_x - 1) / groups_x;
+  if (groups_y > b->properties.limits.maxComputeWorkGroupCount[1] || invocations > UINT32_MAX) {
+    return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a dispatch of %llu invocations is larger than kvq's shaders index",
+                        (unsigned long long)invocations);
+  }
+  VkPipeline p = VK_NULL_HANDLE;
+  kvq_status st = pipeline(b, shader, &p);
+  if (st != KVQ_OK) return st;
+  VkBuffer handles[KVQ_VK_BINDINGS];
+  for (uint32_t i = 0; i < KVQ_VK_BINDINGS; i++) handles[i] = (buffers[i] ? buffers[i] : b->dummy)->buffer;
+  if (!b->bound_set || memcmp(handles, b->bound, sizeof handles) != 0) {
+    if ((st = bind_buffers(b, handles)) != KVQ_OK) return st;
+  }
+  b->vk.vkCmdBindPipeline(b->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p);
   b->vk.vkCmdPushConstants(b->cmd, b->pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof *push, push);
   b->vk.vkCmdDispatch(b->cmd, groups_x, (uint32_t)groups_y, 1);
   barrier(b, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT);
