@@ -224,7 +224,11 @@ Test(golden, tool_exit_status_and_summary, .timeout = 120) {
   snprintf(args, sizeof args, "golden --check --dir %s", empty);
   cr_assert_eq(run_tool(args, output, sizeof output), 2, "no files is an error, not a pass:\n%s", output);
   th_remove_dir(empty);
+  snprintf(args, sizeof args, "golden --check --dir %s", empty);
+  cr_assert_eq(run_tool(args, output, sizeof output), 2, "a directory that is not there is an error:\n%s", output);
   free(empty);
+  /* Without --dir, the build tree's kvq checks its own source tree's files (the README's command). */
+  cr_assert_eq(run_tool("golden --check --backend cpu", output, sizeof output), 0, "%s", output);
   snprintf(args, sizeof args, "golden --check --backend cuda --dir %s", KVQ_SOURCE_GOLDEN_DIR);
   kvq_backend_info infos[4];
   size_t count;
