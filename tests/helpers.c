@@ -9,6 +9,42 @@
 
 #include "core/halfconv.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TH_LEAK_CHECKS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TH_LEAK_CHECKS 1
+#endif
+#endif
+#ifdef TH_LEAK_CHECKS
+#include <sanitizer/common_interface_defs.h>
+#include <sanitizer/lsan_interface.h>
+#endif
+
+/* LeakSanitizer's report goes to a file for the length of the check and into the failure message,
+ * because Criterion does not show what a worker writes to stderr next to a TAP result. */
+void th_leak_check(void) {
+#ifdef TH_LEAK_CHECKS
+  char *dir = th_temp_dir("lsan"), prefix[256], report[8192] = "";
+  snprintf(prefix, sizeof prefix, "%s/report", dir);
+  __sanitizer_set_report_path(prefix); /* LeakSanitizer writes <prefix>.<pid> */
+  const int leaked = __lsan_do_recoverable_leak_check();
+  __sanitizer_set_report_path("stderr");
+  if (leaked) {
+    char path[300];
+    snprintf(path, sizeof path, "%s.%d", prefix, (int)getpid());
+    FILE *f = fopen(path, "r");
+    if (f) {
+      report[fread(report, 1, sizeof report - 1, f)] = 0;
+      fclose(f);
+    }
+  }
+  th_remove_dir(dir);
+  free(dir);
+  cr_assert_eq(leaked, 0, "LeakSanitizer: memory is unreachable at the end of this test:\n%s", report);
+#endif
+}
+
 kvq_method_config th_qjl(uint32_t m, uint32_t k, uint32_t m_o) {
   kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
   c.qjl = (kvq_qjl_config){m, k, m_o};

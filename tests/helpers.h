@@ -7,6 +7,25 @@
 
 #include "kvq/kvq.h"
 
+/*
+ * Every test ends with a leak check. Criterion runs each test in a worker process that leaves
+ * without running exit handlers, so LeakSanitizer's usual check at exit never happens there and a
+ * leak inside a test would pass unnoticed. In AddressSanitizer builds th_leak_check() runs
+ * LeakSanitizer on the spot and fails the test when memory is unreachable (its report is on
+ * stderr); elsewhere it does nothing. Test is redefined here, after Criterion's own definition, so
+ * that no test can leave the check out: every test file includes this header.
+ */
+void th_leak_check(void);
+#undef Test
+#define Test(...) CR_EXPAND(TH_TEST_(__VA_ARGS__, .sentinel_ = 0))
+#define TH_TEST_(Suite, Name, ...)                                                                  \
+  static void th_body_##Suite##_##Name(void);                                                       \
+  CR_TEST_BASE(Suite, Name, __VA_ARGS__) {                                                         \
+    th_body_##Suite##_##Name();                                                                     \
+    th_leak_check();                                                                                \
+  }                                                                                                 \
+  static void th_body_##Suite##_##Name(void)
+
 /* Asserts a kvq call returned KVQ_OK, printing the context's message otherwise. */
 #define KVQ_CHECK(ctx, call)                                                                             \
   do {                                                                                                   \

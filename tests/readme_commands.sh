@@ -24,6 +24,7 @@ scratch=$(mktemp -d /tmp/kvq-readme-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 work="$scratch/kvq"
 mkdir -p "$work"
+unset LD_PRELOAD # the test setup pins lavapipe for sanitized processes; the fresh build is not one
 (cd "$root" && tar --exclude=./.git --exclude='./build*' -cf - .) | (cd "$work" && tar -xf -)
 log="$scratch/log"
 

@@ -1,5 +1,7 @@
 /* fp16 / bf16 conversions (core/halfconv.h): exact decoding, round half to even, specials. */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <string.h>
 

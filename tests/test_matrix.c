@@ -1,5 +1,7 @@
 /* Householder QR, the orthogonal sketches built from it, and SHA-256. */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

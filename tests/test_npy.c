@@ -1,6 +1,8 @@
 /* NumPy .npy reader and writer (tools/npy.h): round trips, NumPy's exact byte layout, header
  * variants, every rejection with its message, truncation at every length, mutated headers. */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>

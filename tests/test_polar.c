@@ -7,6 +7,8 @@
  *   - offline codebooks are the Lloyd-Max fixed points of their densities.
  */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

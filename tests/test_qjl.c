@@ -5,6 +5,8 @@
  *   - its error at m = 256, d = 128 respects Lemma 3.5 of the paper at a stated delta.
  */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,7 @@
 /* The counter-based generator (core/rng.h), kvq's own log, and the Gaussian sampler. */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 
 #include <string.h>

@@ -1,5 +1,7 @@
 /* The kvq tool as a user runs it: info, eval (synthetic and .npy data, table and JSON), usage errors. */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,8 @@
 /* Uniform token-wise quantization: threshold decisions, the error bound, constant groups, and the
  * bit packing of every width (backends/cpu/cpu_uniform.c, core/quantize_math.h). */
 #include <criterion/criterion.h>
+
+#include "helpers.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
