@@ -1,8 +1,10 @@
 /*
- * The Vulkan backend: every job as a GLSL compute shader (shaders/), run through volk so that kvq
- * never touches the host application's Vulkan function pointers: the loader is opened with
- * volkInitialize, instance functions come from volkLoadInstanceOnly, and device functions from one
- * VolkDeviceTable per backend.
+ * The Vulkan backend: every job as a GLSL compute shader (shaders/). kvq calls Vulkan only through
+ * function pointers of its own, never through process-wide ones (volk's globals, which threads
+ * creating contexts at once would rewrite under each other, and which belong to the host application
+ * in spirit): the loader's vkGetInstanceProcAddr is found once per process (vk_device.c), each backend
+ * keeps the instance functions it uses in a kvq_vk_instance_fns loaded for its instance, and the
+ * device functions in a VolkDeviceTable loaded for its device.
  *
  * Execution model: synchronous. A job records its dispatches (with a barrier between dependent ones)
  * into the backend's one command buffer, submits it and waits on a fence before returning, so host
@@ -47,6 +49,23 @@ typedef enum kvq_vk_shader {
    : (method) == KVQ_LAYOUT_CQ      ? KVQ_VK_SHADER_##shader##_cq                                      \
                                     : KVQ_VK_SHADER_COUNT)
 
+/* The instance-level functions kvq calls, loaded with the loader's vkGetInstanceProcAddr for the
+ * backend's instance (kvq's own, or the runtime's). Named without the vk prefix: vkXxx names are
+ * volk's process-wide pointers, which the end of this header forbids in kvq's code. */
+typedef struct kvq_vk_instance_fns {
+  PFN_vkDestroyInstance destroy_instance;
+  PFN_vkEnumeratePhysicalDevices enumerate_physical_devices;
+  PFN_vkGetPhysicalDeviceProperties get_properties;
+  PFN_vkGetPhysicalDeviceProperties2 get_properties2;
+  PFN_vkGetPhysicalDeviceMemoryProperties get_memory_properties;
+  PFN_vkGetPhysicalDeviceQueueFamilyProperties get_queue_families;
+  PFN_vkCreateDevice create_device;
+  PFN_vkGetDeviceProcAddr get_device_proc_addr;
+  /* validation runs only (VK_EXT_debug_utils); NULL otherwise */
+  PFN_vkCreateDebugUtilsMessengerEXT create_messenger;
+  PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
+} kvq_vk_instance_fns;
+
 struct kvq_buffer {
   VkBuffer buffer;
   VkDeviceMemory memory; /* VK_NULL_HANDLE for an imported buffer */
@@ -61,6 +80,7 @@ typedef struct vk_backend {
   VkPhysicalDevice physical;
   VkDevice device;
   int owns_instance, owns_device;
+  kvq_vk_instance_fns vki;
   struct VolkDeviceTable vk;
   VkQueue queue;
   uint32_t queue_family;
@@ -98,14 +118,14 @@ typedef struct vk_backend {
   uint64_t device_ns; /* summed over submissions since kvq_vk_device_time last read it */
 
   VkDebugUtilsMessengerEXT messenger; /* validation runs (KVQ_VULKAN_VALIDATION=1) */
-  /* Instance functions used after creation, kept here: volk's global instance pointers follow the
-   * last instance loaded (another context's, or the runtime's), which may lack the extension. */
-  PFN_vkDestroyInstance destroy_instance;
-  PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
   uint32_t validation_messages;
   char validation_first[384];
 } vk_backend;
 
+
+/* vk_volk.c: fills `table` with `device`'s functions through `get_device_proc_addr` (the
+ * instance's), where volkLoadDeviceTable would read volk's global vkGetDeviceProcAddr. */
+void kvq_vk_load_device_table(struct VolkDeviceTable *table, VkDevice device, PFN_vkGetDeviceProcAddr get_device_proc_addr);
 
 /* vk_status.c: a failure with its sentence ("vulkan: " + format) in backend->message, returning
  * `status`; a VkResult as a kvq status, with the failed call in the message. */
@@ -163,5 +183,16 @@ kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job)
 
 /* The side layout's fields as the shaders read them (push constants). */
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side);
+
+/* volk's process-wide loader and instance-level pointers: any use in kvq's code is a compile error.
+ * Reading them races with every thread that loads an instance, and they belong to
+ * whichever instance was loaded last. Device functions (vkCmd..., vkQueueSubmit, ...) are fields of
+ * the VolkDeviceTable under the same names, so they cannot be poisoned; kvq calls them as b->vk.x. */
+#pragma GCC poison vkGetInstanceProcAddr vkCreateInstance vkEnumerateInstanceVersion
+#pragma GCC poison vkEnumerateInstanceLayerProperties vkEnumerateInstanceExtensionProperties vkDestroyInstance
+#pragma GCC poison vkEnumeratePhysicalDevices vkGetPhysicalDeviceProperties vkGetPhysicalDeviceProperties2
+#pragma GCC poison vkGetPhysicalDeviceMemoryProperties vkGetPhysicalDeviceQueueFamilyProperties vkCreateDevice
+#pragma GCC poison vkGetDeviceProcAddr vkCreateDebugUtilsMessengerEXT vkDestroyDebugUtilsMessengerEXT
+#pragma GCC poison volkInitialize volkLoadInstance volkLoadInstanceOnly volkLoadDevice volkLoadDeviceTable
 
 #endif

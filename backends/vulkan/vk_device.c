@@ -1,10 +1,18 @@
 /*
- * Starting and stopping the Vulkan backend: the loader (volk), the instance, the choice of a
- * physical device, the logical device and its queue, or the runtime's own objects when it hands
- * them over (kvq_vulkan_device). Nothing here changes the host application's Vulkan function
- * pointers: kvq's volk is private to the library (hidden symbols) and device calls go through the
- * backend's own VolkDeviceTable.
+ * Starting and stopping the Vulkan backend: the loader, the instance, the choice of a physical
+ * device, the logical device and its queue, or the runtime's own objects when it hands them over
+ * (kvq_vulkan_device).
+ *
+ * Every Vulkan function comes from a pointer kvq resolved for itself, never from a process-wide one
+ * that another thread may be writing: kvq_context_create and kvq_backends_list are thread-safe, and
+ * several threads start backends at once. The loader's entry points are resolved once per process
+ * (pthread_once) and only read afterwards; each backend loads the instance functions it calls for its
+ * own instance (kvq_vk_instance_fns) and its device functions for its device (VolkDeviceTable). So
+ * no lock is needed here: the Vulkan loader and drivers synchronize their own state (instance and
+ * device creation have no external synchronization requirements in the Vulkan specification), and
+ * nothing kvq shares between backends is written after pthread_once.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +20,76 @@
 
 #include "vk.h"
 
-static pthread_mutex_t loader_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The loader's entry points, for the whole process: vkGetInstanceProcAddr (dlsym) and what it gives
+ * before any instance exists. Written once by open_loader (under pthread_once, which orders those
+ * writes before every read that follows it in any thread), read-only afterwards. The library stays
+ * open for the life of the process, as a loader opened by volk would; a process that found no loader
+ * keeps reporting none (a loader installed while it runs is not seen). */
+typedef struct vk_loader {
+  PFN_vkGetInstanceProcAddr get_instance_proc_addr; /* NULL: no loader could be opened */
+  PFN_vkCreateInstance create_instance;
+  PFN_vkEnumerateInstanceVersion enumerate_instance_version; /* NULL on a Vulkan 1.0 loader */
+  PFN_vkEnumerateInstanceLayerProperties enumerate_instance_layers;
+} vk_loader;
+
+static vk_loader loader;
+static pthread_once_t loader_once = PTHREAD_ONCE_INIT;
+
+static void open_loader(void) {
+  void *library = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!library) library = dlopen("libvulkan.so", RTLD_NOW | RTLD_LOCAL);
+  if (!library) return;
+  /* dlsym returns an object pointer; POSIX guarantees it converts to the function's pointer, ISO C
+   * has no cast for it (-Wpedantic), so the bits are copied. */
+  void *symbol = dlsym(library, "vkGetInstanceProcAddr");
+  _Static_assert(sizeof symbol == sizeof loader.get_instance_proc_addr, "function and object pointers differ in size");
+  memcpy(&loader.get_instance_proc_addr, &symbol, sizeof symbol);
+  if (!loader.get_instance_proc_addr) return;
+  PFN_vkGetInstanceProcAddr get = loader.get_instance_proc_addr;
+  loader.create_instance = (PFN_vkCreateInstance)get(VK_NULL_HANDLE, "vkCreateInstance");
+  loader.enumerate_instance_version = (PFN_vkEnumerateInstanceVersion)get(VK_NULL_HANDLE, "vkEnumerateInstanceVersion");
+  loader.enumerate_instance_layers =
+      (PFN_vkEnumerateInstanceLayerProperties)get(VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties");
+  if (!loader.create_instance || !loader.enumerate_instance_layers) loader.get_instance_proc_addr = NULL;
+}
+
+/* The loader's entry points, or NULL when no usable Vulkan loader is installed. */
+static const vk_loader *vulkan_loader(void) {
+  if (pthread_once(&loader_once, open_loader) != 0) return NULL;
+  return loader.get_instance_proc_addr ? &loader : NULL;
+}
+
+/* The first instance function kvq needs that `f` lacks, or NULL. */
+static const char *missing_instance_fn(const kvq_vk_instance_fns *f) {
+  return !f->destroy_instance             ? "vkDestroyInstance"
+         : !f->enumerate_physical_devices ? "vkEnumeratePhysicalDevices"
+         : !f->get_properties             ? "vkGetPhysicalDeviceProperties"
+         : !f->get_properties2            ? "vkGetPhysicalDeviceProperties2"
+         : !f->get_memory_properties      ? "vkGetPhysicalDeviceMemoryProperties"
+         : !f->get_queue_families         ? "vkGetPhysicalDeviceQueueFamilyProperties"
+         : !f->create_device              ? "vkCreateDevice"
+         : !f->get_device_proc_addr       ? "vkGetDeviceProcAddr"
+                                          : NULL;
+}
+
+/* Loads the instance functions kvq calls for `instance` (kvq's own, or the runtime's: the loader's
+ * vkGetInstanceProcAddr serves every instance it created); returns the first one missing, or NULL. */
+static const char *load_instance_fns(VkInstance instance, kvq_vk_instance_fns *f) {
+  PFN_vkGetInstanceProcAddr get = vulkan_loader()->get_instance_proc_addr;
+  f->destroy_instance = (PFN_vkDestroyInstance)get(instance, "vkDestroyInstance");
+  f->enumerate_physical_devices = (PFN_vkEnumeratePhysicalDevices)get(instance, "vkEnumeratePhysicalDevices");
+  f->get_properties = (PFN_vkGetPhysicalDeviceProperties)get(instance, "vkGetPhysicalDeviceProperties");
+  f->get_properties2 = (PFN_vkGetPhysicalDeviceProperties2)get(instance, "vkGetPhysicalDeviceProperties2");
+  f->get_memory_properties = (PFN_vkGetPhysicalDeviceMemoryProperties)get(instance, "vkGetPhysicalDeviceMemoryProperties");
+  f->get_queue_families =
+      (PFN_vkGetPhysicalDeviceQueueFamilyProperties)get(instance, "vkGetPhysicalDeviceQueueFamilyProperties");
+  f->create_device = (PFN_vkCreateDevice)get(instance, "vkCreateDevice");
+  f->get_device_proc_addr = (PFN_vkGetDeviceProcAddr)get(instance, "vkGetDeviceProcAddr");
+  /* NULL unless the instance enabled VK_EXT_debug_utils (validation runs) */
+  f->create_messenger = (PFN_vkCreateDebugUtilsMessengerEXT)get(instance, "vkCreateDebugUtilsMessengerEXT");
+  f->destroy_messenger = (PFN_vkDestroyDebugUtilsMessengerEXT)get(instance, "vkDestroyDebugUtilsMessengerEXT");
+  return missing_instance_fn(f);
+}
 
 /* Validation runs (tests set KVQ_VULKAN_VALIDATION=1): every validation message is recorded, and the
  * next finished job fails with it, so that a message can never pass unnoticed. */
@@ -35,19 +112,31 @@ static int validation_requested(void) {
 }
 
 static int layer_present(const char *name) {
+  const PFN_vkEnumerateInstanceLayerProperties enumerate = vulkan_loader()->enumerate_instance_layers;
   uint32_t count = 0;
-  if (vkEnumerateInstanceLayerProperties(&count, NULL) != VK_SUCCESS || count == 0) return 0;
+  if (enumerate(&count, NULL) != VK_SUCCESS || count == 0) return 0;
   VkLayerProperties *layers = calloc(count, sizeof *layers);
   int found = 0;
-  if (layers && vkEnumerateInstanceLayerProperties(&count, layers) == VK_SUCCESS)
+  if (layers && enumerate(&count, layers) == VK_SUCCESS)
     for (uint32_t i = 0; i < count; i++) found |= !strcmp(layers[i].layerName, name);
   free(layers);
   return found;
 }
 
+/* The messenger that sees validation messages after instance creation (the one chained to
+ * VkInstanceCreateInfo sees those of creation and destruction only). Without it, messages after
+ * creation would go unnoticed: the backend still starts, as before, but validation is weaker. */
+static void create_messenger(vk_backend *b, const VkDebugUtilsMessengerCreateInfoEXT *info) {
+  if (!b->vki.create_messenger || !b->vki.destroy_messenger ||
+      b->vki.create_messenger(b->instance, info, NULL, &b->messenger) != VK_SUCCESS)
+    b->messenger = VK_NULL_HANDLE;
+}
+
 static kvq_status create_instance(vk_backend *b, kvq_availability *availability, char *why, size_t why_size) {
-  uint32_t version = VK_API_VERSION_1_0;
-  if (vkEnumerateInstanceVersion) vkEnumerateInstanceVersion(&version);
+  const vk_loader *vulkan = vulkan_loader();
+  uint32_t version = VK_API_VERSION_1_0; /* a loader without vkEnumerateInstanceVersion is 1.0 */
+  if (vulkan->enumerate_instance_version && vulkan->enumerate_instance_version(&version) != VK_SUCCESS)
+    version = VK_API_VERSION_1_0;
   if (version < VK_API_VERSION_1_2) {
     *availability = KVQ_UNAVAILABLE_NO_DEVICE;
     snprintf(why, why_size, "vulkan: the loader offers Vulkan %u.%u; kvq needs 1.2", VK_API_VERSION_MAJOR(version),
@@ -77,50 +166,48 @@ static kvq_status create_instance(vk_backend *b, kvq_availability *availability,
                                .ppEnabledLayerNames = &layer,
                                .enabledExtensionCount = validate ? 1 : 0,
                                .ppEnabledExtensionNames = &extension};
-  VkResult r = vkCreateInstance(&info, NULL, &b->instance);
+  VkResult r = vulkan->create_instance(&info, NULL, &b->instance);
   if (r != VK_SUCCESS) {
     *availability = r == VK_ERROR_INCOMPATIBLE_DRIVER ? KVQ_UNAVAILABLE_NO_DEVICE : KVQ_UNAVAILABLE_ERROR;
     snprintf(why, why_size, "vulkan: vkCreateInstance failed (VkResult %d)", (int)r);
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
   b->owns_instance = 1;
-  volkLoadInstanceOnly(b->instance);
-  b->destroy_instance = vkDestroyInstance;
-  if (validate) {
-    PFN_vkCreateDebugUtilsMessengerEXT create =
-        (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(b->instance, "vkCreateDebugUtilsMessengerEXT");
-    b->destroy_messenger =
-        (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(b->instance, "vkDestroyDebugUtilsMessengerEXT");
-    if (!create || !b->destroy_messenger || create(b->instance, &messenger, NULL, &b->messenger) != VK_SUCCESS)
-      b->messenger = VK_NULL_HANDLE;
+  const char *missing = load_instance_fns(b->instance, &b->vki);
+  if (missing) {
+    b->owns_instance = b->vki.destroy_instance != NULL; /* without it the instance cannot be destroyed */
+    *availability = KVQ_UNAVAILABLE_ERROR;
+    snprintf(why, why_size, "vulkan: the loader gives no %s for kvq's instance", missing);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
+  if (validate) create_messenger(b, &messenger);
   return KVQ_OK;
 }
 
 /* A device's queue families (the first 32: more exist on no device); returns their count. */
-static uint32_t queue_families(VkPhysicalDevice device, VkQueueFamilyProperties families[32]) {
+static uint32_t queue_families(const vk_backend *b, VkPhysicalDevice device, VkQueueFamilyProperties families[32]) {
   uint32_t count = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, NULL);
+  b->vki.get_queue_families(device, &count, NULL);
   if (count > 32) count = 32;
-  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, families);
+  b->vki.get_queue_families(device, &count, families);
   return count;
 }
 
 /* The first queue family with compute, or UINT32_MAX. */
-static uint32_t compute_family(VkPhysicalDevice device) {
+static uint32_t compute_family(const vk_backend *b, VkPhysicalDevice device) {
   VkQueueFamilyProperties families[32];
-  const uint32_t count = queue_families(device, families);
+  const uint32_t count = queue_families(b, device, families);
   for (uint32_t i = 0; i < count; i++)
     if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return i;
   return UINT32_MAX;
 }
 
 /* How capable a device is, for the automatic choice: its kind first, then its device-local memory. */
-static uint64_t capability(VkPhysicalDevice device) {
+static uint64_t capability(const vk_backend *b, VkPhysicalDevice device) {
   VkPhysicalDeviceProperties p;
   VkPhysicalDeviceMemoryProperties m;
-  vkGetPhysicalDeviceProperties(device, &p);
-  vkGetPhysicalDeviceMemoryProperties(device, &m);
+  b->vki.get_properties(device, &p);
+  b->vki.get_memory_properties(device, &m);
   uint64_t kind = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU     ? 4
                   : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? 3
                   : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? 2
@@ -136,9 +223,10 @@ static kvq_status choose_device(vk_backend *b, const kvq_context_options *option
                                 char *why, size_t why_size) {
   uint32_t count = 0;
   VkPhysicalDevice devices[16];
-  vkEnumeratePhysicalDevices(b->instance, &count, NULL);
+  const VkResult counted = b->vki.enumerate_physical_devices(b->instance, &count, NULL);
   if (count > 16) count = 16;
-  if (count == 0 || vkEnumeratePhysicalDevices(b->instance, &count, devices) < 0 || count == 0) {
+  if (counted != VK_SUCCESS || count == 0 || b->vki.enumerate_physical_devices(b->instance, &count, devices) < 0 ||
+      count == 0) {
     *availability = KVQ_UNAVAILABLE_NO_DEVICE;
     snprintf(why, why_size, "vulkan: the loader reports no device");
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
@@ -153,9 +241,9 @@ static kvq_status choose_device(vk_backend *b, const kvq_context_options *option
     uint64_t best = 0;
     for (uint32_t i = 0; i < count; i++) {
       VkPhysicalDeviceProperties p;
-      vkGetPhysicalDeviceProperties(devices[i], &p);
-      if (p.apiVersion < VK_API_VERSION_1_2 || compute_family(devices[i]) == UINT32_MAX) continue;
-      uint64_t c = capability(devices[i]);
+      b->vki.get_properties(devices[i], &p);
+      if (p.apiVersion < VK_API_VERSION_1_2 || compute_family(b, devices[i]) == UINT32_MAX) continue;
+      uint64_t c = capability(b, devices[i]);
       if (index < 0 || c > best) index = (int32_t)i, best = c;
     }
     if (index < 0) {
@@ -165,7 +253,7 @@ static kvq_status choose_device(vk_backend *b, const kvq_context_options *option
     }
   }
   b->physical = devices[index];
-  vkGetPhysicalDeviceProperties(b->physical, &b->properties);
+  b->vki.get_properties(b->physical, &b->properties);
   if (b->properties.apiVersion < VK_API_VERSION_1_2) {
     *availability = KVQ_UNAVAILABLE_NO_DEVICE;
     snprintf(why, why_size, "vulkan: %s offers Vulkan %u.%u; kvq needs 1.2", b->properties.deviceName,
@@ -179,7 +267,7 @@ static kvq_status choose_device(vk_backend *b, const kvq_context_options *option
     snprintf(why, why_size, "vulkan: the only device is a CPU implementation (%s)", b->properties.deviceName);
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
-  b->queue_family = compute_family(b->physical);
+  b->queue_family = compute_family(b, b->physical);
   if (b->queue_family == UINT32_MAX) {
     *availability = KVQ_UNAVAILABLE_NO_DEVICE;
     snprintf(why, why_size, "vulkan: %s has no compute queue", b->properties.deviceName);
@@ -195,7 +283,7 @@ static kvq_status create_device(vk_backend *b, char *why, size_t why_size) {
                                    .queueCount = 1,
                                    .pQueuePriorities = &priority};
   VkDeviceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
-  VkResult r = vkCreateDevice(b->physical, &info, NULL, &b->device);
+  VkResult r = b->vki.create_device(b->physical, &info, NULL, &b->device);
   if (r != VK_SUCCESS) {
     snprintf(why, why_size, "vulkan: vkCreateDevice failed on %s (VkResult %d)", b->properties.deviceName, (int)r);
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
@@ -213,10 +301,15 @@ static kvq_status adopt_device(vk_backend *b, const kvq_vulkan_device *v, char *
   b->instance = (VkInstance)v->instance;
   b->physical = (VkPhysicalDevice)v->physical_device;
   b->device = (VkDevice)v->device;
-  volkLoadInstanceOnly(b->instance);
-  vkGetPhysicalDeviceProperties(b->physical, &b->properties);
+  const char *missing = load_instance_fns(b->instance, &b->vki);
+  if (missing) {
+    snprintf(why, why_size, "vulkan: the loader gives no %s for the runtime's instance (kvq needs one created for "
+                            "Vulkan 1.2 or later through the system's loader, libvulkan.so.1)", missing);
+    return KVQ_ERROR_INVALID_ARGUMENT;
+  }
+  b->vki.get_properties(b->physical, &b->properties);
   VkQueueFamilyProperties families[32];
-  const uint32_t count = queue_families(b->physical, families);
+  const uint32_t count = queue_families(b, b->physical, families);
   if (v->queue_family >= count || !(families[v->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) ||
       v->queue_index >= families[v->queue_family].queueCount) {
     snprintf(why, why_size, "vulkan: queue family %u, index %u is not a compute queue of %s", v->queue_family,
@@ -233,12 +326,12 @@ static kvq_status adopt_device(vk_backend *b, const kvq_vulkan_device *v, char *
 }
 
 /* Whether compute shaders may use subgroup arithmetic (Vulkan 1.1 core properties). */
-static int subgroup_arithmetic(VkPhysicalDevice device) {
+static int subgroup_arithmetic(const vk_backend *b) {
   const char *off = getenv("KVQ_VULKAN_NO_SUBGROUPS");
   if (off && off[0] == '1') return 0;
   VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceProperties2 props = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
-  vkGetPhysicalDeviceProperties2(device, &props);
+  b->vki.get_properties2(b->physical, &props);
   return (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
          (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
 }
@@ -258,7 +351,7 @@ static kvq_status create_submission(vk_backend *b) {
   VkFenceCreateInfo fence = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   if ((r = b->vk.vkCreateFence(b->device, &fence, NULL, &b->fence)) != VK_SUCCESS) return kvq_vk_fail(b, r, "vkCreateFence");
   VkQueueFamilyProperties families[32];
-  const uint32_t count = queue_families(b->physical, families);
+  const uint32_t count = queue_families(b, b->physical, families);
   if (b->queue_family < count && families[b->queue_family].timestampValidBits > 0 && b->properties.limits.timestampPeriod > 0) {
     VkQueryPoolCreateInfo q = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
     if (b->vk.vkCreateQueryPool(b->device, &q, NULL, &b->timestamps) == VK_SUCCESS)
@@ -281,8 +374,8 @@ static void vk_destroy(kvq_backend *backend) {
     if (b->command_pool) b->vk.vkDestroyCommandPool(b->device, b->command_pool, NULL);
     if (b->owns_device) b->vk.vkDestroyDevice(b->device, NULL);
   }
-  if (b->messenger) b->destroy_messenger(b->instance, b->messenger, NULL);
-  if (b->owns_instance) b->destroy_instance(b->instance, NULL);
+  if (b->messenger) b->vki.destroy_messenger(b->instance, b->messenger, NULL);
+  if (b->owns_instance) b->vki.destroy_instance(b->instance, NULL);
   free(b);
 }
 
@@ -314,10 +407,7 @@ static const kvq_backend_ops vk_ops = {
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
                                  char *why, size_t why_size) {
   *out = NULL;
-  pthread_mutex_lock(&loader_lock);
-  VkResult loaded = volkInitialize();
-  pthread_mutex_unlock(&loader_lock);
-  if (loaded != VK_SUCCESS) {
+  if (!vulkan_loader()) {
     *availability = KVQ_UNAVAILABLE_NO_LOADER;
     snprintf(why, why_size, "vulkan: no Vulkan loader (libvulkan.so.1) could be opened");
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
@@ -331,7 +421,6 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
   b->base.ops = &vk_ops;
   b->base.kind = KVQ_BACKEND_VULKAN;
   kvq_status st;
-  pthread_mutex_lock(&loader_lock);
   if (options && options->vulkan) {
     *availability = KVQ_UNAVAILABLE_ERROR;
     st = adopt_device(b, options->vulkan, why, why_size);
@@ -341,13 +430,12 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     *availability = st == KVQ_OK ? KVQ_UNAVAILABLE_ERROR : *availability;
     if (st == KVQ_OK) st = create_device(b, why, why_size);
   }
-  pthread_mutex_unlock(&loader_lock);
   if (st == KVQ_OK) {
-    volkLoadDeviceTable(&b->vk, b->device);
+    kvq_vk_load_device_table(&b->vk, b->device, b->vki.get_device_proc_addr);
     b->vk.vkGetDeviceQueue(b->device, b->queue_family, options && options->vulkan ? options->vulkan->queue_index : 0,
                            &b->queue);
-    vkGetPhysicalDeviceMemoryProperties(b->physical, &b->memory);
-    b->subgroups = subgroup_arithmetic(b->physical);
+    b->vki.get_memory_properties(b->physical, &b->memory);
+    b->subgroups = subgroup_arithmetic(b);
     st = create_submission(b);
     if (st == KVQ_OK) st = kvq_vk_pipelines_init(b);
     if (st == KVQ_OK) st = kvq_vk_buffer_make(b, KVQ_VK_STAGING_BYTES, 1, &b->staging);

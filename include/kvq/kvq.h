@@ -168,7 +168,10 @@ typedef struct kvq_context kvq_context;
  * The handles are the runtime's VkInstance, VkPhysicalDevice and VkDevice (cast to void *); the
  * queue (queue_family, queue_index) must support compute, and kvq submits to it from the thread
  * that calls kvq, so the runtime must not use that queue concurrently with a kvq call. The instance
- * must have been created for Vulkan 1.2 or later; kvq needs no device extension or feature.
+ * must have been created for Vulkan 1.2 or later, through the system's Vulkan loader
+ * (libvulkan.so.1): kvq loads its instance and device functions for these objects through that
+ * loader, into tables of its own, and never touches the runtime's function pointers. kvq needs no
+ * device extension or feature.
  */
 typedef struct kvq_vulkan_device {
   void *instance;        /* VkInstance */
