@@ -468,6 +468,7 @@ static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_
     kvq_status st = kvq_reserve_page_table(cache, seq, pages);
     if (st != KVQ_OK) return st;
     for (uint32_t j = 0; j < pages; j++) {
+      ctx->load_work.steps++;
       const uint32_t p = kvq_get_u32(r);
       if (r->short_read || p >= c->max_pages || page_owner[p]) return bad(ctx, "a page table names a page out of range or twice");
       page_owner[p] = 1;
@@ -539,6 +540,7 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   if (!buffer || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: buffer or out is NULL");
+  ctx->load_work = (kvq_load_work){0, 0};
   const uint8_t *data = buffer;
   if (size < 8 || memcmp(data, KVQ_FILE_MAGIC, 8) != 0)
     return size < 8 && memcmp(data, KVQ_FILE_MAGIC, size) == 0
@@ -834,6 +836,7 @@ kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, 
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_context *ctx = cache->ctx;
   if (!buffer) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: buffer is NULL");
+  ctx->load_work = (kvq_load_work){0, 0};
   const uint8_t *data = buffer;
   if (size < 8 || memcmp(data, KVQ_CODEBOOK_MAGIC, 8) != 0)
     return size < 8 && memcmp(data, KVQ_CODEBOOK_MAGIC, size) == 0

@@ -138,14 +138,16 @@ kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r) {
     never_before = recent_from < never_before ? recent_from : never_before;
     if (r->short_read || seq->page_end != pages_taken(cache, seq)) return bad(ctx, "a sequence's page count is inconsistent");
     for (uint32_t e = 0; e < seq->page_count; e++) {
+      ctx->load_work.steps++;
       seq->page_index[e] = kvq_get_u32(r);
       if (r->short_read || seq->page_index[e] >= seq->page_end || (e > 0 && seq->page_index[e] <= seq->page_index[e - 1]))
         return bad(ctx, "a page table's page numbers are not ascending below the pages taken");
     }
     /* pages holding tokens not yet quantized in every layer must all be there */
-    for (uint32_t j = never_before / P; j < seq->page_end; j++)
+    for (uint32_t j = never_before / P; j < seq->page_end; j++, ctx->load_work.steps++)
       if (kvq_page_entry(seq, j) == UINT32_MAX) return bad(ctx, "a page table lacks a page still in use");
     for (uint32_t e = 0; e < seq->page_count; e++) {
+      ctx->load_work.steps += P; /* masks_possible visits the page's positions */
       for (uint32_t w = 0; w < words; w++) seq->alive[e * words + w] = kvq_get_u32(r);
       if (r->short_read || !masks_possible(cache, seq->alive + e * words, seq->page_index[e], p.sinks, never_before))
         return bad(ctx, "a page's kept-token masks are impossible");
@@ -159,17 +161,19 @@ kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r) {
       seq->tracked.end = end;
       continue;
     }
+    ctx->load_work.reserved += count;
     kvq_status st = kvq_tracked_reserve(cache, seq, count);
     if (st != KVQ_OK) return st;
     kvq_tracked *t = &seq->tracked;
     uint32_t expect = 0; /* the next kept position */
-    for (uint32_t k = 0; k < count; k++) {
+    for (uint32_t k = 0; k < count; k++, ctx->load_work.steps++) {
       const uint32_t position = kvq_get_u32(r);
       uint64_t a = kvq_get_u64(r);
       double attention;
       memcpy(&attention, &a, 8);
       const float key_error = bits_float(kvq_get_u32(r)), value_error = bits_float(kvq_get_u32(r));
       while (expect < end && expect / P < seq->page_end) {
+        ctx->load_work.steps++;
         const uint32_t e = kvq_page_entry(seq, expect / P);
         if (e != UINT32_MAX && kvq_token_kept(cache, seq, e, expect % P)) break;
         expect++;
@@ -186,7 +190,7 @@ kvq_status kvq_get_policy_section(kvq_cache *cache, kvq_reader *r) {
     t->count = count;
     t->end = end;
     /* nothing kept may be left without statistics */
-    for (; expect < end; expect++) {
+    for (; expect < end; expect++, ctx->load_work.steps++) {
       const uint32_t e = expect / P < seq->page_end ? kvq_page_entry(seq, expect / P) : 0;
       if (expect / P >= seq->page_end || (e != UINT32_MAX && kvq_token_kept(cache, seq, e, expect % P)))
         return bad(ctx, "a kept token has no policy statistics");
