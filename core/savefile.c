@@ -465,6 +465,7 @@ static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_
           (!has_policy && (sl->quantized + P - 1) / P > pages)) /* with a policy: checked with its section */
         return bad(ctx, "a sequence's token counts break the cache invariants");
     }
+    if ((uint64_t)pages * 4 > r->size - r->pos) return bad(ctx, "sequence section too short for its page tables");
     kvq_status st = kvq_reserve_page_table(cache, seq, pages);
     if (st != KVQ_OK) return st;
     for (uint32_t j = 0; j < pages; j++) {

@@ -129,9 +129,9 @@ static int masks_possible(const kvq_cache *cache, const uint32_t *alive, uint32_
 /*
  * The kept positions of a sequence. Position x below `end` (the largest token count) is kept when
  * its page was never taken (x >= page_end * P: the window), or its page-table entry is there with
- * x's bit set. The walks below visit page-table entries and the positions past the pages (fewer
+ * x's bit set. Every walk below visits page-table entries and the positions past the pages (fewer
  * than R + P), never the positions of pages that are gone: a stream of 2^31 tokens that kept two
- * pages costs two pages.
+ * pages costs two pages (KVQ_POLICY_POSITION_PASSES counts these walks).
  */
 
 /* The number of kept positions in [from, to), to <= end. */
@@ -178,6 +178,19 @@ static int evictions_possible(const kvq_cache *cache, const kvq_sequence *seq, u
   return kept_between(cache, seq, p->sinks, x) <= kvq_policy_candidates_kept(p, x + p->recent);
 }
 
+/* Writes the kept positions below `end` in ascending order (count of them, reserved before). */
+static void list_kept(const kvq_cache *cache, const kvq_sequence *seq, uint32_t end, uint32_t *positions) {
+  const uint32_t P = cache->config.page_size;
+  uint64_t k = 0, visited = 0;
+  for (uint32_t e = 0; e < seq->page_count; e++)
+    for (uint32_t i = 0; i < P; i++, visited++) {
+      const uint64_t x = (uint64_t)seq->page_index[e] * P + i;
+      if (x < end && kvq_token_kept(cache, seq, e, i)) positions[k++] = (uint32_t)x;
+    }
+  for (uint64_t x = (uint64_t)seq->page_end * P; x < end; x++, visited++) positions[k++] = (uint32_t)x;
+  cache->ctx->load_work.steps += visited;
+}
+
 void kvq_default_page_numbers(kvq_cache *cache, kvq_sequence *seq) {
   const uint32_t P = cache->config.page_size, words = cache->alive_words;
   for (uint32_t e = 0; e < seq->page_count; e++) {
@@ -213,56 +226,46 @@ static int get_masks(kvq_cache *cache, kvq_sequence *seq, kvq_reader *r, uint32_
   return 0;
 }
 
-/* Reads a sequence's statistics: one record per kept position below `end`, ascending, finite and
- * non-negative; H2O measures no quantization errors, so its are zero. */
+/* Reads a sequence's statistics: exactly one record per kept position below `end`, ascending, finite
+ * and non-negative; H2O measures no quantization errors, so its are zero. The count a file gives is
+ * checked against the records the section can still hold and against the kept positions before
+ * anything is reserved, so neither memory nor work follows a number the file merely claims. */
 static kvq_status get_statistics(kvq_cache *cache, kvq_sequence *seq, kvq_reader *r, uint32_t end) {
   kvq_context *ctx = cache->ctx;
   const kvq_policy_config *p = &cache->config.policy;
-  const uint32_t P = cache->config.page_size;
   const uint32_t count = kvq_get_u32(r);
-  if (r->short_read || count > end) return bad(ctx, "policy statistics out of range");
-  seq->tracked.count = seq->tracked.end = 0;
-  if (!kvq_policy_tracks(p)) {
-    if (count != 0) return bad(ctx, "statistics for a policy that keeps none");
-    seq->tracked.end = end;
-    return KVQ_OK;
-  }
-  ctx->load_work.reserved += count;
-  kvq_status st = kvq_tracked_reserve(cache, seq, count);
-  if (st != KVQ_OK) return st;
   kvq_tracked *t = &seq->tracked;
-  uint32_t expect = 0; /* the next kept position */
-  for (uint32_t k = 0; k < count; k++, ctx->load_work.steps++) {
+  t->count = t->end = 0;
+  if (r->short_read) return bad(ctx, "policy section too short");
+  if (!kvq_policy_tracks(p)) {
+    t->end = end;
+    return count == 0 ? KVQ_OK : bad(ctx, "statistics for a policy that keeps none");
+  }
+  if ((uint64_t)count * KVQ_STATISTICS_RECORD_BYTES > r->size - r->pos)
+    return bad(ctx, "the statistics count is larger than the records the policy section holds");
+  if (count != kept_between(cache, seq, 0, end)) return bad(ctx, "policy statistics do not match the kept tokens");
+  ctx->load_work.reserved += count;
+  kvq_status st = kvq_tracked_reserve(cache, seq, count); /* room for `count` entries: t->count and t->end are 0 */
+  if (st != KVQ_OK) return st;
+  list_kept(cache, seq, end, t->position);
+  ctx->load_work.steps += count;
+  for (uint32_t k = 0; k < count; k++) {
     const uint32_t position = kvq_get_u32(r);
     uint64_t a = kvq_get_u64(r);
     double attention;
     memcpy(&attention, &a, 8);
     const float key_error = bits_float(kvq_get_u32(r)), value_error = bits_float(kvq_get_u32(r));
-    while (expect < end && expect / P < seq->page_end) {
-      ctx->load_work.steps++;
-      const uint32_t e = kvq_page_entry(seq, expect / P);
-      if (e != UINT32_MAX && kvq_token_kept(cache, seq, e, expect % P)) break;
-      expect++;
-    }
-    if (r->short_read || position != expect || position >= end || !(attention >= 0.0) || isinf(attention) ||
+    if (r->short_read || position != t->position[k] || !(attention >= 0.0) || isinf(attention) ||
         !(key_error >= 0.0f) || isinf(key_error) || !(value_error >= 0.0f) || isinf(value_error))
       return bad(ctx, "policy statistics do not match the kept tokens");
     if (!kvq_policy_needs_errors(p) && (key_error != 0.0f || value_error != 0.0f))
       return bad(ctx, "quantization errors in the statistics of a policy that measures none");
-    t->position[k] = position;
     t->attention[k] = attention;
     t->key_error[k] = key_error;
     t->value_error[k] = value_error;
-    expect++;
   }
   t->count = count;
   t->end = end;
-  /* nothing kept may be left without statistics */
-  for (; expect < end; expect++, ctx->load_work.steps++) {
-    const uint32_t e = expect / P < seq->page_end ? kvq_page_entry(seq, expect / P) : 0;
-    if (expect / P >= seq->page_end || (e != UINT32_MAX && kvq_token_kept(cache, seq, e, expect % P)))
-      return bad(ctx, "a kept token has no policy statistics");
-  }
   return KVQ_OK;
 }
 

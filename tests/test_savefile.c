@@ -670,3 +670,23 @@ Test(savefile, streams_a_policy_could_not_leave_are_refused) {
   free(data);
   destroy(&f);
 }
+
+/* A count read from a file is checked against the bytes that remain before anything is reserved:
+ * the last sequence record claiming the whole pool's pages, with none of them in the file. */
+Test(savefile, page_table_longer_than_the_file_is_refused) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  uint64_t n;
+  const size_t seqs = section_payload(data, size, "SEQS", &n);
+  /* the last slot holds seqs[2]: 5 tokens in the window, no page; its record ends the section:
+   * generation, live, page count, then (tokens, ring_start, quantized) per layer */
+  const size_t last = seqs + n - 4 * (3 + 2 * 3);
+  cr_assert(le32_at(data, last + 4) == 1 && le32_at(data, last + 8) == 0, "the last record is a live sequence without pages");
+  set_le32(data, last + 8, 40); /* max_pages */
+  reseal(data, size);
+  expect_refused(&f, data, size, "40 pages claimed, none present", "too short for its page tables");
+  free(data);
+  destroy(&f);
+}
