@@ -369,16 +369,17 @@ static kvq_cache *short_h2o_stream(kvq_context *ctx, uint32_t sinks) {
     return NULL;
   }
   int64_t shape[3] = {1, 1, LONG_DIM};
-  for (uint32_t t = 0; t < LONG_DECODED; t++) {
+  kvq_status st = KVQ_OK;
+  for (uint32_t t = 0; t < LONG_DECODED && st == KVQ_OK; t++) {
     float k[LONG_DIM], v[LONG_DIM]; /* multiples of 1/8 in [-1, 1]: exact in fp16 */
     for (uint32_t c = 0; c < LONG_DIM; c++) {
       k[c] = (float)((int)((t * 31 + c * 7) % 17) - 8) / 8.0f;
       v[c] = (float)((int)((t * 13 + c * 5) % 17) - 8) / 8.0f;
     }
     kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
-    if (kvq_append(cache, seq, 0, &kt, &vt) != KVQ_OK) break;
+    st = kvq_append(cache, seq, 0, &kt, &vt);
   }
-  if (kvq_sequence_apply_policy(cache, seq) != KVQ_OK) {
+  if (st != KVQ_OK || kvq_sequence_apply_policy(cache, seq) != KVQ_OK) {
     kvq_cache_destroy(cache);
     return NULL;
   }
@@ -397,7 +398,6 @@ static size_t section_payload(const uint8_t *data, size_t size, const char tag[4
   return at + 16;
 }
 
-static uint32_t get32(const uint8_t *p) { return kvq_le32(p); }
 static void set32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
 }
@@ -410,24 +410,24 @@ static void set32(uint8_t *p, uint32_t v) {
 static void stretch(uint8_t *data, size_t size) {
   const uint32_t shift = LONG_TOKENS - LONG_DECODED;
   uint8_t *seqs = data + section_payload(data, size, "SEQS"), *plcy = data + section_payload(data, size, "PLCY");
-  const uint32_t pages = get32(seqs + 12);
+  const uint32_t pages = kvq_le32(seqs + 12);
   for (int i = 0; i < 3; i++) set32(seqs + 16 + 4 * i, LONG_TOKENS);
   set32(plcy + 24, LONG_TOKENS / LONG_P);
   for (uint32_t e = 0; e < pages; e++) {
     uint8_t *number = plcy + 28 + 4 * e;
-    if (get32(number) > 0) set32(number, get32(number) + shift / LONG_P);
+    if (kvq_le32(number) > 0) set32(number, kvq_le32(number) + shift / LONG_P);
   }
   uint8_t *count = plcy + 28 + 8 * pages;
-  for (uint32_t k = 0; k < get32(count); k++) {
+  for (uint32_t k = 0; k < kvq_le32(count); k++) {
     uint8_t *position = count + 4 + KVQ_STATISTICS_RECORD_BYTES * k;
-    if (get32(position) >= LONG_P) set32(position, get32(position) + shift);
+    if (kvq_le32(position) >= LONG_P) set32(position, kvq_le32(position) + shift);
   }
 }
 
 /* The statistics count of the (only) sequence in a stretched file. */
 static uint8_t *statistics_count(uint8_t *data, size_t size) {
   uint8_t *seqs = data + section_payload(data, size, "SEQS"), *plcy = data + section_payload(data, size, "PLCY");
-  return plcy + 28 + 8 * get32(seqs + 12);
+  return plcy + 28 + 8 * kvq_le32(seqs + 12);
 }
 
 uint8_t *kvq_golden_long_stream(golden_long_stream which, size_t *size) {
