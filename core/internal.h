@@ -8,11 +8,22 @@
 #include "config.h"
 #include "kvq/kvq.h"
 
+/* The work of a context's last load (kvq_cache_load*, kvq_codebooks_load*), so that tests can bound
+ * it by the file's size and the configuration instead of by wall time (tests/test_golden.c):
+ *   steps:    one per iteration of a loop whose length the file decides (a page-table entry, a
+ *             position a check visits, a statistics record);
+ *   reserved: token statistics entries the loader reserved memory for.
+ * Not part of the API; reset when a load starts. */
+typedef struct kvq_load_work {
+  uint64_t steps, reserved;
+} kvq_load_work;
+
 struct kvq_context {
   kvq_backend *backend;
   uint32_t live_caches;
   int destroy_requested;
   char error[1024];
+  kvq_load_work load_work;
 };
 
 /* Frees a context once it was destroyed and its last cache is gone. */

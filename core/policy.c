@@ -19,6 +19,11 @@
 int kvq_policy_tracks(const kvq_policy_config *p) { return p->kind == KVQ_POLICY_H2O || p->kind == KVQ_POLICY_QHITTER; }
 int kvq_policy_needs_errors(const kvq_policy_config *p) { return p->kind == KVQ_POLICY_QHITTER; }
 
+uint32_t kvq_policy_candidates_kept(const kvq_policy_config *p, uint32_t n) {
+  if (!kvq_policy_tracks(p)) return 0; /* StreamingLLM evicts every candidate */
+  return p->heavy_fraction > 0.0f ? (uint32_t)floor((double)p->heavy_fraction * n) : p->heavy;
+}
+
 kvq_policy_config kvq_policy_defaults(kvq_policy_kind kind) {
   kvq_policy_config p = {.kind = kind, .sinks = 4, .recent = 0, .heavy = 0, .heavy_fraction = 0.2f, .lambda = 0.5f};
   if (kind == KVQ_POLICY_KEEP_ALL) p = (kvq_policy_config){0};
@@ -206,7 +211,7 @@ static kvq_status rank_candidates(const kvq_cache *cache, const kvq_sequence *se
   const kvq_tracked *t = &seq->tracked;
   const uint32_t n = seq->layers[0].tokens;
   const uint32_t first = p->sinks, last = n > p->recent ? n - p->recent : 0; /* candidates: [first, last) */
-  const uint32_t heavy = p->heavy_fraction > 0.0f ? (uint32_t)floor((double)p->heavy_fraction * n) : p->heavy;
+  const uint32_t heavy = kvq_policy_candidates_kept(p, n);
   *out = NULL;
   *count = 0;
   *keep = heavy;

@@ -11,6 +11,10 @@
 int kvq_policy_tracks(const kvq_policy_config *policy);
 int kvq_policy_needs_errors(const kvq_policy_config *policy);
 
+/* How many of its candidates (the kept tokens in [sinks, n - recent)) a decision at n tokens keeps at
+ * most: the heavy hitters, floor(heavy_fraction * n) or `heavy`; 0 under StreamingLLM. */
+uint32_t kvq_policy_candidates_kept(const kvq_policy_config *policy, uint32_t n);
+
 void kvq_tracked_free(kvq_tracked *tracked);
 /* Grows the statistics so that positions up to `end` can be added without allocating. */
 kvq_status kvq_tracked_reserve(kvq_cache *cache, kvq_sequence *seq, uint32_t end);

@@ -465,9 +465,11 @@ static kvq_status load_sequences(kvq_cache *cache, kvq_reader *r, uint8_t *page_
           (!has_policy && (sl->quantized + P - 1) / P > pages)) /* with a policy: checked with its section */
         return bad(ctx, "a sequence's token counts break the cache invariants");
     }
+    if ((uint64_t)pages * 4 > r->size - r->pos) return bad(ctx, "sequence section too short for its page tables");
     kvq_status st = kvq_reserve_page_table(cache, seq, pages);
     if (st != KVQ_OK) return st;
     for (uint32_t j = 0; j < pages; j++) {
+      ctx->load_work.steps++;
       const uint32_t p = kvq_get_u32(r);
       if (r->short_read || p >= c->max_pages || page_owner[p]) return bad(ctx, "a page table names a page out of range or twice");
       page_owner[p] = 1;
@@ -539,6 +541,7 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   if (!buffer || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: buffer or out is NULL");
+  ctx->load_work = (kvq_load_work){0, 0};
   const uint8_t *data = buffer;
   if (size < 8 || memcmp(data, KVQ_FILE_MAGIC, 8) != 0)
     return size < 8 && memcmp(data, KVQ_FILE_MAGIC, size) == 0
@@ -830,10 +833,34 @@ static int same_codebooks(const kvq_cache_config *file, const kvq_cache *cache, 
   return y.method != KVQ_LAYOUT_POLAR || (x.rotation == y.rotation && file->seed == cache->config.seed);
 }
 
+/* Whether a layer may take a side's codebooks from a file (`fresh`: their floats, NULL when the side
+ * learns none; `ready`: the file's learned flag). A layer holding tokens keeps its codebooks: its
+ * tokens were coded with them, so only the very same floats, learned, may be loaded. The flag counts
+ * as much as the floats: codebooks learned from all-zero data are all zeros, like codebooks not
+ * learned, and un-learning a busy layer would refuse every later append and make its save a file
+ * kvq_cache_load refuses. */
+static kvq_status busy_layer_keeps_codebooks(kvq_cache *cache, uint32_t l, int s, const float *fresh, int ready) {
+  int busy = 0;
+  for (uint32_t i = 0; i < cache->config.max_sequences; i++) busy |= cache->seqs[i].live && cache->seqs[i].layers[l].tokens > 0;
+  if (!busy || !fresh) return KVQ_OK;
+  const char *side = s ? "value" : "key";
+  if (!ready)
+    return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT,
+                    "kvq_codebooks_load: layer %u holds tokens, and the file's %s codebooks are not learned; free those "
+                    "sequences first", l, side);
+  const kvq_layer_storage *ls = &cache->storage[l];
+  if (!ls->learned[s] || memcmp(fresh, ls->fixed_host[s][1], kvq_side_fixed_floats(&ls->side[s].layout, 1) * 4))
+    return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT,
+                    "kvq_codebooks_load: layer %u holds tokens coded with other %s codebooks; free those sequences first",
+                    l, side);
+  return KVQ_OK;
+}
+
 kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, size_t size) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_context *ctx = cache->ctx;
   if (!buffer) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: buffer is NULL");
+  ctx->load_work = (kvq_load_work){0, 0};
   const uint8_t *data = buffer;
   if (size < 8 || memcmp(data, KVQ_CODEBOOK_MAGIC, 8) != 0)
     return size < 8 && memcmp(data, KVQ_CODEBOOK_MAGIC, size) == 0
@@ -901,18 +928,9 @@ kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, 
   if (st == KVQ_OK && !next_section(&file, TAG_CODE, &r)) st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: expected the codebook section");
   if (st == KVQ_OK) st = get_fixed(ctx, cache, &r, 1, dest, ready);
   if (st == KVQ_OK && file.pos != file.size) st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_codebooks_load: bytes after the last section");
-  /* a layer holding tokens keeps its codebooks unless the new ones are the very same */
-  for (uint32_t l = 0; l < L && st == KVQ_OK; l++) {
-    int busy = 0;
-    for (uint32_t i = 0; i < cache->config.max_sequences; i++) busy |= cache->seqs[i].live && cache->seqs[i].layers[l].tokens > 0;
-    for (int s = 0; s < 2 && st == KVQ_OK && busy; s++) {
-      const float *fresh = dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1];
-      if (fresh && (!cache->storage[l].learned[s] ||
-                    memcmp(fresh, cache->storage[l].fixed_host[s][1], kvq_side_fixed_floats(&cache->storage[l].side[s].layout, 1) * 4)))
-        st = kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT,
-                      "kvq_codebooks_load: layer %u holds tokens coded with other codebooks; free those sequences first", l);
-    }
-  }
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+    for (int s = 0; s < 2 && st == KVQ_OK; s++)
+      st = busy_layer_keeps_codebooks(cache, l, s, dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1], ready[l * 2 + s]);
   kvq_backend *be = ctx->backend;
   for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
     for (int s = 0; s < 2 && st == KVQ_OK; s++) {

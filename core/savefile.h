@@ -21,6 +21,13 @@ int kvq_get_config(kvq_reader *r, kvq_cache_config *config, kvq_layer_config **l
 void kvq_put_policy(kvq_writer *w, const kvq_policy_config *policy);
 void kvq_get_policy(kvq_reader *r, kvq_policy_config *policy);
 
+/* A token statistics record in the PLCY section: u32 position, fp64 attention, fp32 key and value errors. */
+#define KVQ_STATISTICS_RECORD_BYTES 20u
+/* The policy section's checks pass over a sequence's positions at most this many times, each pass
+ * visiting the positions of its page-table entries and those past its pages (the window): what tests
+ * bound loading work with (kvq_load_work, core/internal.h). */
+#define KVQ_POLICY_POSITION_PASSES 5u
+
 /* The PLCY section (core/savefile_policy.c). Reading needs the sequences loaded; it validates
  * everything and sets the cache's policy. */
 void kvq_put_policy_section(kvq_writer *w, const kvq_cache *cache);

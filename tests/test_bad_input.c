@@ -3213,3 +3213,31 @@ Test(codebooks_load, into_a_layer_holding_tokens) {
   }
   destroy(&f);
 }
+
+/* Codebooks learned from all-zero data are all zeros, the very floats of codebooks not learned at
+ * all: the two files differ only in their learned flag. Loading the unlearned ones into a layer that
+ * holds tokens would un-learn it (every later append refused with NO_CODEBOOK, and a save that
+ * kvq_cache_load refuses), so it is refused and the layer keeps working. */
+Test(codebooks_load, unlearned_codebooks_into_a_busy_layer_of_zero_codebooks) {
+  fixture f;
+  build_codebooks_with(&f, cq_method(), method(KVQ_METHOD_EXACT), 0);
+  kv zeros = kv_from(calloc((size_t)CALIBRATION * HKV * D, sizeof(float)), calloc((size_t)CALIBRATION * HKV * D, sizeof(float)),
+                     KVQ_DTYPE_F32, CALIBRATION);
+  KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, 0, &zeros.k, NULL, NULL));
+  kv_free(&zeros);
+  append_ok(&f, f.seq[A], 0, 20, 96);
+  kvq_layer_config layers[2];
+  const kvq_cache_config same = codebook_config(layers, cq_method(), method(KVQ_METHOD_EXACT), 11);
+  size_t size, learned_size;
+  uint8_t *learned = codebooks_image(f.ctx, f.cache, &learned_size), *unlearned = codebooks_of(f.ctx, &same, 0, &size);
+  /* CODE: u32 count, then the array's layer, side, index, kind, ready, 0, u64 floats, SHA-256, floats */
+  const size_t ready = section_payload(learned, 1) + 4 + 16;
+  cr_assert(size == learned_size && get_le32(learned + ready) == 1 && get_le32(unlearned + ready) == 0, "learned flags");
+  for (size_t i = 0; i < size - 32; i++) /* everything else but the checksum is the same */
+    cr_assert((i >= ready && i < ready + 4) || learned[i] == unlearned[i], "byte %zu differs: the codebooks are not all zero", i);
+  expect_codebooks_rejected(&f, unlearned, size, KVQ_ERROR_INVALID_ARGUMENT, "not learned", "unlearned codebooks");
+  append_ok(&f, f.seq[A], 0, 4, 97); /* the layer still codes tokens */
+  free(learned);
+  free(unlearned);
+  destroy(&f);
+}

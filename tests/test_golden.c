@@ -15,6 +15,7 @@
 #include "core/layout.h"
 #include "core/matrix.h"
 #include "core/rng.h"
+#include "core/savefile.h"
 #include "golden/container.h"
 #include "core/internal.h"
 #include "golden/golden.h"
@@ -34,8 +35,10 @@ static void copy_file(const char *from, const char *to) {
 /* Copies the committed saved-cache files next to a modified golden file, so a check of that
  * directory fails only for what the test changed. */
 static void copy_saved_files(const char *dir) {
-  const char *saved[] = {"cache-v1.kvq", "cache-policy-v1.kvq", "cache-codebooks-v1.kvq", "reject-truncated.kvq",
-                         "reject-checksum.kvq", "reject-version.kvq", "reject-bad-format.kvq"};
+  const char *saved[] = {"cache-v1.kvq",        "cache-policy-v1.kvq",   "cache-codebooks-v1.kvq",
+                         "reject-truncated.kvq", "reject-checksum.kvq",   "reject-version.kvq",
+                         "reject-bad-format.kvq", "reject-bad-format-far-position.kvq",
+                         "reject-bad-format-huge-count.kvq"};
   for (size_t i = 0; i < sizeof saved / sizeof saved[0]; i++) {
     char from[1024], to[1024];
     snprintf(from, sizeof from, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, saved[i]);
@@ -82,7 +85,7 @@ Test(golden, cpu_agrees_with_committed_files, .timeout = 120) {
   cr_assert(t.matrices >= 10);
   cr_assert_gt(t.decisions, 100u, "token-policy cases compare their kept sets");
   cr_assert_eq(t.decisions_differing, 0u);
-  cr_assert_eq(t.files_checked, 7u);
+  cr_assert_eq(t.files_checked, 9u);
   cr_assert_eq(t.files_failed, 0u);
 }
 
@@ -436,4 +439,102 @@ Test(golden, a_different_kept_set_fails, .timeout = 120) {
   cr_assert_eq(rc, 1, "the check must fail");
   cr_assert_eq(t.decisions_differing, 1u, "one sequence diverges (%llu)", (unsigned long long)t.decisions_differing);
   cr_assert_eq(t.unexplained, 0u, "codes are not affected");
+}
+
+/* ---- Loading work is bounded by the file and the configuration -------------------------------- */
+
+static uint8_t *read_committed(const char *file, size_t *size) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", KVQ_SOURCE_GOLDEN_DIR, file);
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s", path);
+  fseek(f, 0, SEEK_END);
+  *size = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *data = malloc(*size);
+  cr_assert(data && fread(data, 1, *size, f) == *size, "%s", path);
+  fclose(f);
+  return data;
+}
+
+/* Loads a saved cache and bounds the loader's work (core/internal.h, kvq_load_work) by the file's
+ * size and its configuration (the CONF section, read here as the loader reads it):
+ *   - every record, page number or mask the loader reads takes at least 4 bytes of the file:
+ *     at most size / 4 steps;
+ *   - every pass of the policy checks over a sequence's positions visits the positions of its
+ *     page-table entries (at most max_pages * P over all sequences: entries own distinct pages) and
+ *     those past its pages (fewer than R + P, the window): at most
+ *     KVQ_POLICY_POSITION_PASSES * (max_pages * P + max_sequences * (R + P)) steps;
+ *   - statistics are reserved only for records the file holds: at most size / 20 entries
+ *     (STATISTICS_RECORD_BYTES).
+ * For the long streams below (4 pages of 16, R = 0, one sequence, 2 to 3 KB) that is at most 1146
+ * steps and 149 entries, where a loader that walks positions takes 2^31 steps and one that trusts
+ * the count reserves 2^31 entries (40 GiB). */
+static kvq_cache *load_bounded(kvq_context *ctx, const uint8_t *data, size_t size, kvq_status want, const char *what) {
+  kvq_reader r = {data, size, KVQ_FILE_HEADER_BYTES + 16, 0};
+  kvq_cache_config config;
+  kvq_layer_config *layers;
+  cr_assert_eq(kvq_get_config(&r, &config, &layers), 0, "%s: the config record", what);
+  free(layers);
+  const uint64_t P = config.page_size, window = (uint64_t)config.residual_window + P;
+  const uint64_t steps = size / 4 + KVQ_POLICY_POSITION_PASSES * (config.max_pages * P + config.max_sequences * window);
+  const uint64_t reserved = size / KVQ_STATISTICS_RECORD_BYTES;
+  kvq_cache *cache = NULL;
+  const kvq_status st = kvq_cache_load_from_memory(ctx, data, size, &cache);
+  cr_log_info("%s: %s, %llu steps (bound %llu), %llu statistics reserved (bound %llu)", what, kvq_status_string(st),
+              (unsigned long long)ctx->load_work.steps, (unsigned long long)steps,
+              (unsigned long long)ctx->load_work.reserved, (unsigned long long)reserved);
+  cr_assert_eq(st, want, "%s: %s (%s), expected %s", what, kvq_status_string(st), kvq_context_last_error(ctx),
+               kvq_status_string(want));
+  cr_assert_leq(ctx->load_work.steps, steps, "%s: %llu loader steps, bound %llu", what,
+                (unsigned long long)ctx->load_work.steps, (unsigned long long)steps);
+  cr_assert_leq(ctx->load_work.reserved, reserved, "%s: %llu statistics reserved, bound %llu", what,
+                (unsigned long long)ctx->load_work.reserved, (unsigned long long)reserved);
+  return cache;
+}
+
+/* One sequence of 2^31 - 16 tokens in about 2 KB (tools/golden/write.c): the committed files that
+ * must be refused, as the writer makes them, and their loadable twins, all within the bound. */
+Test(golden, long_streams_load_in_bounded_work, .timeout = 120) {
+  kvq_context *ctx = th_cpu_context();
+  const struct {
+    golden_long_stream which;
+    const char *file; /* committed, or NULL: a file that loads */
+    uint32_t pages, kept;
+  } streams[] = {
+      {GOLDEN_LONG_FAR_POSITION, "reject-bad-format-far-position.kvq", 0, 0},
+      {GOLDEN_LONG_HUGE_COUNT, "reject-bad-format-huge-count.kvq", 0, 0},
+      {GOLDEN_LONG_WITHOUT_SINKS, NULL, 1, 16}, /* the last page */
+      {GOLDEN_LONG_WITH_SINKS, NULL, 2, 20},    /* the 4 sinks and the last page */
+  };
+  for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++) {
+    size_t size;
+    uint8_t *data = kvq_golden_long_stream(streams[i].which, &size);
+    cr_assert_not_null(data);
+    if (streams[i].file) {
+      size_t committed_size;
+      uint8_t *committed = read_committed(streams[i].file, &committed_size);
+      cr_assert(committed_size == size && memcmp(committed, data, size) == 0,
+                "%s: the writer makes other bytes than the committed file", streams[i].file);
+      free(committed);
+      cr_assert_null(load_bounded(ctx, data, size, KVQ_ERROR_BAD_FORMAT, streams[i].file));
+    } else {
+      char what[64];
+      snprintf(what, sizeof what, "the long stream with %u pages", streams[i].pages);
+      kvq_cache *cache = load_bounded(ctx, data, size, KVQ_OK, what);
+      kvq_sequence_info info;
+      KVQ_CHECK(ctx, kvq_sequence_info_get(cache, 1u << 16, 0, &info));
+      cr_assert(info.tokens == 0x7ffffff0u && info.pages == streams[i].pages && info.kept_tokens == streams[i].kept,
+                "%s: %llu tokens, %u pages, %llu kept", what, (unsigned long long)info.tokens, info.pages,
+                (unsigned long long)info.kept_tokens);
+      uint8_t *again = malloc(size);
+      size_t written = 0;
+      KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, again, size, &written));
+      cr_assert(written == size && memcmp(again, data, size) == 0, "%s: re-saves to the same bytes", what);
+      free(again);
+      kvq_cache_destroy(cache);
+    }
+    free(data);
+  }
+  kvq_context_destroy(ctx);
 }

@@ -13,6 +13,7 @@
  *     identically.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -480,4 +481,64 @@ Test(policy, a_failed_attention_adds_no_statistics) {
   free(k), free(v);
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
+}
+
+/*
+ * Every state a stream passes through is one the loader accepts (docs/FORMAT.md, "What a stream
+ * under a policy holds": sinks' pages, the eviction budget, statistics): under each policy, with a
+ * fixed heavy budget and with a fraction, 5 sinks (a partial page of them), a prefill, decoding steps
+ * with the policy applied by hand now and then and a flush in the middle, the cache is saved and
+ * loaded after every step, and the loaded cache re-saves to the same bytes. A rule stricter than what
+ * decisions leave fails here.
+ */
+Test(policy, every_state_of_a_stream_loads) {
+  const uint32_t hq = 2, hkv = 1, d = 32, n = 150, P = 16, prefill = 37;
+  stream s = make_stream(2, hq, hkv, d, n, 77);
+  kvq_layer_config layers[2] = {th_layer(hq, hkv, d, th_uniform(2, 16), th_uniform(2, 16)),
+                                th_layer(hq, hkv, d, th_qjl(64, 0, 32), th_uniform(4, 32))};
+  const kvq_policy_kind kinds[3] = {KVQ_POLICY_STREAMING, KVQ_POLICY_H2O, KVQ_POLICY_QHITTER};
+  kvq_context *ctx = th_cpu_context();
+  for (int k = 0; k < 3; k++)
+    for (int fraction = 0; fraction < 2; fraction++) {
+      kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F32, P, 16, 24, 1, 13);
+      config.policy = policy(kinds[k], 5, 40, 9, 0.5f);
+      if (fraction) config.policy.heavy_fraction = 0.15f;
+      kvq_cache *cache;
+      uint32_t seq;
+      KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+      KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+      for (uint32_t l = 0; l < 2; l++) {
+        th_append(ctx, cache, seq, l, s.k, s.v, 0, prefill, hkv, d, KVQ_DTYPE_F32);
+        attend(ctx, cache, seq, l, &s, 0, prefill, KVQ_MASK_CAUSAL, NULL);
+      }
+      /* the first failure, asserted once after the stream (thousands of passing assertions in the
+       * runner's channel are what this test need not add) */
+      char failure[512] = "";
+      for (uint32_t t = prefill; t < n && !failure[0]; t++) {
+        step(ctx, cache, seq, &s, t, NULL);
+        kvq_status st = t % 10 == 3 ? kvq_sequence_apply_policy(cache, seq) : KVQ_OK;
+        if (st == KVQ_OK && t == 90) st = kvq_flush(cache, seq);
+        uint64_t size = 0;
+        if (st == KVQ_OK) st = kvq_cache_save_size(cache, &size);
+        uint8_t *file = malloc(size + 1), *again = malloc(size + 1);
+        size_t written = 0;
+        kvq_cache *loaded = NULL;
+        if (st == KVQ_OK) st = kvq_cache_save_to_memory(cache, file, size, &written);
+        if (st == KVQ_OK) st = kvq_cache_load_from_memory(ctx, file, written, &loaded);
+        if (st == KVQ_OK) st = kvq_cache_save_to_memory(loaded, again, size, &written);
+        if (st != KVQ_OK)
+          snprintf(failure, sizeof failure, "after token %u: %s: %s", t, kvq_status_string(st), kvq_context_last_error(ctx));
+        else if (memcmp(file, again, size) != 0)
+          snprintf(failure, sizeof failure, "after token %u: the loaded cache re-saves to other bytes", t);
+        kvq_cache_destroy(loaded);
+        free(file), free(again);
+      }
+      cr_assert_eq(failure[0], 0, "policy %d (fraction %d) %s", (int)kinds[k], fraction, failure);
+      kvq_sequence_info info;
+      KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &info));
+      cr_assert_gt(info.tokens - info.kept_tokens, 50u, "policy %d (fraction %d): the stream evicted", (int)kinds[k], fraction);
+      kvq_cache_destroy(cache);
+    }
+  kvq_context_destroy(ctx);
+  free_stream(&s);
 }

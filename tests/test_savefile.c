@@ -580,3 +580,113 @@ Test(savefile, forged_codebooks_and_policy_state_are_refused) {
   free(copy), free(data);
   destroy(&f);
 }
+
+/* ---- What a stream under a token policy must hold ------------------------------------------------- */
+
+/* A saved cache of one sequence decoded token by token under `policy` (one layer, QJL keys and
+ * uniform values, P = 16, no window, N tokens), the policy applied once more at the end, and the
+ * offset of its PLCY payload: the policy (6 u32), pages taken, the page numbers, the masks (1 word
+ * per page with P = 16), the statistics count and records (u32 position, f64, f32, f32). */
+static uint8_t *decoded_stream(fixture *f, kvq_policy_config policy, size_t *size, size_t *plcy, uint32_t *pages) {
+  memset(f, 0, sizeof *f);
+  f->layers[0] = th_layer(HQ, HKV, D, th_qjl(128, 0, 0), th_uniform(2, 32));
+  kvq_cache_config config = th_config(f->layers, 1, KVQ_DTYPE_F32, 16, 0, 12, 1, 8);
+  config.policy = policy;
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
+  f->k = malloc(sizeof(float) * N * HKV * D), f->v = malloc(sizeof(float) * N * HKV * D);
+  f->q = malloc(sizeof(float) * N * HQ * D);
+  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 12);
+  kvq_synth_generate(&sc, f->k, f->v, f->q);
+  KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[0]));
+  for (uint32_t t = 0; t < N; t++) th_append(f->ctx, f->cache, f->seqs[0], 0, f->k, f->v, t, 1, HKV, D, KVQ_DTYPE_F32);
+  KVQ_CHECK(f->ctx, kvq_sequence_apply_policy(f->cache, f->seqs[0]));
+  kvq_sequence_info info;
+  KVQ_CHECK(f->ctx, kvq_sequence_info_get(f->cache, f->seqs[0], 0, &info));
+  *pages = info.pages;
+  uint8_t *data = save(f, f->cache, size);
+  uint64_t n;
+  *plcy = section_payload(data, *size, "PLCY", &n);
+  kvq_cache *loaded; /* as saved, the stream loads */
+  KVQ_CHECK(f->ctx, kvq_cache_load_from_memory(f->ctx, data, *size, &loaded));
+  kvq_cache_destroy(loaded);
+  return data;
+}
+
+static uint32_t le32_at(const uint8_t *data, size_t at) {
+  uint32_t v;
+  memcpy(&v, data + at, 4);
+  return v;
+}
+static void set_le32(uint8_t *data, size_t at, uint32_t v) { memcpy(data + at, &v, 4); }
+
+/*
+ * No decision evicts a sink, so a stream keeps the page of its sinks; a decision at n keeps at most
+ * its heavy budget of the candidates [sinks, n - recent) (none under StreamingLLM); H2O measures no
+ * quantization errors. Files that break one of these (checksums recomputed) are refused.
+ */
+Test(savefile, streams_a_policy_could_not_leave_are_refused) {
+  fixture f;
+  size_t size, plcy;
+  uint32_t pages;
+  /* StreamingLLM with no sinks evicted page 0; a policy with 2 sinks would have kept it */
+  kvq_policy_config streaming = kvq_policy_defaults(KVQ_POLICY_STREAMING);
+  streaming.sinks = 0, streaming.recent = 16;
+  uint8_t *data = decoded_stream(&f, streaming, &size, &plcy, &pages);
+  cr_assert_neq(le32_at(data, plcy + 28), 0u, "page 0 was evicted");
+  set_le32(data, plcy + 4, 2);
+  reseal(data, size);
+  expect_refused(&f, data, size, "two sinks whose page is gone", "page of the attention sinks");
+  free(data);
+  destroy(&f);
+  /* StreamingLLM evicts every candidate: a kept token between the sinks and the recent window is not
+   * one it leaves (page 0 holds the 4 sinks, its tokens 4..15 evicted) */
+  streaming.sinks = 4;
+  data = decoded_stream(&f, streaming, &size, &plcy, &pages);
+  const size_t masks = plcy + 28 + 4 * (size_t)pages;
+  cr_assert(le32_at(data, plcy + 28) == 0 && le32_at(data, masks) == 0xfu, "page 0 keeps the sinks alone");
+  set_le32(data, masks, 0x10fu);
+  reseal(data, size);
+  expect_refused(&f, data, size, "StreamingLLM keeping token 8", "more tokens kept");
+  free(data);
+  destroy(&f);
+  /* H2O keeps 8 heavy candidates: the same file with a budget of 7 is not one it could leave */
+  kvq_policy_config h2o = kvq_policy_defaults(KVQ_POLICY_H2O);
+  h2o.sinks = 4, h2o.recent = 16, h2o.heavy = 8, h2o.heavy_fraction = 0.0f;
+  data = decoded_stream(&f, h2o, &size, &plcy, &pages);
+  uint8_t *copy = malloc(size);
+  memcpy(copy, data, size);
+  set_le32(copy, plcy + 12, 7);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "8 heavy tokens kept under a budget of 7", "more tokens kept");
+  /* and its statistics carry no quantization errors (the first record's key error) */
+  const size_t stats = plcy + 28 + 8 * (size_t)pages;
+  const float error = 0.25f;
+  memcpy(copy, data, size);
+  memcpy(copy + stats + 4 + 4 + 8, &error, 4);
+  reseal(copy, size);
+  expect_refused(&f, copy, size, "a quantization error under H2O", "quantization errors");
+  free(copy);
+  free(data);
+  destroy(&f);
+}
+
+/* A count read from a file is checked against the bytes that remain before anything is reserved:
+ * the last sequence record claiming the whole pool's pages, with none of them in the file. */
+Test(savefile, page_table_longer_than_the_file_is_refused) {
+  fixture f;
+  build(&f);
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  uint64_t n;
+  const size_t seqs = section_payload(data, size, "SEQS", &n);
+  /* the last slot holds seqs[2]: 5 tokens in the window, no page; its record ends the section:
+   * generation, live, page count, then (tokens, ring_start, quantized) per layer */
+  const size_t last = seqs + n - 4 * (3 + 2 * 3);
+  cr_assert(le32_at(data, last + 4) == 1 && le32_at(data, last + 8) == 0, "the last record is a live sequence without pages");
+  set_le32(data, last + 8, 40); /* max_pages */
+  reseal(data, size);
+  expect_refused(&f, data, size, "40 pages claimed, none present", "too short for its page tables");
+  free(data);
+  destroy(&f);
+}

@@ -755,7 +755,10 @@ static void check_saved_files(checker *ck, kvq_context *ctx, const char *dir) {
                {"reject-truncated.kvq", KVQ_ERROR_TRUNCATED},
                {"reject-checksum.kvq", KVQ_ERROR_CHECKSUM},
                {"reject-version.kvq", KVQ_ERROR_VERSION},
-               {"reject-bad-format.kvq", KVQ_ERROR_BAD_FORMAT}};
+               {"reject-bad-format.kvq", KVQ_ERROR_BAD_FORMAT},
+               /* long streams (2^31 - 16 tokens) in a few KB: refused at once, not after 2^31 steps */
+               {"reject-bad-format-far-position.kvq", KVQ_ERROR_BAD_FORMAT},
+               {"reject-bad-format-huge-count.kvq", KVQ_ERROR_BAD_FORMAT}};
   ck->name = "saved files";
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[1024];

@@ -36,6 +36,18 @@ const char *kvq_golden_case_name(uint32_t index);
 /* Writes every golden file into dir with the CPU backend. Returns 0 or prints why and returns 1. */
 int kvq_golden_write(const char *dir, FILE *log);
 
+/* Saved caches of one H2O sequence that decoded 2^31 - 16 tokens (crafted: a short stream's file with
+ * its positions moved, checksum recomputed), a few KB each. Loading them must cost work in
+ * proportion to the file and the configuration, never to the positions (docs/GOLDEN.md). */
+typedef enum golden_long_stream {
+  GOLDEN_LONG_WITH_SINKS,    /* sinks 4: the sinks' page and the last page; loads */
+  GOLDEN_LONG_HUGE_COUNT,    /* the same, its statistics count claiming 2^31 - 16 records: refused */
+  GOLDEN_LONG_WITHOUT_SINKS, /* sinks 0: only the last page; loads */
+  GOLDEN_LONG_FAR_POSITION,  /* the same with sinks 4: no page holds the sinks, refused */
+} golden_long_stream;
+/* The file (malloc'ed; NULL when out of memory or the CPU backend fails), its size in *size. */
+uint8_t *kvq_golden_long_stream(golden_long_stream which, size_t *size);
+
 struct golden_case;
 /* Writes the golden file of one configuration (any, not only the matrix's: tests build their own)
  * into dir with the CPU reference. Returns 0, or prints why to log and returns 1. */

@@ -345,6 +345,130 @@ static int write_saved_files(kvq_cache *cache, const char *dir, FILE *log) {
   return rc;
 }
 
+/* ---- Long streams (docs/GOLDEN.md): a sequence of 2^31 - 16 tokens in a file of a few KB ------- */
+
+enum { LONG_P = 16, LONG_DIM = 16, LONG_DECODED = 48, LONG_TOKENS = 0x7ffffff0 /* 2^31 - 16, a page boundary */ };
+
+/* One sequence decoded token by token under H2O (sinks, recent 16, no heavy tokens), then the policy
+ * applied once more, in a cache of one layer of exact fp16 keys and values, 16 tokens per page, no
+ * window. No attention runs, so every statistic is zero and the file is the same on every platform.
+ * After 48 tokens the sequence keeps the page of its sinks (with sinks > 0) and its last page. */
+static kvq_cache *short_h2o_stream(kvq_context *ctx, uint32_t sinks) {
+  kvq_layer_config layer = {.query_heads = 1, .kv_heads = 1, .head_dim = LONG_DIM,
+                            .keys = kvq_method_defaults(KVQ_METHOD_EXACT, LONG_DIM),
+                            .values = kvq_method_defaults(KVQ_METHOD_EXACT, LONG_DIM)};
+  layer.keys.exact.dtype = layer.values.exact.dtype = KVQ_DTYPE_F16;
+  kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32, .page_size = LONG_P,
+                             .residual_window = 0, .max_pages = 4, .max_sequences = 1, .seed = 31};
+  config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+  config.policy.sinks = sinks, config.policy.recent = LONG_P, config.policy.heavy = 0, config.policy.heavy_fraction = 0.0f;
+  kvq_cache *cache = NULL;
+  uint32_t seq;
+  if (kvq_cache_create(ctx, &config, &cache) != KVQ_OK || kvq_sequence_add(cache, &seq) != KVQ_OK) {
+    kvq_cache_destroy(cache);
+    return NULL;
+  }
+  int64_t shape[3] = {1, 1, LONG_DIM};
+  kvq_status st = KVQ_OK;
+  for (uint32_t t = 0; t < LONG_DECODED && st == KVQ_OK; t++) {
+    float k[LONG_DIM], v[LONG_DIM]; /* multiples of 1/8 in [-1, 1]: exact in fp16 */
+    for (uint32_t c = 0; c < LONG_DIM; c++) {
+      k[c] = (float)((int)((t * 31 + c * 7) % 17) - 8) / 8.0f;
+      v[c] = (float)((int)((t * 13 + c * 5) % 17) - 8) / 8.0f;
+    }
+    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
+    st = kvq_append(cache, seq, 0, &kt, &vt);
+  }
+  if (st != KVQ_OK || kvq_sequence_apply_policy(cache, seq) != KVQ_OK) {
+    kvq_cache_destroy(cache);
+    return NULL;
+  }
+  return cache;
+}
+
+/* The offset of a section's payload in a saved cache (docs/FORMAT.md: a 64-byte header, then per
+ * section u32 tag, u32 0, u64 payload bytes, the payload padded to 8 bytes). */
+static size_t section_payload(const uint8_t *data, size_t size, const char tag[4]) {
+  size_t at = KVQ_FILE_HEADER_BYTES;
+  while (at + 16 <= size - 32 && memcmp(data + at, tag, 4) != 0) {
+    uint64_t n;
+    memcpy(&n, data + at + 8, 8);
+    at += 16 + (size_t)n + (size_t)((8 - n % 8) % 8);
+  }
+  return at + 16;
+}
+
+static void set32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* Moves the end of short_h2o_stream's saved sequence from 48 tokens to LONG_TOKENS, as if it had
+ * decoded that long: its token counts and pages taken, and the page numbers and statistics positions
+ * past page 0 (the sinks' page) move by the same distance. SEQS: slot count, generation, live, page
+ * count, (tokens, ring_start, quantized), page slots. PLCY: the policy (6 u32), pages taken, page
+ * numbers, masks (1 word each with P = 16), statistics count, records. */
+static void stretch(uint8_t *data, size_t size) {
+  const uint32_t shift = LONG_TOKENS - LONG_DECODED;
+  uint8_t *seqs = data + section_payload(data, size, "SEQS"), *plcy = data + section_payload(data, size, "PLCY");
+  const uint32_t pages = kvq_le32(seqs + 12);
+  for (int i = 0; i < 3; i++) set32(seqs + 16 + 4 * i, LONG_TOKENS);
+  set32(plcy + 24, LONG_TOKENS / LONG_P);
+  for (uint32_t e = 0; e < pages; e++) {
+    uint8_t *number = plcy + 28 + 4 * e;
+    if (kvq_le32(number) > 0) set32(number, kvq_le32(number) + shift / LONG_P);
+  }
+  uint8_t *count = plcy + 28 + 8 * pages;
+  for (uint32_t k = 0; k < kvq_le32(count); k++) {
+    uint8_t *position = count + 4 + KVQ_STATISTICS_RECORD_BYTES * k;
+    if (kvq_le32(position) >= LONG_P) set32(position, kvq_le32(position) + shift);
+  }
+}
+
+/* The statistics count of the (only) sequence in a stretched file. */
+static uint8_t *statistics_count(uint8_t *data, size_t size) {
+  uint8_t *seqs = data + section_payload(data, size, "SEQS"), *plcy = data + section_payload(data, size, "PLCY");
+  return plcy + 28 + 8 * kvq_le32(seqs + 12);
+}
+
+uint8_t *kvq_golden_long_stream(golden_long_stream which, size_t *size) {
+  kvq_context *ctx = cpu_context();
+  const int with_sinks = which == GOLDEN_LONG_WITH_SINKS || which == GOLDEN_LONG_HUGE_COUNT;
+  kvq_cache *cache = ctx ? short_h2o_stream(ctx, with_sinks ? 4 : 0) : NULL;
+  uint64_t bytes = 0;
+  uint8_t *data = cache && kvq_cache_save_size(cache, &bytes) == KVQ_OK ? malloc((size_t)bytes) : NULL;
+  if (data && kvq_cache_save_to_memory(cache, data, (size_t)bytes, size) != KVQ_OK) {
+    free(data);
+    data = NULL;
+  }
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  if (!data) return NULL;
+  stretch(data, *size);
+  if (which == GOLDEN_LONG_FAR_POSITION) /* the policy keeps 4 sinks, whose page the sequence lacks */
+    set32(data + section_payload(data, *size, "PLCY") + 4, 4);
+  if (which == GOLDEN_LONG_HUGE_COUNT) /* statistics for every position, 20 records present */
+    set32(statistics_count(data, *size), LONG_TOKENS);
+  kvq_sha256_digest(data, *size - 32, data + *size - 32);
+  return data;
+}
+
+/* The crafted files every kvq must refuse quickly (docs/GOLDEN.md). */
+static int write_long_streams(const char *dir, FILE *log) {
+  const struct {
+    golden_long_stream which;
+    const char *file;
+  } files[] = {{GOLDEN_LONG_FAR_POSITION, "reject-bad-format-far-position.kvq"},
+               {GOLDEN_LONG_HUGE_COUNT, "reject-bad-format-huge-count.kvq"}};
+  int rc = 0;
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    size_t size = 0;
+    uint8_t *data = kvq_golden_long_stream(files[i].which, &size);
+    rc |= data ? write_bytes(dir, files[i].file, data, size, log) : fail(log, "cannot build a long stream", NULL);
+    free(data);
+  }
+  return rc;
+}
+
 static int write_cache_file(kvq_cache *cache, const char *dir, const char *file, FILE *log) {
   uint64_t size;
   size_t written;
@@ -375,6 +499,7 @@ int kvq_golden_write(const char *dir, FILE *log) {
   }
   if (saved) rc |= write_saved_files(saved, dir, log);
   else rc = 1;
+  rc |= write_long_streams(dir, log);
   rc |= !with_policy || write_cache_file(with_policy, dir, "cache-policy-v1.kvq", log);
   rc |= !with_codebooks || write_cache_file(with_codebooks, dir, "cache-codebooks-v1.kvq", log);
   kvq_cache_destroy(saved);
