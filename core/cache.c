@@ -91,7 +91,7 @@ static int build_fixed(const kvq_cache_config *config, uint32_t layer, const kvq
   return 0;
 }
 
-kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_fixed, kvq_cache **out) {
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
   kvq_cache *cache = calloc(1, sizeof *cache);
   if (!cache) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
   cache->ctx = ctx;
@@ -146,7 +146,7 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
           st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory for matrices and codebooks");
           goto fail;
         }
-        if (make_fixed && build_fixed(config, l, &side->layout, i, ls->fixed_host[s][i]) != 0) {
+        if (build_fixed(config, l, &side->layout, i, ls->fixed_host[s][i]) != 0) {
           st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory building matrices");
           goto fail;
         }
@@ -172,7 +172,6 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int
   cache->staging_pages = config->max_pages < KVQ_STAGING_PAGES ? config->max_pages : KVQ_STAGING_PAGES;
   st = create_buffer(cache, (uint64_t)cache->staging_pages * P * token_bytes, &cache->staging, "allocating staging memory");
   if (st) goto fail;
-  if (make_fixed && (st = kvq_upload_fixed(cache)) != KVQ_OK) goto fail;
   ctx->live_caches++;
   *out = cache;
   return KVQ_OK;
@@ -195,7 +194,14 @@ kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kv
                     "kvq_cache_create: the cache would need %s%llu bytes, beyond the 2^46 bytes kvq accepts",
                     st != KVQ_OK ? "more than " : "", (unsigned long long)bytes);
   kvq_clear_error(ctx);
-  return kvq_cache_build(ctx, config, 1, out);
+  kvq_cache *cache = NULL;
+  if ((st = kvq_cache_build(ctx, config, &cache)) != KVQ_OK) return st;
+  if ((st = kvq_upload_fixed(cache)) != KVQ_OK) {
+    kvq_cache_destroy(cache);
+    return st;
+  }
+  *out = cache;
+  return KVQ_OK;
 }
 
 void kvq_cache_destroy(kvq_cache *cache) {

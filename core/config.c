@@ -268,6 +268,17 @@ uint32_t kvq_side_fixed_purpose(const kvq_side_layout *s, int index) {
   return index == 0 ? KVQ_PURPOSE_QJL_SKETCH : KVQ_PURPOSE_QJL_OUTLIER_SKETCH;
 }
 
+const char *kvq_fixed_name(const kvq_side_layout *s, int index) {
+  switch (s->method) {
+  case KVQ_LAYOUT_QJL: return index == 0 ? "the QJL sketch S" : "the QJL outlier sketch S_o";
+  case KVQ_LAYOUT_POLAR:
+    if (index == 0) return s->rotation == KVQ_ROTATION_DENSE ? "the PolarQuant rotation" : "the Hadamard signs";
+    return s->codebook == KVQ_CODEBOOK_ONLINE ? "the learned codebook tables" : "the offline codebook tables";
+  case KVQ_LAYOUT_CQ: return "the CQ codebooks";
+  }
+  return "a fixed array";
+}
+
 int kvq_side_needs_learning(const kvq_side_layout *s) {
   for (int i = 0; i < KVQ_SIDE_FIXED; i++)
     if (kvq_side_fixed_kind(s, i) == KVQ_FIXED_LEARNED) return 1;

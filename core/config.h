@@ -59,6 +59,8 @@ kvq_fixed_kind kvq_side_fixed_kind(const kvq_side_layout *layout, int index);
 uint64_t kvq_side_fixed_floats(const kvq_side_layout *layout, int index);
 /* The rng purpose of a random fixed array. */
 uint32_t kvq_side_fixed_purpose(const kvq_side_layout *layout, int index);
+/* What fixed array `index` of a side is, in words for messages ("the QJL sketch S", ...). */
+const char *kvq_fixed_name(const kvq_side_layout *layout, int index);
 /* Whether the side needs learned codebooks before it can store tokens. */
 int kvq_side_needs_learning(const kvq_side_layout *layout);
 

@@ -7,11 +7,11 @@
 
 #include "config.h"
 
-/* 0; -2 when host memory runs out; or -1 with a reason: Hadamard signs are +-1; offline PolarQuant tables equal the ones the
- * config computes (bit for bit); learned PolarQuant tables hold unit (cos, sin) centroids, level
- * 1 no boundaries, levels >= 2 ascending centroids in [0, pi/2] with (cos^2, sin^2) boundaries in
- * between and the last pair zero; learned arrays not yet learned are zero. Random matrices and CQ
- * centroids are taken as saved (their SHA-256 and finiteness are checked by the loader). */
+/* 0, or -1 with a reason, for a learned array (random matrices and offline tables are compared with
+ * the ones the seed and the config give, by the loader): learned PolarQuant tables hold unit (cos, sin)
+ * centroids, level 1 no boundaries, levels >= 2 ascending centroids in [0, pi/2] with (cos^2, sin^2)
+ * boundaries in between and the last pair zero; learned arrays not yet learned are zero. CQ centroids
+ * are taken as saved (their SHA-256 and finiteness are checked by the loader). */
 int kvq_fixed_check(const kvq_side_layout *layout, int index, const float *data, int ready, char *why, size_t why_size);
 
 #endif

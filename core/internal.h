@@ -134,10 +134,10 @@ uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq);
 /* Byte offset of a sequence's window ring inside ring buffers of a layer. */
 uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot);
 
-/* Builds a cache's storage from a validated config (used by create and load). With make_fixed the
- * random matrices and offline codebooks are built and uploaded (learned codebooks start empty);
- * otherwise the caller (load) fills fixed_host and uploads it with kvq_upload_fixed. */
-kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, int make_fixed, kvq_cache **out);
+/* Builds a cache's storage from a validated config (used by create and load), with its random
+ * matrices and offline codebooks in fixed_host (learned codebooks start empty, not ready); the
+ * caller uploads fixed_host with kvq_upload_fixed (load first compares the file's arrays with it). */
+kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out);
 kvq_status kvq_upload_fixed(kvq_cache *cache);
 
 /* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner

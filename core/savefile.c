@@ -418,9 +418,17 @@ static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader
       break;
     }
     seen[slot] = 1;
-    float *m = dest[slot];
+    /* What the seed and the config derive (random matrices, offline tables) is already in dest, built as
+     * kvq_cache_create builds it: the file's copy is read aside and must equal it bit for bit. */
+    const int derived = kind == KVQ_FIXED_RANDOM || kind == KVQ_FIXED_COMPUTED;
+    float *m = derived ? malloc((size_t)floats * sizeof(float)) : dest[slot];
+    if (!m) {
+      st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_load: out of host memory");
+      break;
+    }
     uint8_t md[32];
     if (!kvq_get_f32s(r, m, floats)) {
+      if (derived) free(m);
       st = bad(ctx, "matrix section too short");
       break;
     }
@@ -428,10 +436,17 @@ static kvq_status get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader
     if (memcmp(md, sha, 32) != 0) st = bad(ctx, "a matrix or codebook does not match its SHA-256");
     for (uint64_t e = 0; e < floats && st == KVQ_OK; e++)
       if (!isfinite(m[e])) st = bad(ctx, "a matrix or codebook holds a non-finite number");
+    if (derived) {
+      if (st == KVQ_OK && memcmp(m, dest[slot], (size_t)floats * sizeof(float)) != 0)
+        st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s differ from the ones seed %llu and the config give",
+                      l, s ? "values" : "keys", kvq_fixed_name(layout, (int)i), (unsigned long long)cache->config.seed);
+      free(m);
+      continue;
+    }
     char why[256];
     const int check = st == KVQ_OK ? kvq_fixed_check(layout, (int)i, m, (int)is_ready, why, sizeof why) : 0;
     if (check != 0)
-      st = kvq_fail(ctx, check == -2 ? KVQ_ERROR_OUT_OF_MEMORY : KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s", l,
+      st = kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: layer %u %s: %s", l,
                     s ? "values" : "keys", why);
     if (kind == KVQ_FIXED_LEARNED) ready[l * 2 + s] = (int)is_ready;
   }
@@ -593,7 +608,7 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
     return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: invalid config: %s", why);
   }
   kvq_cache *cache = NULL;
-  st = kvq_cache_build(ctx, &config, 0, &cache);
+  st = kvq_cache_build(ctx, &config, &cache); /* with its matrices: the file's must equal them */
   free(layers);
   if (st != KVQ_OK) return st;
   const uint32_t L = config.layer_count;

@@ -581,6 +581,79 @@ Test(savefile, forged_codebooks_and_policy_state_are_refused) {
   destroy(&f);
 }
 
+/* A forgery of a fixed array: element e of the new array from the old one (d = row length). Each
+ * below keeps the array plausible (orthogonal rows, +-1 signs) but not what the seed draws. */
+typedef float (*forge_fn)(const float *old, uint64_t e, uint32_t d);
+static float scaled_by_two(const float *old, uint64_t e, uint32_t d) { (void)d; return 2.0f * old[e]; }
+static float row_3_negated(const float *old, uint64_t e, uint32_t d) { return e / d == 3 ? -old[e] : old[e]; }
+static float all_negated(const float *old, uint64_t e, uint32_t d) { (void)d; return -old[e]; }
+static float rows_0_and_1_swapped(const float *old, uint64_t e, uint32_t d) {
+  return e / d == 0 ? old[e + d] : e / d == 1 ? old[e - d] : old[e];
+}
+
+static void expect_forgery_refused(fixture *f, const uint8_t *data, size_t size, uint32_t layer, uint32_t side,
+                                   uint32_t index, forge_fn forge, const char *what, const char *reason) {
+  uint64_t floats;
+  const size_t at = matx_record(data, size, layer, side, index, &floats);
+  uint8_t *copy = malloc(size);
+  float *old = malloc((size_t)floats * 4);
+  memcpy(copy, data, size);
+  memcpy(old, data + at + 24 + 8 + 32, (size_t)floats * 4);
+  for (uint64_t e = 0; e < floats; e++) {
+    const float v = forge(old, e, D);
+    memcpy(copy + at + 24 + 8 + 32 + e * 4, &v, 4);
+  }
+  cr_assert_neq(memcmp(copy, data, size), 0, "%s: the forgery changes the file", what);
+  kvq_sha256_digest(copy + at + 24 + 8 + 32, (size_t)floats * 4, copy + at + 24 + 8);
+  reseal(copy, size);
+  expect_refused(f, copy, size, what, reason);
+  free(old), free(copy);
+}
+
+/*
+ * Issue 8, item 5: what the seed derives is checked against the seed. With every checksum
+ * recomputed, a QJL sketch scaled by 2 or with a row negated, a PolarQuant value-side rotation that
+ * differs from the key side's (both are drawn from the same stream), and negated Hadamard signs all
+ * load on a loader that trusts saved matrices, and every later score silently changes. Each is
+ * refused, naming the array.
+ */
+Test(savefile, random_matrices_are_checked_against_the_seed) {
+  fixture f;
+  build(&f); /* layer 0: QJL keys (sketch S and outlier sketch S_o) */
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  expect_forgery_refused(&f, data, size, 0, 0, 0, scaled_by_two, "S scaled by 2", "the QJL sketch S differ");
+  expect_forgery_refused(&f, data, size, 0, 0, 0, row_3_negated, "a row of S negated", "the QJL sketch S differ");
+  expect_forgery_refused(&f, data, size, 0, 0, 1, row_3_negated, "a row of S_o negated", "the QJL outlier sketch S_o differ");
+  free(data);
+  destroy(&f);
+
+  const kvq_rotation rotations[2] = {KVQ_ROTATION_DENSE, KVQ_ROTATION_HADAMARD};
+  for (int r = 0; r < 2; r++) {
+    memset(&f, 0, sizeof f);
+    const kvq_method_config polar = method_with(KVQ_METHOD_POLAR, rotations[r], KVQ_CODEBOOK_OFFLINE);
+    f.layers[0] = th_layer(HQ, HKV, D, polar, polar);
+    kvq_cache_config config = th_config(f.layers, 1, KVQ_DTYPE_F32, 16, 0, 8, 1, 31);
+    f.ctx = th_cpu_context();
+    KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
+    data = save(&f, f.cache, &size);
+    if (r == 0) {
+      expect_forgery_refused(&f, data, size, 0, 1, 0, rows_0_and_1_swapped, "a value-side rotation unlike the keys'",
+                             "values: the PolarQuant rotation differ");
+      expect_forgery_refused(&f, data, size, 0, 0, 0, row_3_negated, "a key-side rotation with a row negated",
+                             "keys: the PolarQuant rotation differ");
+    } else {
+      expect_forgery_refused(&f, data, size, 0, 0, 0, all_negated, "negated Hadamard signs", "the Hadamard signs differ");
+    }
+    kvq_cache *loaded; /* the file as saved loads */
+    KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+    kvq_cache_destroy(loaded);
+    free(data);
+    kvq_cache_destroy(f.cache);
+    kvq_context_destroy(f.ctx);
+  }
+}
+
 /* ---- What a stream under a token policy must hold ------------------------------------------------- */
 
 /* A saved cache of one sequence decoded token by token under `policy` (one layer, QJL keys and

@@ -626,7 +626,9 @@ KVQ_API kvq_status kvq_cache_save_to_memory(kvq_cache *cache, void *buffer, size
  * Loads a saved cache onto a context (any backend); the whole file is read into host memory first.
  * Truncated files return KVQ_ERROR_TRUNCATED, corrupted ones KVQ_ERROR_CHECKSUM, other format
  * versions KVQ_ERROR_VERSION, and files whose checksum is right but whose content kvq could not have
- * written KVQ_ERROR_BAD_FORMAT. Sequence ids stay valid. *out is NULL on failure.
+ * written KVQ_ERROR_BAD_FORMAT (random matrices and offline tables must equal the ones the file's
+ * seed and config give, so loading costs about what kvq_cache_create costs, plus reading). Sequence
+ * ids stay valid. *out is NULL on failure.
  */
 KVQ_API kvq_status kvq_cache_load(kvq_context *context, const char *path, kvq_cache **out);
 KVQ_API kvq_status kvq_cache_load_from_memory(kvq_context *context, const void *buffer, size_t size,
