@@ -12,11 +12,16 @@
 
 static int unit(double c, double s) { return fabs(c * c + s * s - 1.0) <= UNIT_TOLERANCE; }
 
+/* Learned angles are fp32 (core/learn.c), so an angle at pi/2 is fp32(pi/2), 4.4e-8 past it: its cos
+ * is -4.4e-8. Angles lie within half an fp32 ulp of [0, pi/2] (ulp(pi/2) = 2^-23), so cos and sin
+ * of a level >= 2 centroid are at least -sin(2^-24) > -2^-24. */
+#define PAST_RIGHT_ANGLE (-0x1p-24f)
+
 static int learned_level_ok(const float *t, uint32_t level, uint32_t K) {
   for (uint32_t j = 0; j < K; j++) {
     const float c = t[2 * j], s = t[2 * j + 1];
     if (!unit(c, s)) return 0;
-    if (level >= 2 && (c < 0.0f || s < 0.0f)) return 0;                          /* angles in [0, pi/2] */
+    if (level >= 2 && (c < PAST_RIGHT_ANGLE || s < PAST_RIGHT_ANGLE)) return 0; /* angles in [0, pi/2] */
     if (level >= 2 && j > 0 && c > t[2 * (j - 1)]) return 0;                     /* ascending angles */
   }
   const float *b = t + 2 * K;

@@ -23,10 +23,12 @@ static int fail(char *why, size_t size, const char *what, uint32_t head) {
 static int check_qjl(const kvq_side_layout *s, const uint8_t *b, uint32_t valid, uint32_t h, char *why, size_t size) {
   const uint32_t P = s->page_size, m = s->sketch_dim, mo = s->outlier_sketch_dim, k = s->outliers;
   const uint32_t out_at = kvq_qjl_outliers_offset(P, m, mo, k);
-  for (uint32_t j = 0; j < k; j++)
+  /* A page that holds no token of this layer yet (pages are taken for all layers at once) keeps a
+   * zero outlier list; a page with tokens lists k distinct channels in ascending order. */
+  if (valid == 0 && k > 0 && !zeros(b, out_at, out_at + k)) return fail(why, size, "outlier list of an empty page", h);
+  for (uint32_t j = 0; j < k && valid > 0; j++)
     if (b[out_at + j] >= s->head_dim || (j > 0 && b[out_at + j] <= b[out_at + j - 1]))
       return fail(why, size, "outlier channels not strictly ascending below head_dim", h);
-  if (valid == 0 && k > 0 && !zeros(b, out_at, out_at + k)) return fail(why, size, "outlier list of an empty page", h);
   if (!zeros(b, out_at + k, s->head_bytes)) return fail(why, size, "nonzero padding", h);
   if (!zeros(b, valid * m / 8, P * m / 8)) return fail(why, size, "sign bits of tokens past the valid count", h);
   const uint32_t parts = k ? 2 : 1;

@@ -5,7 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/codebook.h"
+#include "core/fixed_check.h"
 #include "core/internal.h"
+#include "core/layout.h"
 #include "core/page_check.h"
 #include "core/sha256.h"
 #include "core/synth.h"
@@ -652,6 +655,63 @@ Test(savefile, random_matrices_are_checked_against_the_seed) {
     kvq_cache_destroy(f.cache);
     kvq_context_destroy(f.ctx);
   }
+}
+
+/*
+ * Files kvq writes, kvq loads (two cases an independent decoder found refused):
+ * - pages are taken for every layer at once, so a layer with QJL keys and outliers can hold a page
+ *   with no token of its own yet, whose outlier list is zero: the loader asked it to be strictly
+ *   ascending as well, which no list of k >= 2 zeros is;
+ * - learned angles are fp32, and an angle cluster at pi/2 has its centroid at fp32(pi/2), whose cos
+ *   is -4.4e-8: the loader refused a negative cos for levels >= 2.
+ */
+Test(savefile, files_kvq_writes_with_empty_qjl_pages_or_right_angles_load) {
+  fixture f;
+  memset(&f, 0, sizeof f);
+  const kvq_method_config uni = kvq_method_defaults(KVQ_METHOD_UNIFORM, D), qjl = kvq_method_defaults(KVQ_METHOD_QJL, D);
+  cr_assert_geq(qjl.qjl.outlier_count, 2u, "the default QJL keys keep at least two outliers");
+  f.layers[0] = th_layer(HQ, HKV, D, uni, uni);
+  f.layers[1] = th_layer(HQ, HKV, D, qjl, uni);
+  kvq_cache_config config = th_config(f.layers, 2, KVQ_DTYPE_F32, 16, 0, 8, 1, 3);
+  f.ctx = th_cpu_context();
+  KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
+  f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
+  f.q = malloc(sizeof(float) * N * HQ * D);
+  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 4);
+  kvq_synth_generate(&sc, f.k, f.v, f.q);
+  KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[0]));
+  th_append(f.ctx, f.cache, f.seqs[0], 0, f.k, f.v, 0, 16, HKV, D, KVQ_DTYPE_F32); /* a page, layer 0 only */
+  size_t size;
+  uint8_t *data = save(&f, f.cache, &size);
+  kvq_cache *loaded;
+  KVQ_CHECK(f.ctx, kvq_cache_load_from_memory(f.ctx, data, size, &loaded));
+  size_t size2;
+  uint8_t *again = save(&f, loaded, &size2);
+  cr_assert(size == size2 && memcmp(data, again, size) == 0, "the loaded cache re-saves to the same bytes");
+  kvq_cache_destroy(loaded);
+  free(data), free(again);
+  destroy(&f);
+
+  /* Learned tables as core/learn.c fills them, level 2's last centroid at fp32(pi/2). */
+  kvq_method_config polar = kvq_method_defaults(KVQ_METHOD_POLAR, D);
+  polar.polar.codebook = KVQ_CODEBOOK_ONLINE;
+  kvq_side_layout layout;
+  kvq_side_layout_init(&layout, &polar, 16, D, 1);
+  const uint64_t floats = kvq_side_fixed_floats(&layout, 1);
+  float *tables = calloc((size_t)floats, sizeof(float));
+  for (uint32_t l = 1; l <= layout.levels; l++) {
+    const uint32_t bits = kvq_polar_level_bits(layout.level_bits, l), K = 1u << bits;
+    double c[1u << KVQ_MAX_POLAR_BITS];
+    const double top = l == 1 ? 6.0 : (double)(float)(3.14159265358979323846 / 2); /* angles as learn.c stores them */
+    for (uint32_t j = 0; j < K; j++) c[j] = top * (j + 1) / K;
+    kvq_polar_fill_level(l, bits, c, tables + kvq_polar_table_level_offset(layout.level_bits, l));
+  }
+  const float *level2 = tables + kvq_polar_table_level_offset(layout.level_bits, 2);
+  const uint32_t K2 = 1u << kvq_polar_level_bits(layout.level_bits, 2);
+  cr_assert_lt(level2[2 * (K2 - 1)], 0.0f, "cos(fp32(pi/2)) is negative");
+  char why[256] = "";
+  cr_assert_eq(kvq_fixed_check(&layout, 1, tables, 1, why, sizeof why), 0, "a centroid at fp32(pi/2) is refused: %s", why);
+  free(tables);
 }
 
 /* ---- What a stream under a token policy must hold ------------------------------------------------- */
