@@ -158,11 +158,8 @@ kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_t
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_context *ctx = cache->ctx;
   kvq_status st;
-  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_append", &st);
   if (!seq) return st;
-  if (layer >= cache->config.layer_count)
-    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_append: layer %u, the cache has %u layers", layer,
-                    cache->config.layer_count);
   const kvq_layer_config *L = &cache->layers[layer];
   const int64_t expect[3] = {-1, L->kv_heads, L->head_dim};
   if ((st = kvq_tensor_check(ctx, keys, "kvq_append keys", expect)) != KVQ_OK) return st;
@@ -272,7 +269,7 @@ done:
 kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, "kvq_flush", &st);
   if (!seq) return st;
   const uint32_t P = cache->config.page_size;
   uint32_t pages_needed = seq->page_end;

@@ -251,7 +251,7 @@ static kvq_status prepare_item(kvq_cache *cache, uint32_t layer, uint32_t id, kv
                                const char *what, attend_item *it) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
-  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, what, &st);
   if (!seq) return st;
   const kvq_layer_config *L = &cache->layers[layer];
   const int64_t expect[3] = {-1, L->query_heads, L->head_dim};
@@ -416,9 +416,8 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
                           const kvq_tensor *keys, const kvq_tensor *values) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_context *ctx = cache->ctx;
-  kvq_status st = check_layer(cache, layer, "kvq_dequantize");
-  if (st != KVQ_OK) return st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_status st;
+  const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_dequantize", &st);
   if (!seq) return st;
   kvq_layer_view view;
   kvq_layer_view_get(cache, seq, layer, &view);

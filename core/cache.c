@@ -240,14 +240,25 @@ kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **
 
 uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq) { return (uint32_t)(seq - cache->seqs); }
 
-kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, kvq_status *status) {
+kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, const char *who, kvq_status *status) {
   uint32_t slot = id & 0xffffu, generation = id >> 16;
   if (slot >= cache->config.max_sequences || !cache->seqs[slot].live || cache->seqs[slot].generation != generation) {
-    *status = kvq_fail(cache->ctx, KVQ_ERROR_NOT_FOUND, "sequence %u is not a live sequence of this cache", id);
+    *status = kvq_fail(cache->ctx, KVQ_ERROR_NOT_FOUND, "%s: sequence %u is not a live sequence of this cache", who, id);
     return NULL;
   }
   *status = KVQ_OK;
   return &cache->seqs[slot];
+}
+
+kvq_sequence *kvq_sequence_layer_lookup(const kvq_cache *cache, uint32_t id, uint32_t layer, const char *who,
+                                        kvq_status *status) {
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, who, status);
+  if (seq && layer >= cache->config.layer_count) {
+    *status = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: layer %u, the cache has %u layers", who, layer,
+                       cache->config.layer_count);
+    return NULL;
+  }
+  return seq;
 }
 
 kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *id) {
@@ -273,7 +284,7 @@ kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *id) {
 kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, "kvq_sequence_free", &st);
   if (!seq) return st;
   for (uint32_t j = seq->page_count; j-- > 0;) cache->free_pages[cache->free_count++] = seq->pages[j];
   seq->page_count = 0;
@@ -294,11 +305,8 @@ kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
 kvq_status kvq_sequence_info_get(const kvq_cache *cache, uint32_t id, uint32_t layer, kvq_sequence_info *info) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_sequence_info_get", &st);
   if (!seq) return st;
-  if (layer >= cache->config.layer_count)
-    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "layer %u: the cache has %u layers", layer,
-                    cache->config.layer_count);
   if (!info) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_info_get: info is NULL");
   kvq_layer_view view;
   kvq_layer_view_get(cache, seq, layer, &view);
@@ -313,11 +321,8 @@ kvq_status kvq_sequence_positions(const kvq_cache *cache, uint32_t id, uint32_t 
                                   size_t capacity, size_t *count) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_sequence_positions", &st);
   if (!seq) return st;
-  if (layer >= cache->config.layer_count)
-    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_sequence_positions: layer %u, the cache has %u layers", layer,
-                    cache->config.layer_count);
   if (!count) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_positions: count is NULL");
   kvq_layer_view view;
   kvq_layer_view_get(cache, seq, layer, &view);

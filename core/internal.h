@@ -126,8 +126,13 @@ struct kvq_cache {
 /* A scratch buffer of at least `bytes` (grown, contents not kept). */
 kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **out);
 
-/* The live sequence of an id, or NULL with the error recorded. */
-kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, kvq_status *status);
+/* The opening checks of the public calls on a sequence, written once: `id` names a live sequence of
+ * the cache (else KVQ_ERROR_NOT_FOUND) and, for the layer form, `layer` is one of its layers (else
+ * KVQ_ERROR_OUT_OF_RANGE). NULL on failure, with *status and the context's message (naming `who`,
+ * the public function) set. */
+kvq_sequence *kvq_sequence_lookup(const kvq_cache *cache, uint32_t id, const char *who, kvq_status *status);
+kvq_sequence *kvq_sequence_layer_lookup(const kvq_cache *cache, uint32_t id, uint32_t layer, const char *who,
+                                        kvq_status *status);
 /* The slot index of a sequence. */
 uint32_t kvq_sequence_slot(const kvq_cache *cache, const kvq_sequence *seq);
 

@@ -109,10 +109,9 @@ void kvq_layer_view_kept(const kvq_cache *cache, const kvq_sequence *seq, const 
 
 kvq_status kvq_cache_read_pages(kvq_cache *cache, uint32_t id, uint32_t layer, int side, void *dst, uint32_t *pages) {
   kvq_status st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_cache_read_pages", &st);
   if (!seq) return st;
-  if (layer >= cache->config.layer_count || side < 0 || side > 1)
-    return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_read_pages: layer %u side %d", layer, side);
+  if (side < 0 || side > 1) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_cache_read_pages: side %d", side);
   kvq_layer_view view;
   kvq_layer_view_get(cache, seq, layer, &view);
   *pages = view.pages;

@@ -337,7 +337,7 @@ kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t id, kvq_tok
                                     size_t *count) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, id, "kvq_sequence_token_stats", &st);
   if (!seq) return st;
   if (!count) return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_sequence_token_stats: count is NULL");
   if (!kvq_policy_tracks(&cache->config.policy))
@@ -356,7 +356,7 @@ kvq_status kvq_sequence_token_stats(const kvq_cache *cache, uint32_t id, kvq_tok
 kvq_status kvq_sequence_apply_policy(kvq_cache *cache, uint32_t id) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st;
-  kvq_sequence *seq = kvq_sequence_lookup(cache, id, &st);
+  kvq_sequence *seq = kvq_sequence_lookup(cache, id, "kvq_sequence_apply_policy", &st);
   if (!seq) return st;
   if (!kvq_sequence_in_step(cache, seq))
     return kvq_fail(cache->ctx, KVQ_ERROR_INVALID_ARGUMENT,

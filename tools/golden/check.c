@@ -607,7 +607,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
         uint8_t *img = malloc(pages * pb + 1);
         kvq_cache_read_pages(cache, ids[s], l, side, img, &pages);
         kvq_status found;
-        const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+        const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, ids[s], l, "kvq golden", &found);
         kvq_layer_view view;
         kvq_layer_view_get(cache, seq, l, &view);
         const float *tokens = (side ? in.values_f32[l] : in.keys_f32[l]) + (uint64_t)in.sequences[2 * s] * L->kv_heads * L->head_dim;
@@ -668,7 +668,7 @@ static void check_case(checker *ck, kvq_context *ctx, const char *path) {
       kvq_cache_read_pages(cache, ids[s], l, 1, vimg, &vp);
       const uint64_t first = (uint64_t)in.sequences[2 * s] * L->kv_heads * d;
       kvq_status found;
-      const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+      const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, ids[s], l, "kvq golden", &found);
       kvq_layer_view view;
       kvq_layer_view_get(cache, seq, l, &view);
       kept_slot = malloc(sizeof(uint32_t) * (n + 1));

@@ -63,7 +63,7 @@ static int record_decision(void *arg, kvq_cache *cache, const uint32_t ids[GOLDE
   const int s = (int)step[0];
   if (step[1] != 0 || step[3] == 0 || (step[3] & GOLDEN_ATTEND)) return 0; /* appends to layer 0 only */
   kvq_status found;
-  const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], &found);
+  const kvq_sequence *seq = kvq_sequence_lookup(cache, ids[s], "kvq golden", &found);
   if (!after) {
     double *grown = realloc(d->margins[s], sizeof(double) * (d->margin_count[s] + 1));
     if (!grown) return -1;
