@@ -38,12 +38,9 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 
-#define KVQ_VERSION_MAJOR 0
-#define KVQ_VERSION_MINOR 1
-#define KVQ_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with kvq_version_number(). */
-#define KVQ_VERSION_NUMBER (KVQ_VERSION_MAJOR * 10000 + KVQ_VERSION_MINOR * 100 + KVQ_VERSION_PATCH)
-#define KVQ_VERSION_STRING "0.1.0"
+/* KVQ_VERSION_MAJOR, _MINOR, _PATCH, KVQ_VERSION_NUMBER (MAJOR * 10000 + MINOR * 100 + PATCH) and
+ * KVQ_VERSION_STRING: the header's version, generated from meson.build's one definition. */
+#include <kvq/kvq_version.h>
 
 /* The version of the library actually linked (may differ from the header's). Thread-safe. */
 KVQ_API unsigned kvq_version_number(void);
