@@ -8,8 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h" /* the backend, for its device clock */
-#include "core/synth.h"
 #include "kvq/kvq.h"
 #include "method_spec.h"
 
@@ -94,10 +92,9 @@ static int bench_one(kvq_context *ctx, const options *o, const char *spec, const
     req[s] = (kvq_attention_request){seqs[s], KVQ_MASK_CAUSAL, kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, q_shape),
                                      kvq_tensor_host(out + (size_t)s * o->heads * o->head_dim, KVQ_DTYPE_F32, 3, q_shape)};
   double best = 1e30, best_device = -1.0; /* device time: GPU timestamps, where the backend has them */
-  kvq_backend *be = ctx->backend;
   uint64_t device_ns = 0;
   for (uint32_t i = 0; i <= o->iterations; i++) { /* the first call warms up and is not timed */
-    if (be->ops->device_time) be->ops->device_time(be, &device_ns); /* starts the count afresh */
+    const int clock = kvq_context_device_time(ctx, &device_ns) == KVQ_OK; /* starts the count afresh */
     t0 = now();
     if (kvq_attention(cache, 0, req, o->batch) != KVQ_OK) {
       fprintf(stderr, "kvq-bench: %s: %s\n", spec, kvq_context_last_error(ctx));
@@ -105,7 +102,7 @@ static int bench_one(kvq_context *ctx, const options *o, const char *spec, const
     }
     double t = now() - t0;
     if (i > 0) best = t < best ? t : best;
-    if (i > 0 && be->ops->device_time && be->ops->device_time(be, &device_ns) == KVQ_OK &&
+    if (i > 0 && clock && kvq_context_device_time(ctx, &device_ns) == KVQ_OK &&
         (best_device < 0 || device_ns * 1e-9 < best_device))
       best_device = device_ns * 1e-9;
   }

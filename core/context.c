@@ -69,3 +69,16 @@ kvq_backend_kind kvq_context_backend(const kvq_context *ctx) {
 }
 
 const char *kvq_context_last_error(const kvq_context *ctx) { return ctx ? ctx->error : ""; }
+
+kvq_status kvq_context_device_time(kvq_context *ctx, uint64_t *ns) {
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!ns) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_context_device_time: ns is NULL");
+  kvq_backend *be = ctx->backend;
+  if (!be->ops->device_time)
+    return kvq_fail(ctx, KVQ_ERROR_UNSUPPORTED, "kvq_context_device_time: the %s backend has no device clock", be->ops->name);
+  uint64_t t = 0;
+  const kvq_status st = be->ops->device_time(be, &t);
+  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading the device clock");
+  *ns = t;
+  return KVQ_OK;
+}

@@ -1,4 +1,20 @@
-#include "synth.h"
+/*
+ * Synthetic LLM-like keys, values and queries (docs/EVAL.md documents the model), reproducible from
+ * a seed through kvq's own generator, so tests and `kvq eval` see the same data everywhere.
+ *
+ * Per kv head h (stream: seed, layer = h, purpose KVQ_PURPOSE_SYNTHETIC):
+ *   - `outliers` distinct channels are outlier channels, each with a scale s_c uniform in
+ *     [outlier_min, outlier_max]; every other channel has s_c = 1 (the persistent large key channels
+ *     the QJL and KIVI papers report);
+ *   - a per-channel mean mu_c = 0.5 * s_c * g;
+ *   - key      k[t][c] = mu_c + s_c * g
+ *   - value    v[t][c] = g                                   (values have no channel outliers)
+ *   - query of query head j in h's group: q[t][c] = temperature * (0.5 * k[a][c] / s_c + g), where a
+ *     is a uniformly drawn earlier-or-equal token (so that attention has a few peaks, not noise),
+ * with g a fresh standard Gaussian each time, drawn in the order the loops above list them:
+ * channels' outlier choice and scales, then means, then for t = 0.. : keys, values, queries.
+ */
+#include <kvq/kvq.h>
 
 #include <stdlib.h>
 
@@ -11,9 +27,10 @@ kvq_synth_config kvq_synth_defaults(uint32_t tokens, uint32_t kv_heads, uint32_t
                             .seed = seed};
 }
 
-int kvq_synth_generate(const kvq_synth_config *c, float *keys, float *values, float *queries) {
+kvq_status kvq_synth_generate(const kvq_synth_config *c, float *keys, float *values, float *queries) {
+  if (!c) return KVQ_ERROR_INVALID_ARGUMENT;
   const uint32_t d = c->head_dim, group = c->kv_heads ? c->query_heads / c->kv_heads : 0;
-  if (!d || !c->kv_heads || !group || c->query_heads % c->kv_heads || c->outliers > d) return -1;
+  if (!d || !c->kv_heads || !group || c->query_heads % c->kv_heads || c->outliers > d) return KVQ_ERROR_INVALID_ARGUMENT;
   float *scale = malloc(sizeof(float) * d);
   float *mean = malloc(sizeof(float) * d);
   float *k = malloc(sizeof(float) * (size_t)c->tokens * d); /* this head's keys, for the queries */
@@ -21,7 +38,7 @@ int kvq_synth_generate(const kvq_synth_config *c, float *keys, float *values, fl
     free(scale);
     free(mean);
     free(k);
-    return -1;
+    return KVQ_ERROR_OUT_OF_MEMORY;
   }
   for (uint32_t h = 0; h < c->kv_heads; h++) {
     kvq_rng rng;

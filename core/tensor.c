@@ -112,6 +112,16 @@ void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n
   for (uint64_t i = 0; i < n; i++) dst[i] = load_f32(dtype, p + i * size);
 }
 
+kvq_status kvq_convert(const void *src, kvq_dtype src_dtype, void *dst, kvq_dtype dst_dtype, size_t count) {
+  const int known = (src_dtype == KVQ_DTYPE_F32 || src_dtype == KVQ_DTYPE_F16 || src_dtype == KVQ_DTYPE_BF16) &&
+                    (dst_dtype == KVQ_DTYPE_F32 || dst_dtype == KVQ_DTYPE_F16 || dst_dtype == KVQ_DTYPE_BF16);
+  if (!known || (count > 0 && (!src || !dst))) return KVQ_ERROR_INVALID_ARGUMENT;
+  const uint8_t *from = src;
+  uint8_t *to = dst;
+  for (size_t i = 0; i < count; i++) store_f32(dst_dtype, to + i * esize(dst_dtype), load_f32(src_dtype, from + i * esize(src_dtype)));
+  return KVQ_OK;
+}
+
 void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype) {
   uint8_t *out = dst;
   const size_t out_size = esize(dst_dtype);

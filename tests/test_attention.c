@@ -1,6 +1,6 @@
 /*
  * Attention over compressed caches against exact attention, on synthetic LLM-like data
- * (core/synth.h: 4 key channels per head 10-20x larger than the rest). Three derived checks:
+ * (kvq_synth_generate, docs/EVAL.md: 4 key channels per head 10-20x larger than the rest). Three derived checks:
  *
  * A. Logits. kvq_scores against exact q.k / sqrt(d), per (query, token):
  *    - QJL keys: Lemma 3.5 of the paper with delta = 0.01 gives eps = eps(m) such that each of the
@@ -37,7 +37,6 @@
 
 #include "core/detmath.h"
 #include "core/quantize_math.h"
-#include "core/synth.h"
 #include "helpers.h"
 
 typedef struct scenario {

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/synth.h"
 #include "helpers.h"
 
 static void expect_info(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint64_t tokens, uint64_t quantized,

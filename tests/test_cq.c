@@ -14,7 +14,6 @@
 
 #include "core/learn.h"
 #include "core/rng.h"
-#include "core/synth.h"
 #include "helpers.h"
 
 static kvq_method_config cq(uint32_t channels, uint32_t bits) {

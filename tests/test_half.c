@@ -1,8 +1,10 @@
-/* fp16 / bf16 conversions (core/halfconv.h): exact decoding, round half to even, specials. */
+/* fp16 / bf16 conversions (core/halfconv.h and the public kvq_convert): exact decoding, round half to
+ * even, specials; and the public synthetic-data generator's argument checks. */
 #include <criterion/criterion.h>
 
 #include "helpers.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/halfconv.h"
@@ -110,4 +112,60 @@ Test(half, bf16) {
     if ((b & 0x7f80) == 0x7f80 && (b & 0x7f)) continue;
     cr_assert_eq(kvq_f32_to_bf16_bits(kvq_bf16_bits_to_f32(b)), b, "bf16 0x%04x round trip", b);
   }
+}
+
+/* kvq_convert (public) is the tensor conversion: every fp16 and bf16 value widens exactly and
+ * narrows back to itself, ties near every fp16 value round as the reference says, and bad arguments
+ * write nothing. */
+Test(half, kvq_convert_is_the_tensor_conversion) {
+  enum { N = 0x10000 };
+  uint16_t *bits = malloc(sizeof(uint16_t) * N), *back = malloc(sizeof(uint16_t) * N);
+  float *wide = malloc(sizeof(float) * N);
+  for (uint32_t h = 0; h < N; h++) bits[h] = (uint16_t)h;
+  const kvq_dtype narrow[2] = {KVQ_DTYPE_F16, KVQ_DTYPE_BF16};
+  for (int n = 0; n < 2; n++) {
+    cr_assert_eq(kvq_convert(bits, narrow[n], wide, KVQ_DTYPE_F32, N), KVQ_OK);
+    cr_assert_eq(kvq_convert(wide, KVQ_DTYPE_F32, back, narrow[n], N), KVQ_OK);
+    for (uint32_t h = 0; h < N; h++) {
+      const float expect = n == 0 ? kvq_f16_bits_to_f32(h) : kvq_bf16_bits_to_f32(h);
+      cr_assert(memcmp(&wide[h], &expect, 4) == 0, "dtype %d: 0x%04x widens to %a", n, h, (double)wide[h]);
+      if (isnan(expect)) continue;
+      cr_assert_eq(back[h], h, "dtype %d: 0x%04x narrows back", n, h);
+    }
+  }
+  float ties[5];
+  uint16_t got[5];
+  for (uint32_t h = 0; h < 0x7c00; h += 97) {
+    const float base = kvq_f16_bits_to_f32(h);
+    uint32_t b;
+    memcpy(&b, &base, 4);
+    for (int32_t delta = -2; delta <= 2; delta++) {
+      const uint32_t probe = (b & 0xffffe000u) + 0x1000u + (uint32_t)delta;
+      memcpy(&ties[delta + 2], &probe, 4);
+    }
+    cr_assert_eq(kvq_convert(ties, KVQ_DTYPE_F32, got, KVQ_DTYPE_F16, 5), KVQ_OK);
+    for (int k = 0; k < 5; k++) cr_assert_eq(got[k], ref_f16(ties[k]), "near the tie above 0x%04x, probe %d", h, k - 2);
+  }
+  memset(back, 0xab, sizeof(uint16_t) * N);
+  cr_assert_eq(kvq_convert(wide, (kvq_dtype)7, back, KVQ_DTYPE_F16, 4), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_convert(wide, KVQ_DTYPE_F32, back, (kvq_dtype)-1, 4), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_convert(NULL, KVQ_DTYPE_F32, back, KVQ_DTYPE_F16, 4), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_convert(wide, KVQ_DTYPE_F32, NULL, KVQ_DTYPE_F16, 4), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_convert(NULL, KVQ_DTYPE_F32, NULL, KVQ_DTYPE_F16, 0), KVQ_OK, "nothing to convert");
+  for (uint32_t i = 0; i < 4; i++) cr_assert_eq(back[i], 0xabab, "a refused conversion wrote element %u", i);
+  free(bits), free(back), free(wide);
+}
+
+/* kvq_synth_generate (public) refuses what it cannot generate, with a status. */
+Test(half, kvq_synth_generate_refuses_bad_configs) {
+  float k[64];
+  cr_assert_eq(kvq_synth_generate(NULL, k, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  kvq_synth_config c = kvq_synth_defaults(1, 1, 3, 16, 1);
+  c.query_heads = 3, c.kv_heads = 2; /* not a multiple */
+  cr_assert_eq(kvq_synth_generate(&c, NULL, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  c = kvq_synth_defaults(1, 1, 1, 16, 1);
+  c.outliers = 17; /* more than head_dim */
+  cr_assert_eq(kvq_synth_generate(&c, NULL, NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  c.outliers = 4;
+  cr_assert_eq(kvq_synth_generate(&c, k, NULL, NULL), KVQ_OK);
 }

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/synth.h"
 #include "helpers.h"
 
 typedef struct stream {

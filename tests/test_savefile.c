@@ -11,7 +11,6 @@
 #include "core/layout.h"
 #include "core/page_check.h"
 #include "core/sha256.h"
-#include "core/synth.h"
 #include "helpers.h"
 
 typedef struct fixture {

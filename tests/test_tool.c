@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/synth.h"
 #include "kvq/kvq.h"
 #include "npy.h"
 

@@ -1,6 +1,6 @@
 /*
  * `kvq eval`: how much each method compresses and how much attention it changes, on given Q/K/V
- * (.npy, [tokens, heads, head_dim]) or on the documented synthetic LLM-like data (core/synth.h).
+ * (.npy, [tokens, heads, head_dim]) or on the documented synthetic LLM-like data (kvq_synth_generate).
  * The columns are defined in docs/EVAL.md; in short:
  *   bits/number of keys, values and both (page layouts: side data and padding included);
  *   inner-product error ||s^ - s|| / ||s|| over all attended (query, key) pairs;
@@ -21,8 +21,7 @@
 
 #include "commands.h"
 #include "eval.h"
-#include "core/halfconv.h"
-#include "core/synth.h"
+#include <kvq/kvq.h>
 #include "npy.h"
 
 static const char *default_methods =
@@ -197,7 +196,8 @@ static int input_buffers(eval_data *x) {
     free(kh), free(vh);
     return -1;
   }
-  for (size_t i = 0; i < kv; i++) kh[i] = (uint16_t)kvq_f32_to_f16_bits(x->k[i]), vh[i] = (uint16_t)kvq_f32_to_f16_bits(x->v[i]);
+  kvq_convert(x->k, KVQ_DTYPE_F32, kh, KVQ_DTYPE_F16, kv);
+  kvq_convert(x->v, KVQ_DTYPE_F32, vh, KVQ_DTYPE_F16, kv);
   x->k_input = kh, x->v_input = vh;
   return 0;
 }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/halfconv.h"
+#include <kvq/kvq.h>
 
 enum {
   MAGIC_LEN = 6,
@@ -415,9 +415,14 @@ int kvq_npy_read(const char *path, kvq_npy *out, char *error, size_t error_size)
     }
     float *dst = data + done_elems;
     if (fp16) {
-      for (size_t k = 0; k < n; k++) dst[k] = kvq_f16_bits_to_f32((uint32_t)chunk[2 * k] | (uint32_t)chunk[2 * k + 1] << 8);
+      uint16_t half[CHUNK_ELEMENTS];
+      for (size_t k = 0; k < n; k++) half[k] = (uint16_t)(chunk[2 * k] | chunk[2 * k + 1] << 8);
+      kvq_convert(half, KVQ_DTYPE_F16, dst, KVQ_DTYPE_F32, n);
     } else {
-      for (size_t k = 0; k < n; k++) dst[k] = kvq_bits_to_f32(load_u32_le(chunk + 4 * k));
+      for (size_t k = 0; k < n; k++) {
+        const uint32_t bits = load_u32_le(chunk + 4 * k);
+        memcpy(&dst[k], &bits, 4);
+      }
     }
     done_elems += (int64_t)n;
   }
@@ -527,15 +532,18 @@ int kvq_npy_write(const char *path, const float *data, uint32_t rank, const int6
     const float *src = data + done_elems;
     size_t bytes;
     if (as_fp16) {
+      uint16_t half[CHUNK_ELEMENTS];
+      kvq_convert(src, KVQ_DTYPE_F32, half, KVQ_DTYPE_F16, m);
       for (size_t k = 0; k < m; k++) {
-        uint32_t h = kvq_f32_to_f16_bits(src[k]);
+        uint32_t h = half[k];
         chunk[2 * k] = (unsigned char)(h & 0xff);
         chunk[2 * k + 1] = (unsigned char)(h >> 8 & 0xff);
       }
       bytes = 2 * m;
     } else {
       for (size_t k = 0; k < m; k++) {
-        uint32_t u = kvq_f32_to_bits(src[k]);
+        uint32_t u;
+        memcpy(&u, &src[k], 4);
         chunk[4 * k] = (unsigned char)(u & 0xff);
         chunk[4 * k + 1] = (unsigned char)(u >> 8 & 0xff);
         chunk[4 * k + 2] = (unsigned char)(u >> 16 & 0xff);

@@ -123,6 +123,15 @@ typedef struct kvq_tensor {
  * to it (and then refused by calls that expect rank 3). Thread-safe. */
 KVQ_API kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape);
 
+/*
+ * Converts `count` host numbers from `src` (of `src_dtype`) to `dst` (of `dst_dtype`) as kvq converts
+ * tensors: fp32 to fp16 or bf16 rounds to nearest even (overflow gives infinity, NaN stays NaN),
+ * widening is exact. Host byte order; src and dst must not overlap unless they are the same pointer
+ * with the same dtype. KVQ_ERROR_INVALID_ARGUMENT for an unknown dtype or a NULL pointer with
+ * count > 0 (nothing is written). Thread-safe.
+ */
+KVQ_API kvq_status kvq_convert(const void *src, kvq_dtype src_dtype, void *dst, kvq_dtype dst_dtype, size_t count);
+
 /* ---------------------------------------------------------------------------------------------
  * Backends and contexts
  * ------------------------------------------------------------------------------------------- */
@@ -195,6 +204,14 @@ KVQ_API kvq_context_options kvq_context_options_default(void);
  * says why. Thread-safe.
  */
 KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out);
+
+/*
+ * The device time, in nanoseconds, that the work this context submitted since the previous call took,
+ * measured by the device's own timestamps (the first call starts the count). For profiling: kvq-bench
+ * prints it next to wall time. KVQ_ERROR_UNSUPPORTED on backends without a device clock (the CPU
+ * backend); *ns is left unchanged on failure. Thread-safety: as any call on the context.
+ */
+KVQ_API kvq_status kvq_context_device_time(kvq_context *context, uint64_t *ns);
 
 /* Destroys a context. Caches created from it stay usable and the context is freed when the last of
  * them is destroyed (do not call kvq_context_last_error on a destroyed context: the caches' errors
@@ -603,6 +620,32 @@ typedef struct kvq_memory_report {
 /* What a cache holds and what it costs (see kvq_memory_report). Thread-safety: as any call on the
  * cache's context. */
 KVQ_API kvq_status kvq_cache_memory(const kvq_cache *cache, kvq_memory_report *report);
+
+/* ---------------------------------------------------------------------------------------------
+ * Synthetic LLM-like data (the model is documented in docs/EVAL.md), reproducible from a seed through
+ * kvq's own generator on every platform: what `kvq eval`, kvq-bench and kvq's tests run on.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvq_synth_config {
+  uint32_t tokens;
+  uint32_t kv_heads;
+  uint32_t query_heads; /* a multiple of kv_heads */
+  uint32_t head_dim;
+  uint32_t outliers;    /* outlier channels per kv head (0 for none, at most head_dim) */
+  float outlier_min, outlier_max;
+  float temperature;    /* query scale; 1 gives logits of standard deviation about 1-3 */
+  uint64_t seed;
+} kvq_synth_config;
+
+/* The defaults: 4 outlier channels scaled 10-20x, temperature 1. Thread-safe. */
+KVQ_API kvq_synth_config kvq_synth_defaults(uint32_t tokens, uint32_t kv_heads, uint32_t query_heads, uint32_t head_dim,
+                                            uint64_t seed);
+
+/* Fills keys and values [tokens][kv_heads][head_dim] and queries [tokens][query_heads][head_dim], fp32,
+ * caller-owned (any may be NULL to skip storing it; the draws are the same). KVQ_ERROR_INVALID_ARGUMENT
+ * for a NULL config, zero heads or head_dim, query heads not a multiple of kv heads or more outliers
+ * than channels; KVQ_ERROR_OUT_OF_MEMORY. Thread-safe. */
+KVQ_API kvq_status kvq_synth_generate(const kvq_synth_config *config, float *keys, float *values, float *queries);
 
 /* ---------------------------------------------------------------------------------------------
  * Saving and loading (format: docs/FORMAT.md; little-endian, versioned, SHA-256 checked)

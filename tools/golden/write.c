@@ -4,13 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kvq/kvq.h>
+
 #include "core/bytes.h"
 #include "core/config.h"
 #include "core/internal.h"
 #include "core/policy.h"
 #include "core/savefile.h"
 #include "core/sha256.h"
-#include "core/synth.h"
 #include "golden.h"
 #include "halfconv_util.h"
 #include "replay.h"
