@@ -32,22 +32,9 @@ static kvq_status too_large(vk_backend *b, const char *what) {
 
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   const kvq_side_layout *s = &side->layout;
-  push->method = s->method;
-  push->page_size = s->page_size;
-  push->head_dim = s->head_dim;
-  push->kv_heads = s->kv_heads;
-  push->dtype = s->dtype;
-  push->sketch_dim = s->sketch_dim;
-  push->outliers = s->outliers;
-  push->outlier_sketch_dim = s->outlier_sketch_dim;
-  push->bits = s->bits;
-  push->group = s->group;
-  push->levels = s->levels;
-  push->level_bits = s->level_bits;
-  push->rotation = s->rotation;
-  push->codebook = s->codebook;
-  push->channels = s->channels;
-  push->code_bits = s->code_bits;
+#define KVQ_PUSH_SIDE_FIELD(name) push->name = s->name;
+  KVQ_SIDE_FIELDS(KVQ_PUSH_SIDE_FIELD)
+#undef KVQ_PUSH_SIDE_FIELD
   push->head_words = s->head_bytes / 4;
   float constant = (float)side->qjl_constant;
   memcpy(&push->constant_bits, &constant, 4);
@@ -57,7 +44,7 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
  * learned PolarQuant tables, CQ codebooks): that holds for pages at whole multiples of page_bytes,
  * where core places them. */
 static int head_from_offset(const kvq_side_layout *s) {
-  return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
+  return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_LAYOUT_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
 }
 
 
