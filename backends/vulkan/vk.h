@@ -39,15 +39,10 @@ typedef enum kvq_vk_shader {
 } kvq_vk_shader;
 
 /* The variant of a per-method shader (shaders/meson.build builds `shader`_`method`) for a layout
- * method, or KVQ_VK_SHADER_COUNT when the method has no shader code yet. */
-#define KVQ_VK_VARIANT(shader, method)                                                                 \
-  ((method) == KVQ_LAYOUT_EXACT     ? KVQ_VK_SHADER_##shader##_exact                                   \
-   : (method) == KVQ_LAYOUT_QJL     ? KVQ_VK_SHADER_##shader##_qjl                                     \
-   : (method) == KVQ_LAYOUT_UNIFORM ? KVQ_VK_SHADER_##shader##_uniform                                 \
-   : (method) == KVQ_LAYOUT_KIVI    ? KVQ_VK_SHADER_##shader##_kivi                                    \
-   : (method) == KVQ_LAYOUT_POLAR   ? KVQ_VK_SHADER_##shader##_polar                                   \
-   : (method) == KVQ_LAYOUT_CQ      ? KVQ_VK_SHADER_##shader##_cq                                      \
-                                    : KVQ_VK_SHADER_COUNT)
+ * method, or KVQ_VK_SHADER_COUNT when the method has no shader code yet; the methods come from
+ * shaders/meson.build's one list (KVQ_VK_METHODS). */
+#define KVQ_VK_VARIANT_IF(shader, method, name, id) (method) == (id) ? KVQ_VK_SHADER_##shader##_##name:
+#define KVQ_VK_VARIANT(shader, method) (KVQ_VK_METHODS(KVQ_VK_VARIANT_IF, shader, method) KVQ_VK_SHADER_COUNT)
 
 /* The instance-level functions kvq calls, loaded with the loader's vkGetInstanceProcAddr for the
  * backend's instance (kvq's own, or the runtime's). Named without the vk prefix: vkXxx names are
