@@ -103,7 +103,7 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
     /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
     if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
-      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_VK_GROUP_SIZE);
+      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_GPU_GROUP_SIZE);
     if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
