@@ -92,7 +92,7 @@ typedef struct vk_backend {
   int recording;       /* cmd is between begin and submit */
   uint32_t sets_used;  /* descriptor sets allocated since the last reset */
   /* The descriptor set bound last in this submission and its buffers: dispatches with the same
-   * buffers (a job's per-sequence dispatches, its steps) reuse it. VK_NULL_HANDLE after a submit. */
+   * buffers (a job's steps) reuse it. VK_NULL_HANDLE after a submit. */
   VkDescriptorSet bound_set;
   VkBuffer bound[KVQ_VK_BINDINGS];
 
