@@ -5,7 +5,6 @@
  * core's plan (core/gpu_plan.h); this file packs its metadata into the metadata buffer and records
  * one dispatch per kernel for the whole batch.
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
