@@ -8,8 +8,14 @@
 
 /* kvq.h fixes the public enum values; the layouts and files use the same numbers. */
 _Static_assert(KVQ_METHOD_EXACT == KVQ_LAYOUT_EXACT && KVQ_METHOD_QJL == KVQ_LAYOUT_QJL &&
-                   KVQ_METHOD_UNIFORM == KVQ_LAYOUT_UNIFORM,
+                   KVQ_METHOD_UNIFORM == KVQ_LAYOUT_UNIFORM && KVQ_METHOD_KIVI == KVQ_LAYOUT_KIVI &&
+                   KVQ_METHOD_POLAR == KVQ_LAYOUT_POLAR && KVQ_METHOD_CQ == KVQ_LAYOUT_CQ,
                "method ids");
+_Static_assert(KVQ_ROTATION_DENSE == KVQ_LAYOUT_ROTATION_DENSE && KVQ_ROTATION_HADAMARD == KVQ_LAYOUT_ROTATION_HADAMARD &&
+                   KVQ_CODEBOOK_OFFLINE == KVQ_LAYOUT_CODEBOOK_OFFLINE && KVQ_CODEBOOK_ONLINE == KVQ_LAYOUT_CODEBOOK_ONLINE,
+               "PolarQuant variant ids");
+_Static_assert(offsetof(kvq_side_layout, iterations) == KVQ_SIDE_FIELD_COUNT * sizeof(uint32_t),
+               "KVQ_SIDE_FIELD_COUNT counts KVQ_SIDE_FIELDS (shaders/push.h sizes the push constants by it)");
 _Static_assert(KVQ_DTYPE_F32 == KVQ_LAYOUT_F32 && KVQ_DTYPE_F16 == KVQ_LAYOUT_F16 &&
                    KVQ_DTYPE_BF16 == KVQ_LAYOUT_BF16,
                "dtype ids");

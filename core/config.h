@@ -6,30 +6,18 @@
 #include <stdint.h>
 
 #include "kvq/kvq.h"
+#include "layout.h"
 
 /* How one side (keys or values) of one layer is stored. Everything a job needs to read or write a
  * page, derived once from the layer's method config. */
+#define KVQ_SIDE_MEMBER(name) uint32_t name;
 typedef struct kvq_side_layout {
-  uint32_t method;        /* KVQ_LAYOUT_* */
-  uint32_t page_size;     /* P */
-  uint32_t head_dim;      /* d */
-  uint32_t kv_heads;      /* Hkv */
-  uint32_t dtype;         /* EXACT: storage dtype */
-  uint32_t sketch_dim;    /* QJL: m */
-  uint32_t outliers;      /* QJL: k */
-  uint32_t outlier_sketch_dim; /* QJL: m_o */
-  uint32_t bits;          /* UNIFORM, KIVI: b */
-  uint32_t group;         /* UNIFORM: G channels; KIVI: Gt tokens */
-  uint32_t levels;        /* POLAR: L */
-  uint32_t level_bits;    /* POLAR: bits of level l in bits [4(l-1), 4l) */
-  uint32_t rotation;      /* POLAR: kvq_rotation */
-  uint32_t codebook;      /* POLAR: kvq_codebook_source */
-  uint32_t channels;      /* CQ: c */
-  uint32_t code_bits;     /* CQ: b */
+  KVQ_SIDE_FIELDS(KVQ_SIDE_MEMBER) /* core/layout.h: the fields kernels read */
   uint32_t iterations;    /* CQ: Lloyd iterations */
   uint32_t head_bytes;    /* one kv head's block of a page */
   uint64_t page_bytes;    /* one page: kv_heads head blocks */
 } kvq_side_layout;
+#undef KVQ_SIDE_MEMBER
 
 /* Validates a whole cache config; on failure writes a message naming the parameter. */
 kvq_status kvq_config_validate(const kvq_cache_config *config, char *message, size_t message_size);

@@ -25,6 +25,36 @@
 #define KVQ_LAYOUT_POLAR 4u
 #define KVQ_LAYOUT_CQ 5u
 
+/* PolarQuant variants as stored in files and read by kernels (equal to the public kvq_rotation and
+ * kvq_codebook_source values; core/config.c checks). */
+#define KVQ_LAYOUT_ROTATION_DENSE 0u
+#define KVQ_LAYOUT_ROTATION_HADAMARD 1u
+#define KVQ_LAYOUT_CODEBOOK_OFFLINE 0u
+#define KVQ_LAYOUT_CODEBOOK_ONLINE 1u
+
+/* The fields of a side layout that every kernel reads, listed once: F(name, comment) expands to
+ * the first fields of the C struct kvq_side_layout (core/config.h), to the side part of the push
+ * constants (shaders/push.h) and to the host's copy of one into the other (backends/vulkan/vk_jobs.c);
+ * a CUDA backend passes the same list as kernel parameters. All are 32-bit words. */
+#define KVQ_SIDE_FIELDS(F)                                                                         \
+  F(method)             /* KVQ_LAYOUT_* */                                                         \
+  F(page_size)          /* P */                                                                    \
+  F(head_dim)           /* d */                                                                    \
+  F(kv_heads)           /* Hkv */                                                                  \
+  F(dtype)              /* EXACT: storage dtype */                                                 \
+  F(sketch_dim)         /* QJL: m */                                                               \
+  F(outliers)           /* QJL: k */                                                               \
+  F(outlier_sketch_dim) /* QJL: m_o */                                                             \
+  F(bits)               /* UNIFORM, KIVI: b */                                                     \
+  F(group)              /* UNIFORM: G channels; KIVI: Gt tokens */                                 \
+  F(levels)             /* POLAR: L */                                                             \
+  F(level_bits)         /* POLAR: bits of level l in bits [4(l-1), 4l) */                          \
+  F(rotation)           /* POLAR: KVQ_LAYOUT_ROTATION_* */                                         \
+  F(codebook)           /* POLAR: KVQ_LAYOUT_CODEBOOK_* */                                         \
+  F(channels)           /* CQ: c */                                                                \
+  F(code_bits)          /* CQ: b */
+#define KVQ_SIDE_FIELD_COUNT 16u
+
 /* Storage dtype ids (equal to the public kvq_dtype values). */
 #define KVQ_LAYOUT_F32 0u
 #define KVQ_LAYOUT_F16 1u

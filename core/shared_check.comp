@@ -4,6 +4,7 @@
 #include "layout.h"
 #include "halfconv.h"
 #include "quantize_math.h"
+#include "gpu_plan.h"
 
 layout(local_size_x = 1) in;
 layout(std430, binding = 0) buffer Data { uint data[]; };
@@ -23,5 +24,7 @@ void main() {
   acc += kvq_polar_past(x, x, x, x) + kvq_polar_head_bytes(data[0], data[1], data[2], data[3]) +
          kvq_kivi_head_bytes(data[0], data[1], data[2], data[3]) + kvq_cq_head_bytes(data[0], data[1], data[2], data[3]) +
          kvq_polar_table_floats(data[2], data[3]);
+  acc += kvq_flash_out_at(data[0], data[1], data[2], data[3], data[4], data[5]) + kvq_flash_passes(data[6]) +
+         kvq_flash_sum_at(data[0], data[1], data[2], data[3]) + kvq_flash_prob_at(data[0], data[1], data[2]);
   data[10] = acc;
 }

@@ -6,9 +6,10 @@
 #include "core/layout.h"
 #include "core/halfconv.h"
 #include "core/quantize_math.h"
+#include "core/gpu_plan.h"
 #include "shaders/push.h"
 
-layout(local_size_x = 64) in;
+layout(local_size_x = KVQ_GPU_GROUP_SIZE) in;
 
 layout(push_constant) uniform Push { KVQ_PUSH_FIELDS(KVQ_PUSH_MEMBER) } pc;
 

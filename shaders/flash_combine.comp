@@ -2,21 +2,22 @@
 #extension GL_GOOGLE_include_directive : require
 // Fused decode attention, pass 3 of 3 (shaders/flash.glsl): the splits of each (row, head) rescaled
 // to the row's maximum and summed: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, into aux fp32
-// [rows][query_heads][d]. Invocation: one (row, head, channel).
+// [rows][query_heads][d]. Invocation: one (row, head, channel) of a sequence (KVQ_PLAN_COMBINE).
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
 
 void main() {
-  uint id = kvq_invocation();
-  uint d = pc.head_dim, n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
+  uint id;
+  if (!kvq_locate_invocation(KVQ_PLAN_COMBINE, id)) return;
+  uint d = pc.head_dim, n = kvq_seq_tokens(), rows = kvq_seq(KVQ_SEQ_QUERY_COUNT);
   uint c = id % d, row_head = id / d;
   if (n == 0u || row_head >= rows * pc.query_heads) return;
   const float minus_inf = uintBitsToFloat(0xff800000u);
   float M = minus_inf;
-  for (uint s = 0u; s < kvq_splits(n); s++) M = max(M, uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]));
+  for (uint s = 0u; s < kvq_flash_splits(n); s++) M = max(M, uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]));
   float sum = 0.0, out_c = 0.0;
-  for (uint s = 0u; s < kvq_splits(n); s++) {
+  for (uint s = 0u; s < kvq_flash_splits(n); s++) {
     float m = uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]);
     if (m == minus_inf) continue; // a split without a visible token
     float w = exp(m - M);
@@ -24,5 +25,5 @@ void main() {
     out_c += w * uintBitsToFloat(dst[kvq_flash_out(rows, n, row_head, s, c)]);
   }
   uint r = row_head / pc.query_heads, h = row_head % pc.query_heads;
-  aux[((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(out_c / sum);
+  aux[((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(out_c / sum);
 }

@@ -13,22 +13,24 @@
 #include "shaders/flash.glsl"
 
 void main() {
-  uint n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
+  uint unit;
+  if (!kvq_locate(KVQ_PLAN_FLASH, unit)) return; // uniform over the workgroup
+  uint n = kvq_seq_tokens(), rows = kvq_seq(KVQ_SEQ_QUERY_COUNT);
   uint r, kvh, pass, split;
-  if (n == 0u || !kvq_flash_unit(n, r, kvh, pass, split)) return; // uniform over the workgroup
-  uint lane = gl_LocalInvocationID.x, t = split * KVQ_SPLIT + lane, d = pc.head_dim;
-  uint h0 = kvh * kvq_group() + pass * KVQ_HEADS_PER_PASS;
-  uint heads = min(KVQ_HEADS_PER_PASS, kvq_group() - pass * KVQ_HEADS_PER_PASS);
+  if (n == 0u || !kvq_flash_unit(unit, n, r, kvh, pass, split)) return; // uniform over the workgroup
+  uint lane = gl_LocalInvocationID.x, t = split * KVQ_FLASH_SPLIT + lane, d = pc.head_dim;
+  uint h0 = kvh * kvq_group() + pass * KVQ_FLASH_HEADS_PER_PASS;
+  uint heads = min(KVQ_FLASH_HEADS_PER_PASS, kvq_group() - pass * KVQ_FLASH_HEADS_PER_PASS);
   bool visible = t < n && kvq_visible(r, t);
-  float logit[KVQ_HEADS_PER_PASS];
-  for (uint g = 0u; g < KVQ_HEADS_PER_PASS; g++) logit[g] = 0.0;
+  float logit[KVQ_FLASH_HEADS_PER_PASS];
+  for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = 0.0;
   if (visible) {
-    uint q = ((kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
-    bool paged = t < kvq_seq(SEQ_QUANTIZED);
+    uint q = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
+    bool paged = t < kvq_seq(KVQ_SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
 #ifdef KVQ_PREPARES
     if (paged) { // scored from the prepared queries in aux (QJL's estimator, PolarQuant's rotation)
-      uint row = (kvq_seq(SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;
+      uint row = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;
       for (uint g = 0u; g < heads; g++)
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
@@ -45,7 +47,7 @@ void main() {
     float p = visible ? exp(x - m) : 0.0;
     float sum = kvq_workgroup_sum(p);
     uint row_head = r * pc.query_heads + h0 + g;
-    if (t < n) dst[row_head * n + t] = floatBitsToUint(p);
+    if (t < n) dst[kvq_flash_prob(n, row_head, t)] = floatBitsToUint(p);
     if (lane == 0u) {
       dst[kvq_flash_max(rows, n, row_head, split)] = floatBitsToUint(m);
       dst[kvq_flash_sum(rows, n, row_head, split)] = floatBitsToUint(sum);

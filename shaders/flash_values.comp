@@ -7,23 +7,25 @@
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
 
-shared float prob[KVQ_HEADS_PER_PASS][KVQ_SPLIT];
+shared float prob[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_SPLIT];
 
 void main() {
-  uint n = kvq_seq_tokens(), rows = kvq_seq(SEQ_QUERY_COUNT);
+  uint unit;
+  if (!kvq_locate(KVQ_PLAN_FLASH, unit)) return; // uniform over the workgroup
+  uint n = kvq_seq_tokens(), rows = kvq_seq(KVQ_SEQ_QUERY_COUNT);
   uint r, kvh, pass, split;
-  if (n == 0u || !kvq_flash_unit(n, r, kvh, pass, split)) return; // uniform over the workgroup
+  if (n == 0u || !kvq_flash_unit(unit, n, r, kvh, pass, split)) return; // uniform over the workgroup
   uint lane = gl_LocalInvocationID.x, d = pc.head_dim;
-  uint h0 = kvh * kvq_group() + pass * KVQ_HEADS_PER_PASS;
-  uint heads = min(KVQ_HEADS_PER_PASS, kvq_group() - pass * KVQ_HEADS_PER_PASS);
-  uint first = split * KVQ_SPLIT, count = min(KVQ_SPLIT, n - first);
+  uint h0 = kvh * kvq_group() + pass * KVQ_FLASH_HEADS_PER_PASS;
+  uint heads = min(KVQ_FLASH_HEADS_PER_PASS, kvq_group() - pass * KVQ_FLASH_HEADS_PER_PASS);
+  uint first = split * KVQ_FLASH_SPLIT, count = min(KVQ_FLASH_SPLIT, n - first);
   for (uint g = 0u; g < heads; g++)
-    prob[g][lane] = lane < count ? uintBitsToFloat(dst[(r * pc.query_heads + h0 + g) * n + first + lane]) : 0.0;
+    prob[g][lane] = lane < count ? uintBitsToFloat(dst[kvq_flash_prob(n, r * pc.query_heads + h0 + g, first + lane)]) : 0.0;
   barrier();
-  uint quantized = kvq_seq(SEQ_QUANTIZED);
-  for (uint c = lane; c < d; c += KVQ_SPLIT) {
-    float acc[KVQ_HEADS_PER_PASS];
-    for (uint g = 0u; g < KVQ_HEADS_PER_PASS; g++) acc[g] = 0.0;
+  uint quantized = kvq_seq(KVQ_SEQ_QUANTIZED);
+  for (uint c = lane; c < d; c += KVQ_FLASH_SPLIT) {
+    float acc[KVQ_FLASH_HEADS_PER_PASS];
+    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
     for (uint i = 0u; i < count; i++) {
       uint t = first + i;
       float v = t < quantized ? kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);

@@ -1,7 +1,7 @@
-// The method a shader variant is built for (KVQ_METHOD, a KVQ_LAYOUT_* value, set by
-// shaders/meson.build). How many units a head block or a query splits into is shaders/work_units.h's
-// (shared with the host): kvq_encode_units(n) and kvq_prepare_units() below. Each methods/*.glsl
-// provides:
+// The method a shader variant is built for (KVQ_METHOD, a KVQ_LAYOUT_* value, and KVQ_VK_METHOD_<M>,
+// which picks its code below; both set by shaders/meson.build from its one list of methods). How
+// many units a head block or a query splits into is shaders/work_units.h's (shared with the host):
+// kvq_encode_units(n) and kvq_prepare_units() below. Each methods/*.glsl provides:
 //   void  kvq_encode_unit(uint block, uint unit, uint n, uint x)
 //                                                       encode one unit into the zeroed head block at
 //                                                       byte `block` of `pages`; token t, channel c
@@ -23,17 +23,17 @@
 //                                                       the sum at element s of dst, rotated back
 //   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)
 //                                                       ||x - x^|| of token t, x at element x of src
-#if KVQ_METHOD == 0
+#if defined(KVQ_VK_METHOD_EXACT)
 #include "methods/exact.glsl"
-#elif KVQ_METHOD == 1
+#elif defined(KVQ_VK_METHOD_QJL)
 #include "methods/qjl.glsl"
-#elif KVQ_METHOD == 2
+#elif defined(KVQ_VK_METHOD_UNIFORM)
 #include "methods/uniform.glsl"
-#elif KVQ_METHOD == 3
+#elif defined(KVQ_VK_METHOD_KIVI)
 #include "methods/kivi.glsl"
-#elif KVQ_METHOD == 4
+#elif defined(KVQ_VK_METHOD_POLAR)
 #include "methods/polar.glsl"
-#elif KVQ_METHOD == 5
+#elif defined(KVQ_VK_METHOD_CQ)
 #include "methods/cq.glsl"
 #else
 #error "shaders/method.glsl: no shader code for this method yet"

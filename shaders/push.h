@@ -5,22 +5,23 @@
  * as their bits. The host checks the size against the device's maxPushConstantsSize (128 bytes is
  * the minimum every Vulkan device guarantees, and the static assertion below keeps us within it).
  *
- * Side fields describe the layout a job reads or writes (core/config.h, kvq_side_layout); job
+ * Side fields describe the layout a job reads or writes (KVQ_SIDE_FIELDS, core/layout.h, the first
+ * fields of kvq_side_layout), then its head block in words and QJL's estimator constant; job
  * fields say what to do with it; `meta` is the word offset of the job's host arrays in binding 0.
  */
 #ifndef KVQ_SHADERS_PUSH_H
 #define KVQ_SHADERS_PUSH_H
 
+#include "core/layout.h"
+
 #define KVQ_PUSH_FIELDS(F)                                                                          \
-  /* the side layout */                                                                            \
-  F(method) F(page_size) F(head_dim) F(kv_heads) F(dtype) F(sketch_dim) F(outliers)                \
-  F(outlier_sketch_dim) F(bits) F(group) F(levels) F(level_bits) F(rotation) F(codebook) F(channels) \
-  F(code_bits) F(head_words) F(constant_bits)                                                       \
+  /* the side layout (core/layout.h), then what the kernels derive from it */                       \
+  KVQ_SIDE_FIELDS(F) F(head_words) F(constant_bits)                                                 \
   /* the job */                                                                                    \
   F(count) F(first) F(input_dtype) F(meta) F(flags) F(offset0) F(offset1)                          \
   F(query_heads) F(scale_bits) F(window_dtype) F(alive_words)
 
-#define KVQ_PUSH_WORDS 29u
+#define KVQ_PUSH_WORDS (KVQ_SIDE_FIELD_COUNT + 13u)
 
 /* The eight storage-buffer bindings every shader declares (shaders/common.glsl). */
 #define KVQ_BINDING_META 0   /* the job's host arrays */

@@ -1,13 +1,13 @@
 // Workgroup reductions for shaders whose workgroup shares one loop (the fused attention, the
 // softmax): llvmpipe (lavapipe) silently ends any loop of one invocation past 65535 iterations, so
-// long token loops are spread over the KVQ_VK_LANES invocations of a workgroup and reduced here.
-#define KVQ_VK_LANES 64u // local_size_x (common.glsl)
+// long token loops are spread over the KVQ_GPU_GROUP_SIZE invocations of a workgroup (local_size_x,
+// core/gpu_plan.h) and reduced here.
 
 // Workgroup-wide max and sum of one float per invocation (every invocation gets the result; all
 // invocations of the workgroup must call them together). With KVQ_SUBGROUPS (a variant built for
 // devices whose compute stage reports subgroup arithmetic) each subgroup reduces in registers and
 // only the per-subgroup results meet in shared memory; without, a tree in shared memory.
-shared float kvq_reduce[KVQ_VK_LANES];
+shared float kvq_reduce[KVQ_GPU_GROUP_SIZE];
 
 #ifdef KVQ_SUBGROUPS
 float kvq_workgroup_max(float x) {
@@ -33,7 +33,7 @@ float kvq_workgroup_max(float x) {
   uint lane = gl_LocalInvocationID.x;
   kvq_reduce[lane] = x;
   barrier();
-  for (uint step = KVQ_VK_LANES / 2u; step > 0u; step /= 2u) {
+  for (uint step = KVQ_GPU_GROUP_SIZE / 2u; step > 0u; step /= 2u) {
     if (lane < step) kvq_reduce[lane] = max(kvq_reduce[lane], kvq_reduce[lane + step]);
     barrier();
   }
@@ -45,7 +45,7 @@ float kvq_workgroup_sum(float x) {
   uint lane = gl_LocalInvocationID.x;
   kvq_reduce[lane] = x;
   barrier();
-  for (uint step = KVQ_VK_LANES / 2u; step > 0u; step /= 2u) {
+  for (uint step = KVQ_GPU_GROUP_SIZE / 2u; step > 0u; step /= 2u) {
     if (lane < step) kvq_reduce[lane] += kvq_reduce[lane + step];
     barrier();
   }

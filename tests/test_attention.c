@@ -35,7 +35,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config.h"
 #include "core/detmath.h"
+#include "core/gpu_plan.h"
 #include "core/quantize_math.h"
 #include "helpers.h"
 
@@ -333,4 +335,112 @@ Test(attention, polar_online_keys_cq_values_flushed, .timeout = 120) {
   scenario sc = {"polar online 4,2,2,2 keys (Hadamard) + cq 8c8b values, gqa 2, fp32, flushed", 64, 4, 2, 100, 5, 16,
                  0, KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, keys, cq(8, 8)};
   run(&sc);
+}
+
+/* ---- The GPU attention plan (core/gpu_plan.c), without a GPU ------------------------------------- */
+
+/* The kernels' kvq_locate (shaders/attention.glsl) in C: the sequence of workgroup wg of `kernel`. */
+static uint32_t plan_locate(const uint32_t *meta, uint32_t kernel, uint32_t wg, uint32_t *unit) {
+  const uint32_t table = meta[KVQ_META_UNITS + kernel];
+  uint32_t lo = 0, hi = meta[KVQ_META_SEQS];
+  if (wg >= meta[table + hi]) return UINT32_MAX;
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (meta[table + mid] <= wg) lo = mid;
+    else hi = mid;
+  }
+  *unit = wg - meta[table + lo];
+  return lo;
+}
+
+/*
+ * Three sequences (a window-only one, one of many pages, an empty one between): the plan's unit
+ * tables send every workgroup of every kernel to the sequence whose units it falls in, in order,
+ * the records and page lists are the job's, each fused sequence gets its own scratch, and the
+ * paths are those vk_attention.c took before the plan moved to core.
+ */
+Test(attention, gpu_plan_places_every_workgroup) {
+  enum { P = 16, HQ = 8, HKV = 2, D = 64 };
+  kvq_method_config kc = kvq_method_defaults(KVQ_METHOD_KIVI, D), vc = kvq_method_defaults(KVQ_METHOD_UNIFORM, D),
+                    pc = kvq_method_defaults(KVQ_METHOD_POLAR, D);
+  kvq_side_desc keys = {0}, values = {0}, polar = {0};
+  kvq_side_layout_init(&keys.layout, &kc, P, D, HKV);
+  kvq_side_layout_init(&values.layout, &vc, P, D, HKV);
+  kvq_side_layout_init(&polar.layout, &pc, P, D, HKV);
+  const kvq_attention_seq seqs[3] = {
+      {.page_first = 0, .quantized = 0, .window = 5, .ring_capacity = 32, .query_first = 0, .query_count = 1},
+      {.page_first = 0, .quantized = 9 * P, .window = 3, .ring_capacity = 32, .ring_offset = 256, .query_first = 1,
+       .query_count = 2, .score_offset = 5 * HQ, .accumulate_offset = 5},
+      {.page_first = 9, .quantized = 0, .window = 0, .query_first = 3, .query_count = 1},
+  };
+  uint32_t slots[9], index[9], alive[9];
+  for (uint32_t p = 0; p < 9; p++) slots[p] = 20 - p, index[p] = p, alive[p] = 0xffffu;
+  kvq_job_attention job = {.keys = &keys, .values = &values, .query_heads = HQ, .window_dtype = KVQ_DTYPE_F16,
+                           .scale = 0.125f, .seq_count = 3, .seqs = seqs, .page_slots = slots, .page_index = index,
+                           .page_alive = alive, .alive_words = 1};
+  kvq_gpu_attention_plan plan;
+  char why[160];
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK, "%s", why);
+  cr_assert(plan.fused);
+  cr_assert_eq(plan.pages, 9u);
+  uint32_t *meta = calloc((size_t)plan.meta_words, 4);
+  cr_assert(meta);
+  kvq_gpu_pack_attention(&job, &plan, meta);
+  cr_assert_eq(meta[KVQ_META_SEQS], 3u);
+  cr_assert_eq(memcmp(meta + meta[KVQ_META_SLOTS], slots, sizeof slots), 0);
+  cr_assert_eq(memcmp(meta + meta[KVQ_META_INDEX], index, sizeof index), 0);
+  cr_assert_eq(memcmp(meta + meta[KVQ_META_ALIVE], alive, sizeof alive), 0);
+  cr_assert_eq(meta[KVQ_META_ALIVE] + 9, plan.meta_words);
+  uint64_t scratch = 0;
+  for (uint32_t i = 0; i < 3; i++) {
+    const uint32_t *r = meta + KVQ_META_RECORDS + i * KVQ_SEQ_WORDS;
+    const uint32_t n = seqs[i].quantized + seqs[i].window, rows = seqs[i].query_count * HQ;
+    cr_assert_eq(r[KVQ_SEQ_QUANTIZED], seqs[i].quantized);
+    cr_assert_eq(r[KVQ_SEQ_QUERY_FIRST], seqs[i].query_first);
+    cr_assert_eq(r[KVQ_SEQ_RING_ELEMENT], (uint32_t)(seqs[i].ring_offset / 2));
+    cr_assert_eq(r[KVQ_SEQ_SCORE_OFFSET], (uint32_t)seqs[i].score_offset);
+    cr_assert_eq(r[KVQ_SEQ_SCRATCH], scratch, "sequence %u's flash scratch follows the ones before", i);
+    scratch += (uint64_t)rows * (n + 2 * kvq_flash_splits(n) + kvq_flash_splits(n) * D);
+    /* each kernel's units for the sequence, as gpu_plan.h describes them */
+    const uint64_t units[KVQ_PLAN_KERNELS] = {
+        [KVQ_PLAN_SCORE] = ((uint64_t)rows * n + 63) / 64, [KVQ_PLAN_SOFTMAX] = rows, [KVQ_PLAN_ACCUMULATE] = n,
+        [KVQ_PLAN_WEIGHTED_SUM] = (uint64_t)rows * D, [KVQ_PLAN_ROTATE] = (rows + 63) / 64,
+        [KVQ_PLAN_FLASH] = n ? (uint64_t)seqs[i].query_count * HKV * kvq_flash_passes(HQ / HKV) * kvq_flash_splits(n) : 0,
+        [KVQ_PLAN_COMBINE] = ((uint64_t)rows * D + 63) / 64};
+    for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) {
+      const uint32_t *table = meta + meta[KVQ_META_UNITS + k];
+      cr_assert_eq(table[i + 1] - table[i], units[k], "kernel %u, sequence %u", k, i);
+      for (uint32_t u = 0; u < units[k]; u++) {
+        uint32_t unit = UINT32_MAX;
+        cr_assert_eq(plan_locate(meta, k, table[i] + u, &unit), i, "kernel %u workgroup %u", k, table[i] + u);
+        cr_assert_eq(unit, u);
+      }
+    }
+  }
+  cr_assert_eq(plan.scratch_bytes, scratch * 4);
+  for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) {
+    uint32_t unit;
+    cr_assert_eq(meta[meta[KVQ_META_UNITS + k] + 3], plan.units[k]);
+    cr_assert_eq(plan_locate(meta, k, (uint32_t)plan.units[k], &unit), UINT32_MAX, "past the last unit: no sequence");
+  }
+  free(meta);
+
+  /* the unfused paths: probability sums, values summed rotated, a backend without fused kernels */
+  kvq_buffer *sums = (kvq_buffer *)(uintptr_t)1;
+  job.accumulate = sums;
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
+  cr_assert(!plan.fused && !plan.rotated_sums && plan.scratch_bytes == 0);
+  job.accumulate = NULL;
+  job.values = &polar;
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
+  cr_assert(!plan.fused && plan.rotated_sums);
+  cr_assert_eq(plan.scratch_bytes, 4u * HQ * 4 * D, "rotated sums of every output row (4 rows)");
+  job.values = &values;
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 0, &plan, why, sizeof why), KVQ_OK);
+  cr_assert(!plan.fused);
+
+  /* a page the kernels cannot address */
+  slots[3] = UINT32_MAX / 2;
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_ERROR_UNSUPPORTED);
+  cr_assert(strstr(why, "page"), "%s", why);
 }

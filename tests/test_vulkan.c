@@ -571,3 +571,161 @@ Test(vulkan, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
                   keys[1][i], keys[0][i]);
   }
 }
+
+/* ---- A batch of sequences in one call ---------------------------------------------------------------- */
+
+/*
+ * One kvq_attention call with four sequences: one shorter than a page (all in the residual window),
+ * one of many pages, and two between (pages and the window in use), on three caches: KIVI keys with
+ * uniform values (the fused path), PolarQuant keys and values (the unfused path: values summed in
+ * the rotated space) and an H2O cache (the unfused path with the probability sums). The Vulkan
+ * backend runs each kernel once for the whole batch, every workgroup finding its sequence in the
+ * metadata (core/gpu_plan.h, kvq_locate in shaders/attention.glsl). Checked two ways:
+ *
+ *   - against each sequence attended alone on the same device: the same bits, since no sequence's
+ *     arithmetic depends on the others in the batch (a workgroup that took another sequence's
+ *     record, pages or scratch would show here first);
+ *   - against the CPU backend on the same cache contents (one saved CPU cache loaded on both), so
+ *     codes are identical and only the fp32 arithmetic differs. The bound follows the derivation of
+ *     long_sequences_agree_with_the_cpu above, widened for decoded keys and values: with queries in
+ *     [-1, 1], K and V the largest decoded key and value (kvq_dequantize of the same cache), d = 64,
+ *     u = 2^-24 and gamma(n) = n u / (1 - n u),
+ *       a logit |s| <= xmax = d K / sqrt(d); both backends round a dot product of d terms, a decode
+ *       of at most L + 2 products per term and (PolarQuant) a query rotated in d terms of size <= 1,
+ *       which with Cauchy-Schwarz over the rotated coordinates gives
+ *       |ds| <= (2 gamma(2d + 8) d K + gamma(d) d^2 K) / sqrt(d);
+ *       Vulkan's exp is good to (3 + 2|x|) 2^-23 (docs/ACCURACY.md) with |x| <= 2 xmax, so each
+ *       probability moves by a relative rel = 2 (|ds| + e) + 2 gamma(n) (numerator and normalizer);
+ *       an output moves by rel V, plus its own sum's 2 gamma(n + 2) V, plus the decode and rotation
+ *       back of the values on both sides, 2 gamma(2d + 8) d V.
+ *   The bound is loose next to the fused path's real differences, but far below what taking another
+ *   sequence's tokens changes (outputs of different sequences differ by about 0.1 here).
+ */
+enum { BATCH_P = 16, BATCH_W = 16, BATCH_D = 64, BATCH_HKV = 2, BATCH_HQ = 8, BATCH_SEQS = 4 };
+static const uint32_t batch_tokens[BATCH_SEQS] = {5, 9 * BATCH_P + 3, 2 * BATCH_P + 7, BATCH_W + BATCH_P + 1};
+static const uint32_t batch_rows[BATCH_SEQS] = {1, 1, 2, 1};
+
+static double batch_gamma(double n) { return n * 0x1p-24 / (1.0 - n * 0x1p-24); }
+
+/* Attention of the batch's sequences on a cache loaded from `image`: all in one call, or one call
+ * each; out[i] is sequence i's [rows][HQ][D]. */
+static void batch_attend(kvq_context *ctx, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS],
+                         float *const q[BATCH_SEQS],
+                         float *out[BATCH_SEQS], int together) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, size, &cache));
+  kvq_attention_request req[BATCH_SEQS];
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const int64_t shape[3] = {batch_rows[i], BATCH_HQ, BATCH_D};
+    req[i] = (kvq_attention_request){.sequence = seqs[i], .mask = KVQ_MASK_CAUSAL,
+                                     .queries = kvq_tensor_host(q[i], KVQ_DTYPE_F32, 3, shape),
+                                     .output = kvq_tensor_host(out[i], KVQ_DTYPE_F32, 3, shape)};
+  }
+  if (together) KVQ_CHECK(ctx, kvq_attention(cache, 0, req, BATCH_SEQS));
+  else
+    for (uint32_t i = 0; i < BATCH_SEQS; i++) KVQ_CHECK(ctx, kvq_attention(cache, 0, &req[i], 1));
+  kvq_cache_destroy(cache);
+}
+
+/* The largest decoded key and value of every kept token of the cache loaded from `image`. */
+static void batch_maxima(kvq_context *cpu, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS], double *kmax,
+                         double *vmax) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(cpu, kvq_cache_load_from_memory(cpu, image, size, &cache));
+  *kmax = *vmax = 0.0;
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    kvq_sequence_info info;
+    KVQ_CHECK(cpu, kvq_sequence_info_get(cache, seqs[i], 0, &info));
+    const size_t n = (size_t)info.kept_tokens * BATCH_HKV * BATCH_D;
+    float *k = malloc(n * 4), *v = malloc(n * 4);
+    cr_assert(k && v);
+    const int64_t shape[3] = {(int64_t)info.kept_tokens, BATCH_HKV, BATCH_D};
+    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(cpu, kvq_dequantize(cache, seqs[i], 0, 0, info.kept_tokens, &kt, &vt));
+    for (size_t j = 0; j < n; j++) {
+      *kmax = fmax(*kmax, fabs(k[j]));
+      *vmax = fmax(*vmax, fabs(v[j]));
+    }
+    free(k), free(v);
+  }
+  kvq_cache_destroy(cache);
+}
+
+static void check_batch(kvq_method_config keys, kvq_method_config values, kvq_policy_kind policy, uint64_t seed) {
+  kvq_context *cpu = th_cpu_context(), *vk = vulkan_context();
+  kvq_layer_config layer = th_layer(BATCH_HQ, BATCH_HKV, BATCH_D, keys, values);
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, BATCH_P, BATCH_W, 32, BATCH_SEQS, seed);
+  config.policy = kvq_policy_defaults(policy);
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(cpu, kvq_cache_create(cpu, &config, &cache));
+  float *q[BATCH_SEQS], *out[3][BATCH_SEQS];
+  uint32_t n_max = 0, seqs[BATCH_SEQS];
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const uint32_t n = batch_tokens[i], rows = batch_rows[i];
+    n_max = n > n_max ? n : n_max;
+    KVQ_CHECK(cpu, kvq_sequence_add(cache, &seqs[i]));
+    float *k = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D), *v = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D);
+    cr_assert(k && v);
+    for (uint32_t j = 0; j < n * BATCH_HKV * BATCH_D; j++) {
+      const uint32_t x = j + 7919 * i; /* each sequence its own data */
+      k[j] = (float)((x * 37) % 101) / 50.0f - 1.0f, v[j] = (float)((x * 53) % 97) / 48.0f - 1.0f;
+    }
+    th_append(cpu, cache, seqs[i], 0, k, v, 0, n, BATCH_HKV, BATCH_D, KVQ_DTYPE_F16);
+    free(k), free(v);
+    q[i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D);
+    cr_assert(q[i]);
+    for (uint32_t j = 0; j < rows * BATCH_HQ * BATCH_D; j++) q[i][j] = (float)(((j + 31 * i) * 29) % 89) / 44.0f - 1.0f;
+    for (int r = 0; r < 3; r++) cr_assert((out[r][i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D)));
+  }
+  uint64_t size = 0;
+  KVQ_CHECK(cpu, kvq_cache_save_size(cache, &size));
+  void *image = malloc(size);
+  size_t written = 0;
+  cr_assert(image);
+  KVQ_CHECK(cpu, kvq_cache_save_to_memory(cache, image, size, &written));
+  kvq_cache_destroy(cache);
+
+  batch_attend(cpu, image, written, seqs, q, out[0], 1);
+  batch_attend(vk, image, written, seqs, q, out[1], 1);
+  batch_attend(vk, image, written, seqs, q, out[2], 0);
+  double kmax, vmax;
+  batch_maxima(cpu, image, written, seqs, &kmax, &vmax);
+  const double d = BATCH_D, scale = 1.0 / sqrt(d), xmax = d * kmax * scale;
+  const double ds = (2.0 * batch_gamma(2 * d + 8) * d * kmax + batch_gamma(d) * d * d * kmax) * scale;
+  const double e = (3.0 + 4.0 * xmax) * 0x1p-23;
+  const double rel = 2.0 * (ds + e) + 2.0 * batch_gamma(n_max);
+  const double bound = rel * vmax + 2.0 * batch_gamma(n_max + 2) * vmax + 2.0 * batch_gamma(2 * d + 8) * d * vmax + 1e-45;
+  double worst = 0.0;
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const uint32_t floats = batch_rows[i] * BATCH_HQ * BATCH_D;
+    cr_assert_eq(memcmp(out[1][i], out[2][i], sizeof(float) * floats), 0,
+                 "sequence %u: the batch gives other bits than the sequence alone", i);
+    for (uint32_t j = 0; j < floats; j++) worst = fmax(worst, fabs((double)out[1][i][j] - out[0][i][j]));
+    for (uint32_t j = 0; j < floats; j++)
+      cr_assert_leq(fabs((double)out[1][i][j] - out[0][i][j]), bound, "sequence %u output %u: %.9g on Vulkan, %.9g on the CPU (bound %g)",
+                    i, j, out[1][i][j], out[0][i][j], bound);
+  }
+  cr_log_info("largest difference from the CPU %g, bound %g (K %g, V %g)", worst, bound, kmax, vmax);
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    free(q[i]);
+    for (int r = 0; r < 3; r++) free(out[r][i]);
+  }
+  free(image);
+  kvq_context_destroy(cpu);
+  kvq_context_destroy(vk);
+}
+
+Test(vulkan, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
+  require_vulkan();
+  check_batch(kivi(2, BATCH_P), th_uniform(4, 32), KVQ_POLICY_KEEP_ALL, 21);
+}
+
+Test(vulkan, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
+  require_vulkan();
+  check_batch(polar(KVQ_ROTATION_DENSE), polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
+}
+
+Test(vulkan, a_batch_of_sequences_accumulates_in_one_call, .timeout = 300) {
+  require_vulkan();
+  check_batch(th_exact(KVQ_DTYPE_F16), th_uniform(2, 32), KVQ_POLICY_H2O, 23);
+}

@@ -204,9 +204,9 @@ static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BIND
 kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
                            kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations) {
   if (invocations == 0) return KVQ_OK;
-  /* workgroups of KVQ_VK_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
+  /* workgroups of KVQ_GPU_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
    * offers); shaders fold the grid back into one index (kvq_invocation) and ignore the excess */
-  const uint64_t groups = (invocations + KVQ_VK_GROUP_SIZE - 1) / KVQ_VK_GROUP_SIZE;
+  const uint64_t groups = (invocations + KVQ_GPU_GROUP_SIZE - 1) / KVQ_GPU_GROUP_SIZE;
   const uint32_t groups_x = groups < 65535 ? (uint32_t)groups : 65535;
   const uint64_t groups_y = (groups + groups_x - 1) / groups_x;
   if (groups_y > b->properties.limits.maxComputeWorkGroupCount[1] || invocations > UINT32_MAX) {

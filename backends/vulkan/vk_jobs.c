@@ -32,22 +32,9 @@ static kvq_status too_large(vk_backend *b, const char *what) {
 
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
   const kvq_side_layout *s = &side->layout;
-  push->method = s->method;
-  push->page_size = s->page_size;
-  push->head_dim = s->head_dim;
-  push->kv_heads = s->kv_heads;
-  push->dtype = s->dtype;
-  push->sketch_dim = s->sketch_dim;
-  push->outliers = s->outliers;
-  push->outlier_sketch_dim = s->outlier_sketch_dim;
-  push->bits = s->bits;
-  push->group = s->group;
-  push->levels = s->levels;
-  push->level_bits = s->level_bits;
-  push->rotation = s->rotation;
-  push->codebook = s->codebook;
-  push->channels = s->channels;
-  push->code_bits = s->code_bits;
+#define KVQ_PUSH_SIDE_FIELD(name) push->name = s->name;
+  KVQ_SIDE_FIELDS(KVQ_PUSH_SIDE_FIELD)
+#undef KVQ_PUSH_SIDE_FIELD
   push->head_words = s->head_bytes / 4;
   float constant = (float)side->qjl_constant;
   memcpy(&push->constant_bits, &constant, 4);
@@ -57,7 +44,7 @@ void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side) {
  * learned PolarQuant tables, CQ codebooks): that holds for pages at whole multiples of page_bytes,
  * where core places them. */
 static int head_from_offset(const kvq_side_layout *s) {
-  return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
+  return (s->method == KVQ_LAYOUT_POLAR && s->codebook == KVQ_LAYOUT_CODEBOOK_ONLINE) || s->method == KVQ_LAYOUT_CQ;
 }
 
 
@@ -116,7 +103,7 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
     /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
     if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
-      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_VK_GROUP_SIZE);
+      st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_GPU_GROUP_SIZE);
     if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);

@@ -17,8 +17,8 @@
 #define KVQ_SUMS_ROTATED
 #define KVQ_TOKEN_ERROR
 
-const uint POLAR_DENSE = 0u;  // KVQ_ROTATION_DENSE (docs/FORMAT.md fixes the values)
-const uint POLAR_ONLINE = 1u; // KVQ_CODEBOOK_ONLINE
+const uint POLAR_DENSE = KVQ_LAYOUT_ROTATION_DENSE;  // core/layout.h (docs/FORMAT.md fixes the values)
+const uint POLAR_ONLINE = KVQ_LAYOUT_CODEBOOK_ONLINE;
 
 float polar_fixed0(uint i) { return uintBitsToFloat(fixed0[i]); }
 float polar_fixed1(uint i) { return uintBitsToFloat(fixed1[i]); }

@@ -1,0 +1,124 @@
+/*
+ * How a GPU backend runs an attention job, decided once in core for every GPU backend (the Vulkan
+ * backend now, the CUDA backend next): the workgroup size, the flash-decoding constants, the
+ * metadata the kernels read and, in C only, the plan (core/gpu_plan.c) that sizes a job's
+ * dispatches and scratch and packs its metadata. The constants and shared functions are written in
+ * the common subset of C, CUDA and GLSL (core/shared_lang.h); shaders/attention.glsl and
+ * shaders/flash.glsl read them.
+ *
+ * One dispatch per kernel for a whole batch. Every kernel of an attention job gives each sequence
+ * of the batch a whole number of workgroups (its units, KVQ_PLAN_*): the plan writes, per kernel, the
+ * prefix sums of the sequences' units, and a workgroup finds its sequence by a binary search in
+ * them (kvq_locate, shaders/attention.glsl) and its place within the sequence by the difference.
+ *
+ * Metadata of an attention job, 32-bit words from the job's base (push constant `meta`):
+ *   [KVQ_META_SLOTS]      word offset of page_slots (one word per page any sequence lists)
+ *   [KVQ_META_INDEX]      word offset of page_index (the pages' logical numbers)
+ *   [KVQ_META_ALIVE]      word offset of page_alive (alive_words kept-token masks per page)
+ *   [KVQ_META_SEQS]       S, the sequences of the batch
+ *   [KVQ_META_UNITS + k]  word offset of kernel k's unit table: S + 1 words, the workgroups of the
+ *                         sequences before sequence i at i; the kernel's total at S
+ *   [KVQ_META_RECORDS]    S records of KVQ_SEQ_WORDS words (KVQ_SEQ_*), then the unit tables, the
+ *                         page slots, the page indices and the kept-token masks
+ */
+#ifndef KVQ_CORE_GPU_PLAN_H
+#define KVQ_CORE_GPU_PLAN_H
+
+#include "shared_lang.h"
+
+/* Invocations of one workgroup, in every kernel (GLSL local_size_x, the CUDA block size). */
+#define KVQ_GPU_GROUP_SIZE 64u
+
+/* Flash-decoding (shaders/flash.glsl): a sequence's tokens are cut into splits of KVQ_FLASH_SPLIT,
+ * one workgroup per (query row, kv head, head pass, split), each one token per invocation; a
+ * workgroup takes up to KVQ_FLASH_HEADS_PER_PASS query heads of a GQA group, larger groups take
+ * more passes. */
+#define KVQ_FLASH_SPLIT KVQ_GPU_GROUP_SIZE
+#define KVQ_FLASH_HEADS_PER_PASS 8u
+
+KVQ_SHARED_FN kvq_u32 kvq_flash_splits(kvq_u32 n) { return (n + KVQ_FLASH_SPLIT - 1u) / KVQ_FLASH_SPLIT; }
+KVQ_SHARED_FN kvq_u32 kvq_flash_passes(kvq_u32 group) {
+  return (group + KVQ_FLASH_HEADS_PER_PASS - 1u) / KVQ_FLASH_HEADS_PER_PASS;
+}
+/* A sequence's flash scratch (fp32, from its KVQ_SEQ_SCRATCH), for n tokens, R query rows, H query
+ * heads and S splits: probabilities relative to their split's maximum [R][H][n], split maxima
+ * [R][H][S], split sums [R][H][S], split outputs [R][H][S][d]. Offsets from the sequence's start;
+ * row_head = r * H + h. (core/gpu_plan.c sizes the whole in 64 bits first.) */
+KVQ_SHARED_FN kvq_u32 kvq_flash_prob_at(kvq_u32 n, kvq_u32 row_head, kvq_u32 t) { return row_head * n + t; }
+KVQ_SHARED_FN kvq_u32 kvq_flash_max_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 row_head, kvq_u32 split) {
+  return row_heads * n + row_head * kvq_flash_splits(n) + split;
+}
+KVQ_SHARED_FN kvq_u32 kvq_flash_sum_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 row_head, kvq_u32 split) {
+  return kvq_flash_max_at(row_heads, n, row_head, split) + row_heads * kvq_flash_splits(n);
+}
+KVQ_SHARED_FN kvq_u32 kvq_flash_out_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 d, kvq_u32 row_head, kvq_u32 split,
+                                       kvq_u32 c) {
+  return row_heads * (n + 2u * kvq_flash_splits(n)) + (row_head * kvq_flash_splits(n) + split) * d + c;
+}
+
+/* The metadata header (words). */
+#define KVQ_META_SLOTS 0u
+#define KVQ_META_INDEX 1u
+#define KVQ_META_ALIVE 2u
+#define KVQ_META_SEQS 3u
+#define KVQ_META_UNITS 4u
+
+/* The kernels' unit tables: what one workgroup of each covers, for a sequence of n tokens and R
+ * query rows of H query heads (of Hkv kv heads) and head_dim d. */
+#define KVQ_PLAN_SCORE 0u        /* 64 of the R*H*n logits (r, h, t), t fastest */
+#define KVQ_PLAN_SOFTMAX 1u      /* one of the R*H rows */
+#define KVQ_PLAN_ACCUMULATE 2u   /* one of the n slots */
+#define KVQ_PLAN_WEIGHTED_SUM 3u /* one of the R*H*d outputs (r, h, c), c fastest */
+#define KVQ_PLAN_ROTATE 4u       /* 64 of the R*H rows: the rotated sums turned back */
+#define KVQ_PLAN_FLASH 5u        /* one (r, kv head, pass, split), split fastest (logits and values) */
+#define KVQ_PLAN_COMBINE 6u      /* 64 of the R*H*d outputs */
+#define KVQ_PLAN_KERNELS 7u
+#define KVQ_META_RECORDS (KVQ_META_UNITS + KVQ_PLAN_KERNELS)
+
+/* A sequence's record (backends/backend.h, kvq_attention_seq, and what the plan derives). */
+#define KVQ_SEQ_PAGE_FIRST 0u
+#define KVQ_SEQ_QUANTIZED 1u
+#define KVQ_SEQ_WINDOW 2u
+#define KVQ_SEQ_WINDOW_FIRST 3u
+#define KVQ_SEQ_RING_CAPACITY 4u
+#define KVQ_SEQ_RING_ELEMENT 5u /* ring_offset in window-dtype elements */
+#define KVQ_SEQ_QUERY_FIRST 6u
+#define KVQ_SEQ_QUERY_COUNT 7u
+#define KVQ_SEQ_QUERY_POSITION 8u
+#define KVQ_SEQ_MASK 9u
+#define KVQ_SEQ_SCORE_OFFSET 10u
+#define KVQ_SEQ_ACCUMULATE_OFFSET 11u
+#define KVQ_SEQ_SCRATCH 12u /* the plan: the first float of the sequence's flash scratch */
+#define KVQ_SEQ_WORDS 13u
+
+#if defined(KVQ_LANG_C)
+#include <stddef.h>
+
+#include "backends/backend.h"
+
+/* What a GPU backend does for one attention job (kvq_gpu_plan_attention). */
+typedef struct kvq_gpu_attention_plan {
+  /* 1: the fused flash-decoding kernels (KVQ_PLAN_FLASH twice, then KVQ_PLAN_COMBINE); 0: SCORE,
+   * SOFTMAX (and ACCUMULATE with the job's accumulate), WEIGHTED_SUM (and ROTATE with
+   * rotated_sums) */
+  int fused;
+  int rotated_sums;             /* the value method sums in a rotated space (KVQ_SUMS_ROTATED) */
+  uint64_t units[KVQ_PLAN_KERNELS]; /* each kernel's workgroups for the whole batch */
+  uint64_t scratch_bytes;       /* flash scratch (fused) or rotated sums (unfused); 0: none */
+  uint64_t pages;               /* pages the sequences list */
+  uint64_t meta_words;          /* the metadata kvq_gpu_pack_attention writes */
+} kvq_gpu_attention_plan;
+
+/* Plans an attention job (keys and values both given, as core's jobs are). `fused_kernels`:
+ * whether the backend has fused kernels for the job's methods; the fused path is taken unless the
+ * job needs what only the unfused one gives (the probability sums of the H2O and Q-Hitter
+ * policies), its values are summed in a rotated space (PolarQuant: rotated back once per output row
+ * by the unfused weighted sum) or the batch's flash scratch lies beyond 32-bit indices. Fails
+ * (KVQ_ERROR_UNSUPPORTED, with why) where anything the kernels address lies beyond 32-bit indices. */
+kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernels, kvq_gpu_attention_plan *plan,
+                                  char *why, size_t why_size);
+/* Writes the job's metadata, plan->meta_words words, as described at the top. */
+void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attention_plan *plan, uint32_t *meta);
+#endif
+
+#endif /* KVQ_CORE_GPU_PLAN_H */
