@@ -33,6 +33,14 @@
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
 
+/* Caller memory of any kind, as a tensor names it (kvq_tensor_memory): a pointer for pointer kinds
+ * (host, CUDA device memory), a handle for handle kinds (a VkBuffer); the other is NULL / 0. */
+typedef struct kvq_device_memory {
+  kvq_memory kind;
+  void *pointer;
+  uint64_t handle;
+} kvq_device_memory;
+
 /* One side (keys or values) of one layer as jobs see it. */
 typedef struct kvq_side_desc {
   kvq_side_layout layout;
@@ -196,10 +204,10 @@ typedef struct kvq_backend_ops {
   kvq_status (*finish)(kvq_backend *backend);
 
   /* Optional (NULL: the backend takes host tensors only). Wraps caller-owned memory of a kind the
-   * backend owns (KVQ_MEMORY_VULKAN_BUFFER: `handle` is a VkBuffer) of at least `bytes` as a
-   * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory. */
-  kvq_status (*buffer_import)(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes,
-                              kvq_buffer **out);
+   * backend owns (a VkBuffer handle for Vulkan, a device pointer for CUDA) of at least `bytes` as a
+   * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory.
+   * Memory of another kind is refused (KVQ_ERROR_INVALID_ARGUMENT). */
+  kvq_status (*buffer_import)(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out);
 
   /* Optional (NULL: no device clock). The device time, in ns, that the work submitted since the
    * previous call took, measured by the device's timestamps (kvq-bench prints it next to wall time). */

@@ -143,7 +143,7 @@ kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t
 kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
                               uint64_t src_offset, uint64_t bytes);
 kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes);
-kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out);
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out);
 kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what);
 
 /* vk_dispatch.c: pipelines, recording, submission. */

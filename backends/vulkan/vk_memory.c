@@ -104,10 +104,11 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
 /* A caller's VkBuffer (kvq_tensor.vk_buffer). Vulkan cannot tell a buffer's size: the caller
  * promises `bytes` (the tensor's span), and the validation layer checks what kvq does with it.
  * It must have been created with TRANSFER_SRC usage (inputs) and TRANSFER_DST usage (outputs). */
-kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out) {
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out) {
   vk_backend *b = (vk_backend *)backend;
   *out = NULL;
-  if (memory != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
+  const uint64_t handle = memory->handle;
+  if (memory->kind != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
     return kvq_vk_error(b, KVQ_ERROR_INVALID_ARGUMENT, "only a VkBuffer can be imported");
   }
   kvq_buffer *buf = calloc(1, sizeof *buf);
