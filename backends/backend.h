@@ -33,6 +33,21 @@
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
 
+/*
+ * What every backend's struct kvq_buffer begins with (its first member, named `base`): the backend
+ * that created or imported it. Each backend defines the rest of the struct; before it treats a
+ * buffer as its own it checks the owner (kvq_buffer_owned), so that a buffer handed to the wrong
+ * backend is refused with KVQ_ERROR_INVALID_ARGUMENT instead of being read as another layout.
+ */
+typedef struct kvq_buffer_base {
+  const kvq_backend *owner;
+} kvq_buffer_base;
+
+/* 1 when `buffer` is NULL (nothing to check) or belongs to `backend`. */
+static inline int kvq_buffer_owned(const kvq_backend *backend, const kvq_buffer *buffer) {
+  return !buffer || ((const kvq_buffer_base *)(const void *)buffer)->owner == backend;
+}
+
 /* Caller memory of any kind, as a tensor names it (kvq_tensor_memory): a pointer for pointer kinds
  * (host, CUDA device memory), a handle for handle kinds (a VkBuffer); the other is NULL / 0. */
 typedef struct kvq_device_memory {
@@ -47,6 +62,17 @@ typedef struct kvq_side_desc {
   kvq_buffer *fixed[KVQ_SIDE_FIXED]; /* matrices and codebooks (core/config.h says which), fp32; or NULL */
   double qjl_constant;                   /* QJL: c_d for this head_dim */
 } kvq_side_desc;
+
+/* 1 when every buffer in `buffers` (NULL entries allowed) and the side's fixed arrays belong to
+ * `backend` (side may be NULL). */
+static inline int kvq_buffers_owned(const kvq_backend *backend, const kvq_side_desc *side, kvq_buffer *const *buffers,
+                                    unsigned count) {
+  for (unsigned i = 0; i < count; i++)
+    if (!kvq_buffer_owned(backend, buffers[i])) return 0;
+  for (int i = 0; side && i < KVQ_SIDE_FIXED; i++)
+    if (!kvq_buffer_owned(backend, side->fixed[i])) return 0;
+  return 1;
+}
 
 /* ---- Jobs ------------------------------------------------------------------------------------ */
 

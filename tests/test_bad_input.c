@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "core/sha256.h"
 #include "core/tensor.h"
 #include "helpers.h"
@@ -740,6 +741,44 @@ Test(context, device_memory_is_named_by_its_kind) {
   kvq_tensor stray = cu;
   stray.handle = 99; /* a field the kind does not use is not passed on */
   cr_assert_eq(kvq_tensor_memory(&stray).handle, 0u);
+}
+
+/* Each backend knows its own buffers: a buffer of one backend handed to another (two CPU backends,
+ * and a Vulkan one where a device exists) is refused with INVALID_ARGUMENT, by buffer calls and by
+ * jobs, and nothing is written. */
+Test(context, buffers_of_another_backend_are_refused) {
+  kvq_context *a = th_cpu_context(), *b = th_cpu_context(), *vk = NULL;
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  if (kvq_context_create(&opt, &vk) != KVQ_OK) vk = NULL; /* no Vulkan device: the CPU pair still runs */
+  kvq_context *owners[2] = {b, vk};
+  for (int o = 0; o < 2; o++) {
+    if (!owners[o]) continue;
+    kvq_backend *mine = a->backend, *theirs = owners[o]->backend;
+    kvq_buffer *foreign = NULL, *own = NULL;
+    cr_assert_eq(theirs->ops->buffer_create(theirs, 64, &foreign), KVQ_OK);
+    cr_assert_eq(mine->ops->buffer_create(mine, 64, &own), KVQ_OK);
+    uint8_t bytes[64];
+    memset(bytes, 7, sizeof bytes);
+    cr_assert_eq(mine->ops->buffer_write(mine, foreign, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: write", o);
+    cr_assert_eq(mine->ops->buffer_read(mine, foreign, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: read", o);
+    cr_assert_eq(mine->ops->buffer_copy(mine, own, 0, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: copy", o);
+    cr_assert_eq(mine->ops->buffer_zero(mine, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: zero", o);
+    cr_assert_eq(theirs->ops->buffer_write(theirs, own, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: the other way", o);
+    mine->ops->buffer_destroy(mine, foreign); /* refused: not freed (its owner frees it below) */
+    kvq_job_kmeans job;
+    memset(&job, 0, sizeof job);
+    job.data = foreign, job.centroids = own, job.assignment = own;
+    job.problems = 1, job.points = 1, job.dims = 1, job.clusters = 1;
+    cr_assert_eq(mine->ops->kmeans_assign(mine, &job), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: a job", o);
+    uint8_t back[64];
+    cr_assert_eq(theirs->ops->buffer_read(theirs, foreign, 0, back, 64), KVQ_OK);
+    if (theirs->ops->finish) cr_assert_eq(theirs->ops->finish(theirs), KVQ_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq(back[i], 0, "owner %d: byte %d of the foreign buffer was written", o, i);
+    theirs->ops->buffer_destroy(theirs, foreign);
+    mine->ops->buffer_destroy(mine, own);
+  }
+  kvq_context_destroy(a), kvq_context_destroy(b), kvq_context_destroy(vk);
 }
 
 Test(context, create_unknown_backend) {

@@ -67,6 +67,7 @@ typedef struct kvq_vk_instance_fns {
 } kvq_vk_instance_fns;
 
 struct kvq_buffer {
+  kvq_buffer_base base; /* first: the owner (backends/backend.h) */
   VkBuffer buffer;
   VkDeviceMemory memory; /* VK_NULL_HANDLE for an imported buffer */
   int imported;          /* the caller's VkBuffer: never destroyed by kvq */
