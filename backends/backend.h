@@ -33,12 +33,46 @@
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
 
+/*
+ * What every backend's struct kvq_buffer begins with (its first member, named `base`): the backend
+ * that created or imported it. Each backend defines the rest of the struct; before it treats a
+ * buffer as its own it checks the owner (kvq_buffer_owned), so that a buffer handed to the wrong
+ * backend is refused with KVQ_ERROR_INVALID_ARGUMENT instead of being read as another layout.
+ */
+typedef struct kvq_buffer_base {
+  const kvq_backend *owner;
+} kvq_buffer_base;
+
+/* 1 when `buffer` is NULL (nothing to check) or belongs to `backend`. */
+static inline int kvq_buffer_owned(const kvq_backend *backend, const kvq_buffer *buffer) {
+  return !buffer || ((const kvq_buffer_base *)(const void *)buffer)->owner == backend;
+}
+
+/* Caller memory of any kind, as a tensor names it (kvq_tensor_memory): a pointer for pointer kinds
+ * (host, CUDA device memory), a handle for handle kinds (a VkBuffer); the other is NULL / 0. */
+typedef struct kvq_device_memory {
+  kvq_memory kind;
+  void *pointer;
+  uint64_t handle;
+} kvq_device_memory;
+
 /* One side (keys or values) of one layer as jobs see it. */
 typedef struct kvq_side_desc {
   kvq_side_layout layout;
   kvq_buffer *fixed[KVQ_SIDE_FIXED]; /* matrices and codebooks (core/config.h says which), fp32; or NULL */
   double qjl_constant;                   /* QJL: c_d for this head_dim */
 } kvq_side_desc;
+
+/* 1 when every buffer in `buffers` (NULL entries allowed) and the side's fixed arrays belong to
+ * `backend` (side may be NULL). */
+static inline int kvq_buffers_owned(const kvq_backend *backend, const kvq_side_desc *side, kvq_buffer *const *buffers,
+                                    unsigned count) {
+  for (unsigned i = 0; i < count; i++)
+    if (!kvq_buffer_owned(backend, buffers[i])) return 0;
+  for (int i = 0; side && i < KVQ_SIDE_FIXED; i++)
+    if (!kvq_buffer_owned(backend, side->fixed[i])) return 0;
+  return 1;
+}
 
 /* ---- Jobs ------------------------------------------------------------------------------------ */
 
@@ -196,10 +230,10 @@ typedef struct kvq_backend_ops {
   kvq_status (*finish)(kvq_backend *backend);
 
   /* Optional (NULL: the backend takes host tensors only). Wraps caller-owned memory of a kind the
-   * backend owns (KVQ_MEMORY_VULKAN_BUFFER: `handle` is a VkBuffer) of at least `bytes` as a
-   * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory. */
-  kvq_status (*buffer_import)(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes,
-                              kvq_buffer **out);
+   * backend owns (a VkBuffer handle for Vulkan, a device pointer for CUDA) of at least `bytes` as a
+   * buffer that write/read/copy accept; buffer_destroy then frees the wrapper, never the memory.
+   * Memory of another kind is refused (KVQ_ERROR_INVALID_ARGUMENT). */
+  kvq_status (*buffer_import)(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out);
 
   /* Optional (NULL: no device clock). The device time, in ns, that the work submitted since the
    * previous call took, measured by the device's timestamps (kvq-bench prints it next to wall time). */

@@ -16,15 +16,37 @@ kvq_status kvq_backends_list(kvq_backend_info *infos, size_t capacity, size_t *c
 }
 
 kvq_context_options kvq_context_options_default(void) {
-  return (kvq_context_options){.backend = KVQ_BACKEND_AUTO, .device_index = -1};
+  return (kvq_context_options){.struct_size = sizeof(kvq_context_options), .backend = KVQ_BACKEND_AUTO, .device_index = -1};
+}
+
+/* The caller's options as this version knows them: struct_size bytes of them (0: this header's size),
+ * the members a newer header added only when they are all zero. */
+static kvq_status read_options(const kvq_context_options *options, kvq_context_options *opt) {
+  *opt = kvq_context_options_default();
+  if (!options) return KVQ_OK;
+  const size_t given = options->struct_size ? options->struct_size : sizeof *options;
+  if (given < sizeof *options) return KVQ_ERROR_INVALID_ARGUMENT; /* no older layout had struct_size */
+  const unsigned char *tail = (const unsigned char *)options + sizeof *options;
+  for (size_t i = 0; i < given - sizeof *options; i++)
+    if (tail[i]) return KVQ_ERROR_UNSUPPORTED;
+  *opt = *options;
+  return KVQ_OK;
 }
 
 kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out) {
   if (!out) return KVQ_ERROR_INVALID_ARGUMENT;
   *out = NULL;
-  kvq_context_options opt = options ? *options : kvq_context_options_default();
+  kvq_context_options opt;
+  kvq_status read = read_options(options, &opt);
+  if (read != KVQ_OK) return read;
   if (opt.backend < KVQ_BACKEND_AUTO || opt.backend > KVQ_BACKEND_CUDA) return KVQ_ERROR_INVALID_ARGUMENT;
   if (opt.device_index < -1) return KVQ_ERROR_OUT_OF_RANGE;
+  /* a runtime's device belongs to one backend */
+  if (opt.vulkan && opt.cuda) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (opt.vulkan && opt.backend != KVQ_BACKEND_AUTO && opt.backend != KVQ_BACKEND_VULKAN) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (opt.cuda && opt.backend != KVQ_BACKEND_AUTO && opt.backend != KVQ_BACKEND_CUDA) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (opt.vulkan) opt.backend = KVQ_BACKEND_VULKAN;
+  if (opt.cuda) opt.backend = KVQ_BACKEND_CUDA;
   kvq_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return KVQ_ERROR_OUT_OF_MEMORY;
   /* AUTO: the fastest backend that starts (CUDA, then Vulkan), else the CPU reference. */

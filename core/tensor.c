@@ -4,11 +4,15 @@
 
 #include "halfconv.h"
 
-kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape) {
+/* A contiguous row-major tensor of any memory kind. */
+static kvq_tensor contiguous(kvq_memory memory, void *data, uint64_t handle, uint64_t offset, kvq_dtype dtype, uint32_t rank,
+                             const int64_t *shape) {
   kvq_tensor t;
   memset(&t, 0, sizeof t);
-  t.memory = KVQ_MEMORY_HOST;
+  t.memory = memory;
   t.data = data;
+  t.handle = handle;
+  t.offset = offset;
   t.dtype = dtype;
   t.rank = rank > KVQ_MAX_RANK ? KVQ_MAX_RANK : rank;
   int64_t stride = 1;
@@ -19,6 +23,25 @@ kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int
     stride = stride > INT64_MAX / dim ? INT64_MAX : stride * dim; /* absurd shapes saturate; checks reject them */
   }
   return t;
+}
+
+kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape) {
+  return contiguous(KVQ_MEMORY_HOST, data, 0, 0, dtype, rank, shape);
+}
+
+kvq_tensor kvq_tensor_vulkan(uint64_t vk_buffer, uint64_t offset, kvq_dtype dtype, uint32_t rank, const int64_t *shape) {
+  return contiguous(KVQ_MEMORY_VULKAN_BUFFER, NULL, vk_buffer, offset, dtype, rank, shape);
+}
+
+kvq_tensor kvq_tensor_cuda(void *device_pointer, kvq_dtype dtype, uint32_t rank, const int64_t *shape) {
+  return contiguous(KVQ_MEMORY_CUDA_DEVICE, device_pointer, 0, 0, dtype, rank, shape);
+}
+
+/* Pointer kinds are named by data, handle kinds by handle. */
+static int named_by_handle(kvq_memory memory) { return memory == KVQ_MEMORY_VULKAN_BUFFER; }
+
+kvq_device_memory kvq_tensor_memory(const kvq_tensor *t) {
+  return (kvq_device_memory){t->memory, named_by_handle(t->memory) ? NULL : t->data, named_by_handle(t->memory) ? t->handle : 0};
 }
 
 uint64_t kvq_tensor_count(const kvq_tensor *t) {
@@ -37,14 +60,14 @@ kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *n
       return kvq_fail(ctx, KVQ_ERROR_UNSUPPORTED, "%s: device-memory tensors (%s) need the %s backend; this context runs on %s",
                       name, owner == KVQ_BACKEND_VULKAN ? "a VkBuffer" : "CUDA", owner == KVQ_BACKEND_VULKAN ? "vulkan" : "cuda",
                       ctx && ctx->backend ? ctx->backend->ops->name : "?");
-    if (owner == KVQ_BACKEND_VULKAN && !t->vk_buffer)
-      return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: vk_buffer is VK_NULL_HANDLE", name);
+    if (named_by_handle(t->memory) && !t->handle)
+      return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: handle is VK_NULL_HANDLE", name);
   }
   if (t->dtype != KVQ_DTYPE_F32 && t->dtype != KVQ_DTYPE_F16 && t->dtype != KVQ_DTYPE_BF16)
     return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: unknown dtype %d", name, (int)t->dtype);
   if (t->rank != 3)
     return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: rank %u, expected 3", name, t->rank);
-  if (!t->data && t->memory != KVQ_MEMORY_VULKAN_BUFFER) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: data is NULL", name);
+  if (!t->data && !named_by_handle(t->memory)) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "%s: data is NULL", name);
   for (uint32_t i = 0; i < 3; i++) {
     if (t->shape[i] < 1 || t->shape[i] > (int64_t)1 << 31)
       return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: shape[%u] = %lld must be from 1 to 2^31", name, i,
@@ -65,8 +88,8 @@ kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *n
     else if (total != UINT64_MAX) total = total + a * b > UINT64_MAX / 8 ? UINT64_MAX : total + a * b;
   }
   uint64_t size = t->dtype == KVQ_DTYPE_F32 ? 4 : 2;
-  /* (a VkBuffer is addressed from 0: its data field is not a pointer) */
-  const uintptr_t base = t->memory == KVQ_MEMORY_VULKAN_BUFFER ? 0 : (uintptr_t)t->data;
+  /* (a buffer named by a handle is addressed from 0) */
+  const uintptr_t base = named_by_handle(t->memory) ? 0 : (uintptr_t)t->data;
   if (total == UINT64_MAX || (total + 1) * size > UINT64_MAX - t->offset ||
       (total + 1) * size + t->offset > (uint64_t)(UINTPTR_MAX - base))
     return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "%s: shape, strides and offset reach past the address space", name);

@@ -8,6 +8,9 @@
  * size >= 1. Host memory, or device memory the context's backend can import (buffer_import). */
 kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *name, const int64_t expect[3]);
 
+/* The memory a tensor names, as a backend imports it: data for pointer kinds, handle for handle kinds. */
+kvq_device_memory kvq_tensor_memory(const kvq_tensor *t);
+
 /* Number of elements. */
 uint64_t kvq_tensor_count(const kvq_tensor *t);
 

@@ -23,7 +23,8 @@ static kvq_status stage(kvq_context *ctx, const kvq_tensor *t, kvq_buffer **buff
   span(t, &first, &bytes);
   *copy = bytes <= SIZE_MAX ? malloc((size_t)bytes) : NULL;
   if (!*copy) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a %llu-byte device tensor", (unsigned long long)bytes);
-  kvq_status st = be->ops->buffer_import(be, t->memory, t->vk_buffer, first + bytes, buffer);
+  const kvq_device_memory memory = kvq_tensor_memory(t);
+  kvq_status st = be->ops->buffer_import(be, &memory, first + bytes, buffer);
   if (st == KVQ_OK) st = be->ops->buffer_read(be, *buffer, first, *copy, bytes);
   if (st != KVQ_OK) {
     if (*buffer) be->ops->buffer_destroy(be, *buffer);

@@ -16,7 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "core/sha256.h"
+#include "core/tensor.h"
 #include "helpers.h"
 
 enum { HQ = 4, HKV = 2, D = 32, P = 16, R = 16, MAX_PAGES = 8, MAX_SEQS = 4 };
@@ -506,7 +508,7 @@ static void e_memory_unknown(kvq_tensor *t) { t->memory = (kvq_memory)3; }
 static void e_vulkan(kvq_tensor *t) {
   t->memory = KVQ_MEMORY_VULKAN_BUFFER;
   t->data = NULL;
-  t->vk_buffer = 0xdeadbeefu;
+  t->handle = 0xdeadbeefu;
 }
 static void e_cuda(kvq_tensor *t) {
   t->memory = KVQ_MEMORY_CUDA_DEVICE;
@@ -668,6 +670,115 @@ Test(context, create_null_out) {
   cr_assert_eq(kvq_context_create(NULL, NULL), KVQ_ERROR_INVALID_ARGUMENT);
   const kvq_context_options def = kvq_context_options_default();
   cr_assert(def.backend == KVQ_BACKEND_AUTO && def.device_index == -1);
+}
+
+/* kvq_context_options can grow: struct_size says how much of it the caller knows. Smaller than the
+ * first layout with the field is refused; larger is accepted while the members this library does not
+ * know are zero, and refused (UNSUPPORTED) when a newer caller set one; 0 means this header's size. */
+Test(context, options_struct_size) {
+  struct {
+    kvq_context_options known;
+    uint64_t newer_member;
+  } bigger;
+  memset(&bigger, 0, sizeof bigger);
+  bigger.known = kvq_context_options_default();
+  bigger.known.backend = KVQ_BACKEND_CPU;
+  bigger.known.struct_size = sizeof bigger;
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(&bigger.known, &ctx), KVQ_OK, "a newer caller's options with its new member unset");
+  kvq_context_destroy(ctx);
+  bigger.newer_member = 1;
+  ctx = (kvq_context *)(uintptr_t)1;
+  cr_assert_eq(kvq_context_create(&bigger.known, &ctx), KVQ_ERROR_UNSUPPORTED, "a newer member this kvq cannot honour");
+  cr_assert_null(ctx);
+  kvq_context_options opt = kvq_context_options_default();
+  cr_assert_eq(opt.struct_size, sizeof opt);
+  opt.backend = KVQ_BACKEND_CPU;
+  opt.struct_size = sizeof opt - 8;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_INVALID_ARGUMENT, "smaller than any layout with struct_size");
+  kvq_context_options designated = {.backend = KVQ_BACKEND_CPU, .device_index = -1}; /* struct_size 0 */
+  cr_assert_eq(kvq_context_create(&designated, &ctx), KVQ_OK, "struct_size 0: this header's layout");
+  kvq_context_destroy(ctx);
+}
+
+/* A runtime's device belongs to one backend: the Vulkan member with another backend, the CUDA member
+ * with another backend, or both at once, are refused before any backend starts. */
+Test(context, options_runtime_device_for_another_backend) {
+  kvq_vulkan_device vk;
+  kvq_cuda_device cuda;
+  memset(&vk, 0, sizeof vk);
+  memset(&cuda, 0, sizeof cuda);
+  const struct {
+    kvq_backend_kind backend;
+    int with_vulkan, with_cuda;
+  } cases[] = {{KVQ_BACKEND_CPU, 1, 0}, {KVQ_BACKEND_CUDA, 1, 0}, {KVQ_BACKEND_CPU, 0, 1},
+               {KVQ_BACKEND_VULKAN, 0, 1}, {KVQ_BACKEND_AUTO, 1, 1}, {KVQ_BACKEND_VULKAN, 1, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kvq_context_options opt = kvq_context_options_default();
+    opt.backend = cases[i].backend;
+    opt.vulkan = cases[i].with_vulkan ? &vk : NULL;
+    opt.cuda = cases[i].with_cuda ? &cuda : NULL;
+    kvq_context *ctx = (kvq_context *)(uintptr_t)1;
+    cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_ERROR_INVALID_ARGUMENT, "case %zu", i);
+    cr_assert_null(ctx, "case %zu", i);
+  }
+}
+
+/* Device memory is named by what its kind says: a VkBuffer by its handle, a CUDA allocation by its
+ * pointer; a backend importing it gets that name, never the other field. */
+Test(context, device_memory_is_named_by_its_kind) {
+  const int64_t shape[3] = {2, 3, 16};
+  void *device_pointer = (void *)(uintptr_t)0x7f0000001000u;
+  const kvq_tensor vk = kvq_tensor_vulkan(0xabcdu, 64, KVQ_DTYPE_F16, 3, shape);
+  const kvq_tensor cu = kvq_tensor_cuda(device_pointer, KVQ_DTYPE_F16, 3, shape);
+  cr_assert(vk.memory == KVQ_MEMORY_VULKAN_BUFFER && vk.handle == 0xabcdu && vk.data == NULL && vk.offset == 64);
+  cr_assert(cu.memory == KVQ_MEMORY_CUDA_DEVICE && cu.data == device_pointer && cu.handle == 0);
+  cr_assert(vk.strides[0] == 48 && vk.strides[1] == 16 && vk.strides[2] == 1 && cu.strides[0] == 48);
+  const kvq_device_memory a = kvq_tensor_memory(&vk), b = kvq_tensor_memory(&cu);
+  cr_assert(a.kind == KVQ_MEMORY_VULKAN_BUFFER && a.handle == 0xabcdu && a.pointer == NULL);
+  cr_assert(b.kind == KVQ_MEMORY_CUDA_DEVICE && b.pointer == device_pointer && b.handle == 0,
+            "a CUDA tensor is imported by its pointer (not by handle 0)");
+  kvq_tensor stray = cu;
+  stray.handle = 99; /* a field the kind does not use is not passed on */
+  cr_assert_eq(kvq_tensor_memory(&stray).handle, 0u);
+}
+
+/* Each backend knows its own buffers: a buffer of one backend handed to another (two CPU backends,
+ * and a Vulkan one where a device exists) is refused with INVALID_ARGUMENT, by buffer calls and by
+ * jobs, and nothing is written. */
+Test(context, buffers_of_another_backend_are_refused) {
+  kvq_context *a = th_cpu_context(), *b = th_cpu_context(), *vk = NULL;
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = KVQ_BACKEND_VULKAN;
+  if (kvq_context_create(&opt, &vk) != KVQ_OK) vk = NULL; /* no Vulkan device: the CPU pair still runs */
+  kvq_context *owners[2] = {b, vk};
+  for (int o = 0; o < 2; o++) {
+    if (!owners[o]) continue;
+    kvq_backend *mine = a->backend, *theirs = owners[o]->backend;
+    kvq_buffer *foreign = NULL, *own = NULL;
+    cr_assert_eq(theirs->ops->buffer_create(theirs, 64, &foreign), KVQ_OK);
+    cr_assert_eq(mine->ops->buffer_create(mine, 64, &own), KVQ_OK);
+    uint8_t bytes[64];
+    memset(bytes, 7, sizeof bytes);
+    cr_assert_eq(mine->ops->buffer_write(mine, foreign, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: write", o);
+    cr_assert_eq(mine->ops->buffer_read(mine, foreign, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: read", o);
+    cr_assert_eq(mine->ops->buffer_copy(mine, own, 0, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: copy", o);
+    cr_assert_eq(mine->ops->buffer_zero(mine, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: zero", o);
+    cr_assert_eq(theirs->ops->buffer_write(theirs, own, 0, bytes, 64), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: the other way", o);
+    mine->ops->buffer_destroy(mine, foreign); /* refused: not freed (its owner frees it below) */
+    kvq_job_kmeans job;
+    memset(&job, 0, sizeof job);
+    job.data = foreign, job.centroids = own, job.assignment = own;
+    job.problems = 1, job.points = 1, job.dims = 1, job.clusters = 1;
+    cr_assert_eq(mine->ops->kmeans_assign(mine, &job), KVQ_ERROR_INVALID_ARGUMENT, "owner %d: a job", o);
+    uint8_t back[64];
+    cr_assert_eq(theirs->ops->buffer_read(theirs, foreign, 0, back, 64), KVQ_OK);
+    if (theirs->ops->finish) cr_assert_eq(theirs->ops->finish(theirs), KVQ_OK);
+    for (int i = 0; i < 64; i++) cr_assert_eq(back[i], 0, "owner %d: byte %d of the foreign buffer was written", o, i);
+    theirs->ops->buffer_destroy(theirs, foreign);
+    mine->ops->buffer_destroy(mine, own);
+  }
+  kvq_context_destroy(a), kvq_context_destroy(b), kvq_context_destroy(vk);
 }
 
 Test(context, create_unknown_backend) {

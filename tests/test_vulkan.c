@@ -375,10 +375,7 @@ static void runtime_buffer_free(const runtime_device *r, runtime_buffer *rb) {
 
 static kvq_tensor device_tensor(const runtime_buffer *rb, uint64_t offset, kvq_dtype dtype, const int64_t shape[3],
                                 const int64_t strides[3]) {
-  kvq_tensor t = kvq_tensor_host(NULL, dtype, 3, shape);
-  t.memory = KVQ_MEMORY_VULKAN_BUFFER;
-  t.vk_buffer = (uint64_t)(uintptr_t)rb->buffer;
-  t.offset = offset;
+  kvq_tensor t = kvq_tensor_vulkan((uint64_t)(uintptr_t)rb->buffer, offset, dtype, 3, shape);
   if (strides) memcpy(t.strides, strides, 3 * sizeof strides[0]);
   return t;
 }
@@ -444,10 +441,10 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
 
   /* a VkBuffer tensor without a buffer, and on a CPU context */
   kvq_tensor bad = device_tensor(&qb, 0, KVQ_DTYPE_F16, qshape, NULL);
-  bad.vk_buffer = 0;
+  bad.handle = 0;
   dev_req.queries = bad;
   cr_assert_eq(kvq_attention(cache[1], 0, &dev_req, 1), KVQ_ERROR_INVALID_ARGUMENT);
-  cr_assert(strstr(kvq_context_last_error(ctx), "vk_buffer"), "%s", kvq_context_last_error(ctx));
+  cr_assert(strstr(kvq_context_last_error(ctx), "handle"), "%s", kvq_context_last_error(ctx));
   kvq_context *cpu = th_cpu_context();
   kvq_cache *cpu_cache;
   uint32_t cpu_seq;

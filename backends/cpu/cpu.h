@@ -14,6 +14,7 @@
 #include "core/bytes.h"
 
 struct kvq_buffer {
+  kvq_buffer_base base; /* first: the owner (backends/backend.h) */
   uint8_t *data;
   uint64_t size;
 };
@@ -65,6 +66,15 @@ extern const cpu_method kvq_cpu_cq;
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method);
 cpu_head kvq_cpu_head(const kvq_side_desc *side);
+
+/* KVQ_ERROR_INVALID_ARGUMENT with a message, for a job or buffer of another backend. */
+kvq_status kvq_cpu_foreign(kvq_backend *b);
+#define KVQ_CPU_OWNS(b, side, ...)                                                                               \
+  do {                                                                                                             \
+    kvq_buffer *const owned_[] = {__VA_ARGS__};                                                                    \
+    if (!kvq_buffers_owned((b), (side), owned_, (unsigned)(sizeof owned_ / sizeof owned_[0])))                     \
+      return kvq_cpu_foreign(b);                                                                                   \
+  } while (0)
 
 /* The jobs (cpu_jobs.c, cpu_attention.c). */
 kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job);

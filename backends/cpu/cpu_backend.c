@@ -37,7 +37,13 @@ static int cpu_supports(const kvq_backend *b, kvq_job_kind kind, const kvq_side_
   return (!keys || kvq_cpu_method(keys->method)) && (!values || kvq_cpu_method(values->method));
 }
 
+kvq_status kvq_cpu_foreign(kvq_backend *b) {
+  snprintf(b->message, sizeof b->message, "cpu: a buffer of another backend was handed to the CPU backend");
+  return KVQ_ERROR_INVALID_ARGUMENT;
+}
+
 static kvq_status range_check(kvq_backend *b, const kvq_buffer *buf, uint64_t offset, uint64_t bytes) {
+  if (!kvq_buffer_owned(b, buf)) return kvq_cpu_foreign(b);
   if (!buf || offset > buf->size || bytes > buf->size - offset) {
     snprintf(b->message, sizeof b->message, "cpu: buffer access [%llu, +%llu) outside a buffer of %llu bytes",
              (unsigned long long)offset, (unsigned long long)bytes, (unsigned long long)(buf ? buf->size : 0));
@@ -56,6 +62,7 @@ static kvq_status cpu_buffer_create(kvq_backend *b, uint64_t bytes, kvq_buffer *
     snprintf(b->message, sizeof b->message, "cpu: cannot allocate %llu bytes", (unsigned long long)bytes);
     return KVQ_ERROR_OUT_OF_MEMORY;
   }
+  buf->base.owner = b;
   buf->data = data;
   buf->size = bytes;
   *out = buf;
@@ -63,8 +70,11 @@ static kvq_status cpu_buffer_create(kvq_backend *b, uint64_t bytes, kvq_buffer *
 }
 
 static void cpu_buffer_destroy(kvq_backend *b, kvq_buffer *buf) {
-  (void)b;
   if (!buf) return;
+  if (!kvq_buffer_owned(b, buf)) { /* not ours to free: leave it to its owner */
+    kvq_cpu_foreign(b);
+    return;
+  }
   free(buf->data);
   free(buf);
 }

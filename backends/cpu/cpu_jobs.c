@@ -35,6 +35,7 @@ static float token_error(const cpu_method *method, const cpu_head *head, const u
 }
 
 kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
+  KVQ_CPU_OWNS(b, job->side, job->dst, job->errors);
   const kvq_side_layout *s = &job->side->layout;
   const cpu_method *method = kvq_cpu_method(s->method);
   cpu_head head = kvq_cpu_head(job->side);
@@ -45,6 +46,7 @@ kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
     return bad_range(b, "the quantization errors");
   for (uint32_t i = 0; i < job->count; i++) { /* check every item before writing any page */
     const kvq_quantize_item *it = &job->items[i];
+    if (!kvq_buffer_owned(b, it->src)) return kvq_cpu_foreign(b);
     if (it->tokens == 0 || it->tokens > s->page_size || !in_buffer(it->src, it->src_offset, per_token * esize * it->tokens) ||
         !in_buffer(job->dst, it->dst_offset, s->page_bytes))
       return bad_range(b, "a quantize item");
@@ -70,6 +72,7 @@ kvq_status kvq_cpu_quantize(kvq_backend *b, const kvq_job_quantize *job) {
 }
 
 kvq_status kvq_cpu_dequantize(kvq_backend *b, const kvq_job_dequantize *job) {
+  KVQ_CPU_OWNS(b, job->side, job->pages, job->out);
   const kvq_side_layout *s = &job->side->layout;
   const cpu_method *method = kvq_cpu_method(s->method);
   cpu_head head = kvq_cpu_head(job->side);
@@ -91,6 +94,7 @@ kvq_status kvq_cpu_dequantize(kvq_backend *b, const kvq_job_dequantize *job) {
 }
 
 kvq_status kvq_cpu_prepare(kvq_backend *b, const kvq_job_prepare *job) {
+  KVQ_CPU_OWNS(b, job->keys, job->queries, job->out);
   const kvq_side_layout *s = &job->keys->layout;
   const cpu_method *method = kvq_cpu_method(s->method);
   const uint32_t pf = kvq_prepared_floats(s);

@@ -36,6 +36,7 @@ static kvq_status check(kvq_backend *b, const kvq_job_kmeans *job) {
 }
 
 kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job) {
+  KVQ_CPU_OWNS(b, NULL, job->data, job->weights, job->centroids, job->assignment, job->distance);
   kvq_status st = check(b, job);
   if (st != KVQ_OK) return st;
   const float *data = (const float *)job->data->data, *centroids = (const float *)job->centroids->data;
@@ -51,6 +52,7 @@ kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job) {
 }
 
 kvq_status kvq_cpu_kmeans_update(kvq_backend *b, const kvq_job_kmeans *job) {
+  KVQ_CPU_OWNS(b, NULL, job->data, job->weights, job->centroids, job->assignment, job->distance);
   kvq_status st = check(b, job);
   if (st != KVQ_OK) return st;
   const float *data = (const float *)job->data->data, *weights = job->weights ? (const float *)job->weights->data : NULL;

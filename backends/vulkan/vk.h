@@ -62,6 +62,7 @@ typedef struct kvq_vk_instance_fns {
 } kvq_vk_instance_fns;
 
 struct kvq_buffer {
+  kvq_buffer_base base; /* first: the owner (backends/backend.h) */
   VkBuffer buffer;
   VkDeviceMemory memory; /* VK_NULL_HANDLE for an imported buffer */
   int imported;          /* the caller's VkBuffer: never destroyed by kvq */
@@ -138,7 +139,7 @@ kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t
 kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
                               uint64_t src_offset, uint64_t bytes);
 kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes);
-kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out);
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out);
 kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what);
 
 /* vk_dispatch.c: pipelines, recording, submission. */

@@ -204,6 +204,8 @@ static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BIND
 kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *push,
                            kvq_buffer *const buffers[KVQ_VK_BINDINGS], uint64_t invocations) {
   if (invocations == 0) return KVQ_OK;
+  if (!kvq_buffers_owned(&b->base, NULL, buffers, KVQ_VK_BINDINGS))
+    return kvq_vk_error(b, KVQ_ERROR_INVALID_ARGUMENT, "a buffer of another backend was bound to a Vulkan job");
   /* workgroups of KVQ_GPU_GROUP_SIZE in a grid of x by y (x at most 65535, the least every device
    * offers); shaders fold the grid back into one index (kvq_invocation) and ignore the excess */
   const uint64_t groups = (invocations + KVQ_GPU_GROUP_SIZE - 1) / KVQ_GPU_GROUP_SIZE;

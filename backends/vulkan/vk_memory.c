@@ -22,6 +22,8 @@ static uint32_t memory_type(const vk_backend *b, uint32_t bits, VkMemoryProperty
 }
 
 kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t offset, uint64_t bytes, const char *what) {
+  if (!kvq_buffer_owned(&b->base, buffer))
+    return kvq_vk_error(b, KVQ_ERROR_INVALID_ARGUMENT, "%s: a buffer of another backend was handed to the Vulkan backend", what);
   if (!buffer || offset > buffer->size || bytes > buffer->size - offset) {
     return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "%s [%llu, +%llu) lies outside a buffer of %llu bytes",
                         what, (unsigned long long)offset, (unsigned long long)bytes,
@@ -52,6 +54,7 @@ kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, k
   if (!buf) {
     return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
+  buf->base.owner = &b->base;
   buf->size = bytes;
   VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
                              .size = rounded,
@@ -104,10 +107,11 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
 /* A caller's VkBuffer (kvq_tensor.vk_buffer). Vulkan cannot tell a buffer's size: the caller
  * promises `bytes` (the tensor's span), and the validation layer checks what kvq does with it.
  * It must have been created with TRANSFER_SRC usage (inputs) and TRANSFER_DST usage (outputs). */
-kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_t handle, uint64_t bytes, kvq_buffer **out) {
+kvq_status kvq_vk_buffer_import(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out) {
   vk_backend *b = (vk_backend *)backend;
   *out = NULL;
-  if (memory != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
+  const uint64_t handle = memory->handle;
+  if (memory->kind != KVQ_MEMORY_VULKAN_BUFFER || !handle) {
     return kvq_vk_error(b, KVQ_ERROR_INVALID_ARGUMENT, "only a VkBuffer can be imported");
   }
   kvq_buffer *buf = calloc(1, sizeof *buf);
@@ -115,13 +119,20 @@ kvq_status kvq_vk_buffer_import(kvq_backend *backend, kvq_memory memory, uint64_
     return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   }
   buf->buffer = (VkBuffer)(uintptr_t)handle;
+  buf->base.owner = &b->base;
   buf->size = bytes;
   buf->imported = 1;
   *out = buf;
   return KVQ_OK;
 }
 
-void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) { kvq_vk_buffer_free((vk_backend *)backend, buffer); }
+void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) {
+  if (!kvq_buffer_owned(backend, buffer)) { /* not ours to free: leave it to its owner */
+    kvq_vk_error((vk_backend *)backend, KVQ_ERROR_INVALID_ARGUMENT, "a buffer of another backend was handed to the Vulkan backend");
+    return;
+  }
+  kvq_vk_buffer_free((vk_backend *)backend, buffer);
+}
 
 static void copy_region(vk_backend *b, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src, uint64_t src_offset, uint64_t bytes) {
   VkBufferCopy region = {.srcOffset = src_offset, .dstOffset = dst_offset, .size = bytes};

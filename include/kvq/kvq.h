@@ -87,22 +87,24 @@ typedef enum kvq_dtype {
   KVQ_DTYPE_BF16 = 2  /* bfloat16 */
 } kvq_dtype;
 
-/* Where a tensor's elements live. */
+/* Where a tensor's elements live, and which field of kvq_tensor names that memory. */
 typedef enum kvq_memory {
-  KVQ_MEMORY_HOST = 0,          /* data is a host pointer */
-  KVQ_MEMORY_VULKAN_BUFFER = 1, /* vk_buffer is a caller-owned VkBuffer (Vulkan backend only) */
-  KVQ_MEMORY_CUDA_DEVICE = 2    /* data is a CUDA device pointer (CUDA backend only) */
+  KVQ_MEMORY_HOST = 0,          /* data: a host pointer (every backend) */
+  KVQ_MEMORY_VULKAN_BUFFER = 1, /* handle: a caller-owned VkBuffer (Vulkan backend only) */
+  KVQ_MEMORY_CUDA_DEVICE = 2    /* data: a CUDA device pointer (CUDA backend only) */
 } kvq_memory;
 
 #define KVQ_MAX_RANK 4
 
 /*
- * A strided view of caller memory. Element (i0, i1, ...) lives at byte
+ * A strided view of caller memory, of any kind: `memory` says what names it, a pointer in `data`
+ * (host memory, CUDA device memory) or a handle in `handle` (a VkBuffer); the other field is NULL / 0.
+ * Element (i0, i1, ...) lives at byte
  *   offset + sizeof(dtype) * (i0 * strides[0] + i1 * strides[1] + ...)
- * from data (host / CUDA) or from the start of vk_buffer. Strides are in elements and must be >= 1.
+ * from data, or from the start of the buffer `handle` names. Strides are in elements and must be >= 1.
  * Input tensors are only read; output tensors are written only when the call succeeds.
  * KVQ_MEMORY_HOST works on every backend. KVQ_MEMORY_VULKAN_BUFFER works on a Vulkan context
- * created on the runtime's own device (kvq_context_options.vulkan): vk_buffer is a VkBuffer of that
+ * created on the runtime's own device (kvq_context_options.vulkan): handle is a VkBuffer of that
  * device (data is ignored) that covers the tensor's elements, created with TRANSFER_SRC usage for
  * inputs and TRANSFER_DST usage for outputs; kvq reads inputs and writes outputs with transfers on its
  * queue before the call returns, and writes nothing between strided elements. Other backends, and
@@ -110,8 +112,8 @@ typedef enum kvq_memory {
  */
 typedef struct kvq_tensor {
   kvq_memory memory;
-  void *data;
-  uint64_t vk_buffer;
+  void *data;      /* KVQ_MEMORY_HOST, KVQ_MEMORY_CUDA_DEVICE: the memory's address; else NULL */
+  uint64_t handle; /* KVQ_MEMORY_VULKAN_BUFFER: the VkBuffer (cast to uint64_t); else 0 */
   uint64_t offset;
   kvq_dtype dtype;
   uint32_t rank;
@@ -122,6 +124,12 @@ typedef struct kvq_tensor {
 /* A contiguous row-major host tensor over data (not copied). A rank above KVQ_MAX_RANK is clamped
  * to it (and then refused by calls that expect rank 3). Thread-safe. */
 KVQ_API kvq_tensor kvq_tensor_host(void *data, kvq_dtype dtype, uint32_t rank, const int64_t *shape);
+/* The same over a caller's VkBuffer (vk_buffer: the VkBuffer cast to uint64_t), element 0 at byte
+ * `offset` of it. Thread-safe. */
+KVQ_API kvq_tensor kvq_tensor_vulkan(uint64_t vk_buffer, uint64_t offset, kvq_dtype dtype, uint32_t rank,
+                                     const int64_t *shape);
+/* The same over CUDA device memory (a device pointer). Thread-safe. */
+KVQ_API kvq_tensor kvq_tensor_cuda(void *device_pointer, kvq_dtype dtype, uint32_t rank, const int64_t *shape);
 
 /*
  * Converts `count` host numbers from `src` (of `src_dtype`) to `dst` (of `dst_dtype`) as kvq converts
@@ -187,21 +195,46 @@ typedef struct kvq_vulkan_device {
   uint32_t queue_index;
 } kvq_vulkan_device;
 
+/*
+ * A CUDA device the runtime already uses, for kvq's CUDA backend to run on: kvq enqueues its work on
+ * `stream` (the runtime's cudaStream_t, cast to void *; NULL for the legacy default stream) of device
+ * `device_ordinal`, in `context` (a CUcontext, cast to void *) or, when NULL, that device's primary
+ * context. kvq never destroys them: they must outlive every context and cache built on them.
+ */
+typedef struct kvq_cuda_device {
+  int32_t device_ordinal;
+  void *stream;  /* cudaStream_t */
+  void *context; /* CUcontext, or NULL for the primary context */
+} kvq_cuda_device;
+
 typedef struct kvq_context_options {
+  /* sizeof(kvq_context_options) as the caller was compiled: kvq_context_options_default() sets it, and
+   * 0 means this header's size. Lets later versions add members at the end without breaking callers:
+   * a library reads only the members it knows, and refuses (KVQ_ERROR_UNSUPPORTED) options from a
+   * newer header that set a member it does not know. */
+  uint32_t struct_size;
   kvq_backend_kind backend; /* KVQ_BACKEND_AUTO by default */
   int32_t device_index;     /* GPU backends: device to use; -1 picks the most capable */
   /* Vulkan backend only: the runtime's own device (see kvq_vulkan_device), or NULL (the default)
    * for kvq to create its instance and device. Read during kvq_context_create only. */
   const kvq_vulkan_device *vulkan;
+  /* CUDA backend only: the runtime's device, stream and context (see kvq_cuda_device), or NULL (the
+   * default) for kvq to use device_index's primary context and a stream of its own. Read during
+   * kvq_context_create only. At most one of vulkan and cuda may be set, and only for its backend or
+   * KVQ_BACKEND_AUTO (which then tries that backend alone). */
+  const kvq_cuda_device *cuda;
 } kvq_context_options;
 
-/* The defaults: automatic backend, most capable device. Thread-safe. */
+/* The defaults: automatic backend, most capable device, struct_size set. Thread-safe. */
 KVQ_API kvq_context_options kvq_context_options_default(void);
 
 /*
  * Creates a context on a backend (options may be NULL for the defaults). When the requested backend
  * is unavailable, returns KVQ_ERROR_BACKEND_UNAVAILABLE and sets *out to NULL; kvq_backends_list()
- * says why. Thread-safe.
+ * says why. KVQ_ERROR_INVALID_ARGUMENT for an unknown backend, a struct_size below this layout's, or a
+ * runtime device for another backend (or both); KVQ_ERROR_UNSUPPORTED for options from a newer header
+ * that set a member this library does not know; KVQ_ERROR_OUT_OF_RANGE for device_index < -1.
+ * Thread-safe.
  */
 KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out);
 
