@@ -28,7 +28,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 3u
+#define KVQ_BACKEND_ABI_VERSION 4u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -196,6 +196,17 @@ typedef struct kvq_job_kmeans {
   kvq_buffer *distance;   /* fp32 [problems][points] (ASSIGN; may be NULL) */
 } kvq_job_kmeans;
 
+/* What a backend moved and submitted since it was created or its counters were last reset (the
+ * optional stats op): an internal interface for tests and kvq-bench, not part of the API. Bytes
+ * count host<->device traffic only: staging uploads, writes into host-visible metadata, readbacks;
+ * device-to-device copies are not counted. A backend without a device (CPU) has no stats op. */
+typedef struct kvq_backend_stats {
+  uint64_t submissions;     /* queue submissions (vkQueueSubmit calls) */
+  uint64_t waits;           /* host waits for submitted work (fence waits) */
+  uint64_t bytes_to_device; /* host -> device */
+  uint64_t bytes_to_host;   /* device -> host */
+} kvq_backend_stats;
+
 /* ---- The table ------------------------------------------------------------------------------- */
 
 typedef struct kvq_backend_ops {
@@ -238,6 +249,10 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: no device clock). The device time, in ns, that the work submitted since the
    * previous call took, measured by the device's timestamps (kvq-bench prints it next to wall time). */
   kvq_status (*device_time)(kvq_backend *backend, uint64_t *ns);
+
+  /* Optional (NULL: no counters). The counters since creation or the last reset (`reset` non-zero:
+   * zero them after reading). */
+  void (*stats)(kvq_backend *backend, kvq_backend_stats *out, int reset);
 } kvq_backend_ops;
 
 struct kvq_backend {

@@ -104,3 +104,10 @@ kvq_status kvq_context_device_time(kvq_context *ctx, uint64_t *ns) {
   *ns = t;
   return KVQ_OK;
 }
+
+kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, int reset) {
+  if (!ctx || !ctx->backend) return KVQ_ERROR_INVALID_ARGUMENT;
+  if (!ctx->backend->ops->stats) return KVQ_ERROR_UNSUPPORTED;
+  ctx->backend->ops->stats(ctx->backend, out, reset);
+  return KVQ_OK;
+}

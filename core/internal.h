@@ -26,6 +26,11 @@ struct kvq_context {
   kvq_load_work load_work;
 };
 
+/* The context's backend counters (kvq_backend_stats, backends/backend.h), read and, with `reset`,
+ * zeroed: for tests that count submissions and host<->device bytes. KVQ_ERROR_UNSUPPORTED when the
+ * backend keeps none (CPU). Not part of the API. */
+kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, int reset);
+
 /* Frees a context once it was destroyed and its last cache is gone. */
 void kvq_context_release(kvq_context *ctx);
 

@@ -112,6 +112,7 @@ typedef struct vk_backend {
   VkQueryPool timestamps; /* two queries: start and end of the last submission */
   float timestamp_period; /* ns per tick; 0 when the queue has no timestamps */
   uint64_t device_ns; /* summed over submissions since kvq_vk_device_time last read it */
+  kvq_backend_stats stats; /* what the stats op reports (backends/backend.h) */
 
   VkDebugUtilsMessengerEXT messenger; /* validation runs (KVQ_VULKAN_VALIDATION=1) */
   uint32_t validation_messages;
@@ -158,6 +159,7 @@ void kvq_vk_bind_side(kvq_buffer *buffers[KVQ_VK_BINDINGS], vk_backend *b, const
 kvq_status kvq_vk_submit(vk_backend *b);
 kvq_status kvq_vk_finish(kvq_backend *backend);
 kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns);
+void kvq_vk_stats(kvq_backend *backend, kvq_backend_stats *out, int reset);
 /* Copies a job's host arrays (one block of words) into the metadata buffer, grown as needed, before
  * the job records anything; *word_offset is where they start. Valid until the job's submit. */
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset);

@@ -402,6 +402,7 @@ static const kvq_backend_ops vk_ops = {
     .finish = kvq_vk_finish,
     .buffer_import = kvq_vk_buffer_import,
     .device_time = kvq_vk_device_time,
+    .stats = kvq_vk_stats,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

@@ -131,9 +131,11 @@ kvq_status kvq_vk_submit(vk_backend *b) {
   if (r == VK_SUCCESS) {
     what = "vkQueueSubmit";
     r = b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence);
+    b->stats.submissions++;
   }
   if (r == VK_SUCCESS) {
     what = "waiting for the device";
+    b->stats.waits++;
     r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
   }
   /* whatever happened, the pools start over for the next submission */
@@ -156,6 +158,12 @@ kvq_status kvq_vk_finish(kvq_backend *backend) {
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_submit(b);
   return st == KVQ_OK ? kvq_vk_check_validation(b) : st;
+}
+
+void kvq_vk_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
+  vk_backend *b = (vk_backend *)backend;
+  if (out) *out = b->stats;
+  if (reset) memset(&b->stats, 0, sizeof b->stats);
 }
 
 kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
@@ -243,6 +251,7 @@ kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint
     b->metadata = grown;
   }
   memcpy(b->metadata->mapped, data, (size_t)bytes);
+  b->stats.bytes_to_device += bytes;
   *word_offset = 0;
   return KVQ_OK;
 }

@@ -145,6 +145,7 @@ kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
     const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
     memcpy(b->staging->mapped, (const uint8_t *)src + done, (size_t)chunk);
+    b->stats.bytes_to_device += chunk;
     if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
     copy_region(b, buffer, offset + done, b->staging, 0, chunk);
     st = kvq_vk_submit(b);
@@ -162,6 +163,7 @@ kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t
     copy_region(b, b->staging, 0, buffer, offset + done, chunk);
     if ((st = kvq_vk_submit(b)) != KVQ_OK) break;
     memcpy((uint8_t *)dst + done, b->staging->mapped, (size_t)chunk);
+    b->stats.bytes_to_host += chunk;
     done += chunk;
   }
   return st;
