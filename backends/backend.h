@@ -13,7 +13,8 @@
  *
  * Synchronization model: a job or buffer call may return with its work still in flight. Work runs in
  * submission order. buffer_read returns only once the data is on the host; finish() waits for all
- * submitted work. Core calls finish() before a public call returns results to the caller.
+ * submitted work. Core calls finish() before a public call returns results to the caller, and ends
+ * the per-step calls with end_deferred (below): one submission per call where a backend batches.
  *
  * Errors: every call returns a kvq_status; on failure the backend writes a sentence to
  * backend->message. Device loss is KVQ_ERROR_DEVICE_LOST, device memory exhaustion
@@ -253,6 +254,14 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: no counters). The counters since creation or the last reset (`reset` non-zero:
    * zero them after reading). */
   void (*stats)(kvq_backend *backend, kvq_backend_stats *out, int reset);
+
+  /* Optional (NULL: every call completes its work before returning). Brackets one public call:
+   * after defer, jobs and buffer operations may record their work without submitting it (reads and
+   * finish still return with the data on the host); end_deferred submits what is recorded, waiting
+   * for it when `wait` is set, else leaving it in flight (finish, a read or the next operation that
+   * needs the queue waits for it). Core calls them through kvq_call_begin / kvq_call_end. */
+  void (*defer)(kvq_backend *backend);
+  kvq_status (*end_deferred)(kvq_backend *backend, int wait);
 } kvq_backend_ops;
 
 struct kvq_backend {

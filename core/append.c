@@ -154,8 +154,7 @@ static kvq_status stage(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset
   return st;
 }
 
-kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
   kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_append", &st);
@@ -266,8 +265,7 @@ done:
   return st;
 }
 
-kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
   kvq_status st;
   kvq_sequence *seq = kvq_sequence_lookup(cache, id, "kvq_flush", &st);
   if (!seq) return st;
@@ -306,4 +304,16 @@ kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
     state->quantized = n;
   }
   return KVQ_OK;
+}
+
+kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end(cache->ctx, append_call(cache, id, layer, keys, values));
+}
+
+kvq_status kvq_flush(kvq_cache *cache, uint32_t id) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end(cache->ctx, flush_call(cache, id));
 }

@@ -110,25 +110,34 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     if (upto == STAGE_OUTPUT && (st = be->ops->weighted_sum(be, &job)) != KVQ_OK)
       return kvq_fail_backend(ctx, st, "weighted sum");
   }
-  for (uint32_t i = 0; i < b->seq_count; i++) {
-    const kvq_attention_seq *v = &b->seqs[i];
-    const attend_item *it = parts[i];
-    if (upto == STAGE_OUTPUT) {
-      st = be->ops->buffer_read(be, output, (uint64_t)v->query_first * row_floats * 4,
-                                it->output + (uint64_t)part_row0[i] * row_floats, (uint64_t)v->query_count * row_floats * 4);
-    } else {
+  /* Results come back in one read per buffer (one submission on a backend that batches): the rows of
+   * the batch's sequences lie one after the other. */
+  float *host = NULL, *sums = NULL;
+  if (upto == STAGE_OUTPUT) {
+    host = malloc(b->rows * row_floats * 4 + 4);
+    if (!host) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
+    st = be->ops->buffer_read(be, output, 0, host, b->rows * row_floats * 4);
+    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++)
+      memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
+             (uint64_t)b->seqs[i].query_count * row_floats * 4);
+  } else {
+    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
+      const kvq_attention_seq *v = &b->seqs[i];
       const uint64_t n = (uint64_t)v->quantized + v->window;
-      st = be->ops->buffer_read(be, scores, v->score_offset * 4, it->scores + (uint64_t)part_row0[i] * L->query_heads * n,
+      st = be->ops->buffer_read(be, scores, v->score_offset * 4, parts[i]->scores + (uint64_t)part_row0[i] * L->query_heads * n,
                                 (uint64_t)v->query_count * L->query_heads * n * 4);
     }
-    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
   }
-  for (uint32_t i = 0; accumulating && i < b->seq_count; i++) {
-    const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
-    float *sums = malloc(sizeof(float) * (n ? n : 1));
+  free(host);
+  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
+  if (accumulating) {
+    sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1));
     if (!sums) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
-    st = be->ops->buffer_read(be, accumulate, b->seqs[i].accumulate_offset * 4, sums, n * 4);
-    for (uint64_t t = 0; st == KVQ_OK && t < n; t++) parts[i]->sums[t] += sums[t]; /* parts of one item add up */
+    st = be->ops->buffer_read(be, accumulate, 0, sums, b->accumulate_floats * 4);
+    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
+      const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
+      for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
+    }
     free(sums);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
   }
@@ -278,8 +287,7 @@ static kvq_status check_layer(kvq_cache *cache, uint32_t layer, const char *what
                   cache->config.layer_count);
 }
 
-kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_attention");
   if (st != KVQ_OK) return st;
@@ -329,9 +337,8 @@ kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_r
   return st;
 }
 
-kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
-                      kvq_score_kind kind, const kvq_tensor *scores) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
+                              kvq_score_kind kind, const kvq_tensor *scores) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_scores");
   if (st != KVQ_OK) return st;
@@ -412,9 +419,8 @@ static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uin
   return st;
 }
 
-kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
-                          const kvq_tensor *keys, const kvq_tensor *values) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
+                                  const kvq_tensor *keys, const kvq_tensor *values) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
   const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_dequantize", &st);
@@ -451,4 +457,24 @@ kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_
   free(buffers[0]);
   free(buffers[1]);
   return st;
+}
+
+kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end(cache->ctx, attention_call(cache, layer, requests, count));
+}
+
+kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
+                      kvq_score_kind kind, const kvq_tensor *scores) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end(cache->ctx, scores_call(cache, id, layer, queries, mask, kind, scores));
+}
+
+kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
+                          const kvq_tensor *keys, const kvq_tensor *values) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end(cache->ctx, dequantize_call(cache, id, layer, first, count, keys, values));
 }

@@ -111,3 +111,15 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
   ctx->backend->ops->stats(ctx->backend, out, reset);
   return KVQ_OK;
 }
+
+void kvq_call_begin(kvq_context *ctx) {
+  if (ctx->backend->ops->defer) ctx->backend->ops->defer(ctx->backend);
+}
+
+kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) {
+  kvq_backend *be = ctx->backend;
+  if (!be->ops->end_deferred) return status;
+  const kvq_status ended = be->ops->end_deferred(be, 1);
+  if (status != KVQ_OK) return status;
+  return ended == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, ended, "submitting the call's work");
+}

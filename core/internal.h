@@ -31,6 +31,13 @@ struct kvq_context {
  * backend keeps none (CPU). Not part of the API. */
 kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, int reset);
 
+/* Bracket a public call whose device work the backend may record into one submission (kvq_append,
+ * kvq_flush, kvq_attention, kvq_scores, kvq_dequantize): kvq_call_end submits it, waiting for it
+ * unless the context is asynchronous, and returns `status` (or the submission's failure when
+ * `status` is KVQ_OK). */
+void kvq_call_begin(kvq_context *ctx);
+kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
+
 /* Frees a context once it was destroyed and its last cache is gone. */
 void kvq_context_release(kvq_context *ctx);
 

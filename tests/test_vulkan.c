@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h" /* kvq_context_backend_stats: the backend's submission and byte counters */
 #include "golden/cases.h"
 #include "golden/golden.h"
 #include "helpers.h"
@@ -236,6 +237,60 @@ Test(vulkan, a_pool_beyond_the_device_limits_is_refused) {
             kvq_context_last_error(ctx));
   cr_assert_null(cache);
   cr_assert_str_not_empty(kvq_context_last_error(ctx));
+  kvq_context_destroy(ctx);
+}
+
+/* ---- Submissions and host<->device traffic ---------------------------------------------------------- */
+
+/* The context's backend counters since the last call, reset. */
+static kvq_backend_stats counted(kvq_context *ctx) {
+  kvq_backend_stats s;
+  cr_assert_eq(kvq_context_backend_stats(ctx, &s, 1), KVQ_OK);
+  return s;
+}
+
+/*
+ * A decode loop with host tensors (docs/VULKAN.md, "What each call moves"): every kvq_append is one
+ * submission that moves its tokens to the device (plus 16 bytes of metadata per side when a page is
+ * quantized) and nothing back; every kvq_attention of one query is one submission, waited for once,
+ * moving the query and the attention metadata up and exactly the output back.
+ */
+Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  enum { HQ = 4, HKV = 2, D = 64, N = 40, P = 16, W = 16 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, 16, 1, 7);
+  static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[HQ * D];
+  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  kvq_cache *cache;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
+  const uint64_t token_bytes = (uint64_t)HKV * D * 4;
+  uint32_t ring_start = 0;
+  for (uint32_t t = 0; t < N; t++) {
+    (void)counted(ctx);
+    th_append(ctx, cache, seq, 0, k, v, t, 1, HKV, D, KVQ_DTYPE_F32);
+    kvq_backend_stats s = counted(ctx);
+    const int quantizes = t + 1 - ring_start >= (uint32_t)(W + P);
+    if (quantizes) ring_start += P;
+    cr_assert_eq(s.submissions, 1u, "append of token %u: %llu submissions", t, (unsigned long long)s.submissions);
+    cr_assert_eq(s.bytes_to_host, 0u, "append of token %u read %llu bytes back", t, (unsigned long long)s.bytes_to_host);
+    cr_assert_eq(s.bytes_to_device, 2 * token_bytes + (quantizes ? 2 * 16u : 0u), "append of token %u moved %llu bytes", t,
+                 (unsigned long long)s.bytes_to_device);
+    KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+    s = counted(ctx);
+    cr_assert_eq(s.submissions, 1u, "attention after token %u: %llu submissions", t, (unsigned long long)s.submissions);
+    cr_assert_eq(s.waits, 1u, "attention after token %u: %llu waits", t, (unsigned long long)s.waits);
+    cr_assert_eq(s.bytes_to_host, sizeof out, "attention after token %u read %llu bytes", t, (unsigned long long)s.bytes_to_host);
+    cr_assert_geq(s.bytes_to_device, sizeof q, "attention after token %u moved %llu bytes up", t, (unsigned long long)s.bytes_to_device);
+  }
+  kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }
 

@@ -109,8 +109,7 @@ static kvq_status run_step(kvq_backend *backend, const kvq_job_attention *job, a
   kvq_status st = prepare(b, job, 0, scratch, &run);
   if (st != KVQ_OK) return st;
   st = step(b, job, &run);
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }
 
 kvq_status kvq_vk_score(kvq_backend *backend, const kvq_job_attention *job) {
@@ -136,8 +135,7 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
     st = score(b, job, &run);
     if (st == KVQ_OK) st = softmax(b, job, &run);
     if (st == KVQ_OK) st = weighted_sum(b, job, &run);
-    kvq_status submitted = kvq_vk_submit(b);
-    return st == KVQ_OK ? submitted : st;
+    return kvq_vk_done(b, st);
   }
   kvq_push key_push, value_push;
   push_for(&key_push, job, job->keys, run.base);
@@ -152,6 +150,5 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   st = launch(b, &run, KVQ_PLAN_FLASH, logits, &key_push, key_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_FLASH, values, &value_push, value_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_COMBINE, KVQ_VK_SHADER_flash_combine, &value_push, value_buffers);
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }

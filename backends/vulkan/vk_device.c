@@ -364,6 +364,8 @@ static void vk_destroy(kvq_backend *backend) {
   vk_backend *b = (vk_backend *)backend;
   if (b->device && b->vk.vkDeviceWaitIdle) { /* the table is loaded once the device is known good */
     b->vk.vkDeviceWaitIdle(b->device);
+    for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
+    free(b->retired);
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
@@ -403,6 +405,8 @@ static const kvq_backend_ops vk_ops = {
     .buffer_import = kvq_vk_buffer_import,
     .device_time = kvq_vk_device_time,
     .stats = kvq_vk_stats,
+    .defer = kvq_vk_defer,
+    .end_deferred = kvq_vk_end_deferred,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

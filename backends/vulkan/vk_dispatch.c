@@ -2,7 +2,8 @@
  * Pipelines and submission. Every shader shares one pipeline layout: eight storage buffers
  * (shaders/common.glsl) and the push constants of shaders/push.h. Pipelines are created on first
  * use through a VkPipelineCache. Jobs record dispatches between kvq_vk_begin and kvq_vk_submit; a
- * barrier follows every dispatch, so dispatches of a job may depend on each other.
+ * barrier follows every dispatch and transfer, so later work may depend on earlier work. When and how
+ * often a recording is submitted: vk.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,46 +106,45 @@ static void barrier(vk_backend *b, VkPipelineStageFlags from, VkPipelineStageFla
   b->vk.vkCmdPipelineBarrier(b->cmd, from, to, 0, 1, &m, 0, NULL, 0, NULL);
 }
 
-kvq_status kvq_vk_begin(vk_backend *b) {
-  if (b->recording) return KVQ_OK;
-  VkCommandBufferBeginInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-  VkResult r = b->vk.vkBeginCommandBuffer(b->cmd, &info);
-  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
-  b->recording = 1;
-  if (b->timestamps) {
-    b->vk.vkCmdResetQueryPool(b->cmd, b->timestamps, 0, 2);
-    b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, b->timestamps, 0);
-  }
-  /* what earlier submissions wrote is visible to this one (a fence wait alone orders the host only) */
-  barrier(b, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
-  return KVQ_OK;
+void kvq_vk_transfer_barrier(vk_backend *b) {
+  barrier(b, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT);
 }
 
-kvq_status kvq_vk_submit(vk_backend *b) {
-  if (!b->recording) return KVQ_OK;
-  b->recording = 0;
-  if (b->timestamps) b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, b->timestamps, 1);
-  VkResult r = b->vk.vkEndCommandBuffer(b->cmd);
-  VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &b->cmd};
-  const char *what = "vkEndCommandBuffer";
-  if (r == VK_SUCCESS) {
-    what = "vkQueueSubmit";
-    r = b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence);
-    b->stats.submissions++;
+void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer) {
+  if (!buffer) return;
+  if (b->recording || b->in_flight) {
+    if (b->retired_count == b->retired_capacity) {
+      const uint32_t capacity = b->retired_capacity ? 2 * b->retired_capacity : 8;
+      kvq_buffer **grown = realloc(b->retired, sizeof *grown * capacity);
+      if (!grown) { /* no room to remember it: wait for the device, then free it */
+        if (b->recording) kvq_vk_submit(b);
+        kvq_vk_wait(b);
+        kvq_vk_buffer_free(b, buffer);
+        return;
+      }
+      b->retired = grown;
+      b->retired_capacity = capacity;
+    }
+    b->retired[b->retired_count++] = buffer;
+    return;
   }
-  if (r == VK_SUCCESS) {
-    what = "waiting for the device";
-    b->stats.waits++;
-    r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
-  }
+  kvq_vk_buffer_free(b, buffer);
+}
+
+kvq_status kvq_vk_wait(vk_backend *b) {
+  if (!b->in_flight) return KVQ_OK;
+  b->in_flight = 0;
+  b->stats.waits++;
+  VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
   /* whatever happened, the pools start over for the next submission */
   b->vk.vkResetFences(b->device, 1, &b->fence);
   b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
   b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
   b->sets_used = 0;
   b->bound_set = VK_NULL_HANDLE;
-  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, what);
+  for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
+  b->retired_count = 0;
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "waiting for the device");
   if (b->timestamps) {
     uint64_t ticks[2];
     if (b->vk.vkGetQueryPoolResults(b->device, b->timestamps, 0, 2, sizeof ticks, ticks, sizeof ticks[0],
@@ -154,10 +154,88 @@ kvq_status kvq_vk_submit(vk_backend *b) {
   return kvq_vk_check_validation(b);
 }
 
+kvq_status kvq_vk_begin(vk_backend *b) {
+  if (b->recording) return KVQ_OK;
+  kvq_status st = kvq_vk_wait(b); /* one command buffer: the previous submission must be done */
+  if (st != KVQ_OK) return st;
+  VkCommandBufferBeginInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+  VkResult r = b->vk.vkBeginCommandBuffer(b->cmd, &info);
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
+  b->recording = 1;
+  b->staging_used = b->metadata_used = 0;
+  if (b->timestamps) {
+    b->vk.vkCmdResetQueryPool(b->cmd, b->timestamps, 0, 2);
+    b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, b->timestamps, 0);
+  }
+  /* what earlier submissions wrote is visible to this one (a fence wait alone orders the host only) */
+  barrier(b, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_submit_nowait(vk_backend *b) {
+  if (!b->recording) return KVQ_OK;
+  b->recording = 0;
+  if (b->timestamps) b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, b->timestamps, 1);
+  /* host reads of staging memory after the fence see what transfers wrote */
+  VkMemoryBarrier host = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+  b->vk.vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &host, 0, NULL, 0,
+                             NULL);
+  VkResult r = b->vk.vkEndCommandBuffer(b->cmd);
+  VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &b->cmd};
+  const char *what = "vkEndCommandBuffer";
+  if (r == VK_SUCCESS) {
+    what = "vkQueueSubmit";
+    r = b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence);
+    b->stats.submissions++;
+  }
+  if (r != VK_SUCCESS) { /* nothing is in flight: the pools start over */
+    b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
+    b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
+    b->sets_used = 0;
+    b->bound_set = VK_NULL_HANDLE;
+    for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
+    b->retired_count = 0;
+    return kvq_vk_fail(b, r, what);
+  }
+  b->in_flight = 1;
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_submit(vk_backend *b) {
+  kvq_status st = kvq_vk_submit_nowait(b);
+  kvq_status waited = kvq_vk_wait(b);
+  return st == KVQ_OK ? waited : st;
+}
+
+kvq_status kvq_vk_done(vk_backend *b, kvq_status st) {
+  if (b->deferring) return st;
+  kvq_status submitted = kvq_vk_submit(b);
+  return st == KVQ_OK ? submitted : st;
+}
+
+void kvq_vk_defer(kvq_backend *backend) { ((vk_backend *)backend)->deferring = 1; }
+
+kvq_status kvq_vk_end_deferred(kvq_backend *backend, int wait) {
+  vk_backend *b = (vk_backend *)backend;
+  b->deferring = 0;
+  return wait ? kvq_vk_submit(b) : kvq_vk_submit_nowait(b);
+}
+
+kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, uint64_t *offset) {
+  kvq_status st;
+  if (b->recording && b->staging_used + bytes > KVQ_VK_STAGING_BYTES && (st = kvq_vk_submit(b)) != KVQ_OK) return st;
+  if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
+  *offset = b->staging_used;
+  b->staging_used += (bytes + 15) / 16 * 16;
+  return KVQ_OK;
+}
+
 kvq_status kvq_vk_finish(kvq_backend *backend) {
   vk_backend *b = (vk_backend *)backend;
-  kvq_status st = kvq_vk_submit(b);
-  return st == KVQ_OK ? kvq_vk_check_validation(b) : st;
+  return kvq_vk_submit(b);
 }
 
 void kvq_vk_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
@@ -179,10 +257,14 @@ kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
 /* A descriptor set for these buffers, bound in a recording command buffer. */
 static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BINDINGS]) {
   kvq_status st;
-  if (b->sets_used == KVQ_VK_SETS_PER_BATCH) { /* the pool is spent: run what is recorded first */
-    if ((st = kvq_vk_submit(b)) != KVQ_OK) return st;
+  if ((st = kvq_vk_begin(b)) != KVQ_OK) return st; /* (waiting for work in flight resets the pool) */
+  if (b->sets_used == KVQ_VK_SETS_PER_BATCH) {
+    /* the pool is spent: run what is recorded first (an extra submission). The job being recorded
+     * still reads its metadata: later jobs write theirs after it. */
+    const uint64_t metadata_used = b->metadata_used;
+    if ((st = kvq_vk_submit(b)) != KVQ_OK || (st = kvq_vk_begin(b)) != KVQ_OK) return st;
+    b->metadata_used = metadata_used;
   }
-  if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
   VkDescriptorSetAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
                                        .descriptorPool = b->descriptor_pool,
                                        .descriptorSetCount = 1,
@@ -239,33 +321,32 @@ kvq_status kvq_vk_dispatch(vk_backend *b, kvq_vk_shader shader, const kvq_push *
 }
 
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset) {
-  /* one job's arrays at a time: the buffer is replaced only while nothing recorded refers to it */
-  if (b->recording) {
-    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "metadata written while a submission is recorded");
-  }
-  if (bytes > b->metadata->size) {
+  /* after the recording's earlier arrays, in a buffer no submission in flight reads */
+  kvq_status st = kvq_vk_begin(b);
+  if (st != KVQ_OK) return st;
+  const uint64_t at = (b->metadata_used + 15) / 16 * 16;
+  if (at + bytes > b->metadata->size || at / 4 > UINT32_MAX - bytes / 4) {
     kvq_buffer *grown;
-    kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 2, 1, &grown);
-    if (st != KVQ_OK) return st;
-    kvq_vk_buffer_free(b, b->metadata);
+    const uint64_t size = bytes > b->metadata->size ? bytes + bytes / 2 : 2 * b->metadata->size;
+    if ((st = kvq_vk_buffer_make(b, size, 1, &grown)) != KVQ_OK) return st;
+    kvq_vk_retire(b, b->metadata); /* dispatches recorded before bound the old one */
     b->metadata = grown;
+    b->metadata_used = 0;
+    return kvq_vk_metadata(b, data, bytes, word_offset);
   }
-  memcpy(b->metadata->mapped, data, (size_t)bytes);
+  memcpy((uint8_t *)b->metadata->mapped + at, data, (size_t)bytes);
   b->stats.bytes_to_device += bytes;
-  *word_offset = 0;
+  b->metadata_used = at + bytes;
+  *word_offset = (uint32_t)(at / 4);
   return KVQ_OK;
 }
 
 kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out) {
-  /* as the metadata: replaced only while nothing recorded refers to it */
-  if (b->recording) {
-    return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "scratch memory asked for while a submission is recorded");
-  }
   if (!b->scratch || bytes > b->scratch->size) {
     kvq_buffer *grown;
     kvq_status st = kvq_vk_buffer_make(b, bytes + bytes / 2, 0, &grown);
     if (st != KVQ_OK) return st;
-    kvq_vk_buffer_free(b, b->scratch);
+    kvq_vk_retire(b, b->scratch); /* dispatches recorded before bound the old one */
     b->scratch = grown;
   }
   *out = b->scratch;

@@ -109,8 +109,7 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
     first += count;
   }
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }
 
 kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job) {
@@ -139,8 +138,7 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   kvq_vk_bind_side(buffers, b, job->side, job->pages, NULL);
   buffers[KVQ_BINDING_DST] = job->out;
   st = kvq_vk_dispatch(b, shader, &push, buffers, page_floats * job->count);
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }
 
 /* Key methods with prepared floats define KVQ_PREPARES in their shaders (shaders/method.glsl). */
@@ -177,6 +175,5 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
   st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim));
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }

@@ -52,8 +52,7 @@ static kvq_status run_ranges(vk_backend *b, kvq_vk_shader shader, kvq_push *push
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
     first += push->count;
   } while (st == KVQ_OK && first < total);
-  kvq_status submitted = kvq_vk_submit(b);
-  return st == KVQ_OK ? submitted : st;
+  return kvq_vk_done(b, st);
 }
 
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job) {

@@ -1,7 +1,8 @@
 /*
  * Buffers of the Vulkan backend. kvq's buffers live in device-local memory where the device has
- * it; the host reaches them through one host-visible staging buffer, in chunks. Every operation
- * is complete when it returns (the backend is synchronous, vk.h).
+ * it; the host reaches them through one host-visible staging buffer, in chunks. Operations record
+ * into the backend's command buffer; outside a deferred call each is complete when it returns, inside
+ * one only reads wait (vk.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,10 +96,11 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
   /* zero-filled by contract: the whole (rounded) buffer, so shaders never read garbage words */
   if ((st = kvq_vk_begin(b)) == KVQ_OK) {
     b->vk.vkCmdFillBuffer(b->cmd, (*out)->buffer, 0, VK_WHOLE_SIZE, 0);
-    st = kvq_vk_submit(b);
+    kvq_vk_transfer_barrier(b);
+    st = kvq_vk_done(b, KVQ_OK);
   }
   if (st != KVQ_OK) {
-    kvq_vk_buffer_free(b, *out);
+    kvq_vk_retire(b, *out);
     *out = NULL;
   }
   return st;
@@ -131,7 +133,7 @@ void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) {
     kvq_vk_error((vk_backend *)backend, KVQ_ERROR_INVALID_ARGUMENT, "a buffer of another backend was handed to the Vulkan backend");
     return;
   }
-  kvq_vk_buffer_free((vk_backend *)backend, buffer);
+  kvq_vk_retire((vk_backend *)backend, buffer); /* recorded work may still use it */
 }
 
 static void copy_region(vk_backend *b, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src, uint64_t src_offset, uint64_t bytes) {
@@ -144,14 +146,15 @@ kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_
   kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a write");
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
     const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
-    memcpy(b->staging->mapped, (const uint8_t *)src + done, (size_t)chunk);
+    uint64_t at;
+    if ((st = kvq_vk_staging(b, chunk, &at)) != KVQ_OK) break;
+    memcpy((uint8_t *)b->staging->mapped + at, (const uint8_t *)src + done, (size_t)chunk);
     b->stats.bytes_to_device += chunk;
-    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
-    copy_region(b, buffer, offset + done, b->staging, 0, chunk);
-    st = kvq_vk_submit(b);
+    copy_region(b, buffer, offset + done, b->staging, at, chunk);
+    kvq_vk_transfer_barrier(b);
     done += chunk;
   }
-  return st;
+  return kvq_vk_done(b, st);
 }
 
 kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes) {
@@ -159,10 +162,12 @@ kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t
   kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a read");
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
     const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
-    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
-    copy_region(b, b->staging, 0, buffer, offset + done, chunk);
-    if ((st = kvq_vk_submit(b)) != KVQ_OK) break;
-    memcpy((uint8_t *)dst + done, b->staging->mapped, (size_t)chunk);
+    uint64_t at;
+    if ((st = kvq_vk_staging(b, chunk, &at)) != KVQ_OK) break;
+    copy_region(b, b->staging, at, buffer, offset + done, chunk);
+    kvq_vk_transfer_barrier(b);
+    if ((st = kvq_vk_submit(b)) != KVQ_OK) break; /* the data must be on the host */
+    memcpy((uint8_t *)dst + done, (const uint8_t *)b->staging->mapped + at, (size_t)chunk);
     b->stats.bytes_to_host += chunk;
     done += chunk;
   }
@@ -179,7 +184,8 @@ kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t ds
   if (!overlap) {
     if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
     copy_region(b, dst, dst_offset, src, src_offset, bytes);
-    return kvq_vk_submit(b);
+    kvq_vk_transfer_barrier(b);
+    return kvq_vk_done(b, KVQ_OK);
   }
   /* Overlapping ranges of one buffer (Vulkan forbids them in one copy): through the staging buffer,
    * chunk by chunk in the direction memmove would take. */
@@ -187,18 +193,15 @@ kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t ds
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
     const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
     const uint64_t at = forward ? done : bytes - done - chunk;
-    if ((st = kvq_vk_begin(b)) != KVQ_OK) break;
-    copy_region(b, b->staging, 0, src, src_offset + at, chunk);
-    VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                               .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
-                               .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
-    b->vk.vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &barrier, 0,
-                               NULL, 0, NULL);
-    copy_region(b, dst, dst_offset + at, b->staging, 0, chunk);
-    st = kvq_vk_submit(b);
+    uint64_t through;
+    if ((st = kvq_vk_staging(b, chunk, &through)) != KVQ_OK) break;
+    copy_region(b, b->staging, through, src, src_offset + at, chunk);
+    kvq_vk_transfer_barrier(b);
+    copy_region(b, dst, dst_offset + at, b->staging, through, chunk);
+    kvq_vk_transfer_barrier(b);
     done += chunk;
   }
-  return st;
+  return kvq_vk_done(b, st);
 }
 
 kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes) {
@@ -214,7 +217,8 @@ kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t
   if (words) {
     if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
     b->vk.vkCmdFillBuffer(b->cmd, buffer->buffer, offset + head, words, 0);
-    if ((st = kvq_vk_submit(b)) != KVQ_OK) return st;
+    kvq_vk_transfer_barrier(b);
+    if ((st = kvq_vk_done(b, KVQ_OK)) != KVQ_OK) return st;
   }
   if (tail) st = kvq_vk_buffer_write(backend, buffer, offset + head + words, zeros, tail);
   return st;
