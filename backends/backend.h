@@ -208,6 +208,37 @@ typedef struct kvq_backend_stats {
   uint64_t bytes_to_host;   /* device -> host */
 } kvq_backend_stats;
 
+/* Caller tensors in place: one strided rank-3 tensor (elements at offset + i0 strides[0] + i1
+ * strides[1] + i2 strides[2], in elements of dtype) copied to another of the same shape, converting
+ * dtype (fp32 exactly; fp32 to fp16/bf16 rounding half to even; equal dtypes copy the bits), with
+ * checks into the 32-bit flag word at flags/flag_offset (bytes, a multiple of 4):
+ *   KVQ_JOB_CONVERT_FINITE: a non-finite source element sets bit 1 and is written as 0;
+ *   KVQ_JOB_CONVERT_FITS:   a non-finite element, or one the destination dtype rounds to infinity,
+ *                           sets bit 2;
+ *   KVQ_JOB_CONVERT_NO_WRITE: checks only; KVQ_JOB_CONVERT_IF_CLEAR: writes nothing when the flag
+ *                           word is not zero (as a dispatch recorded earlier left it).
+ * Elements of the destination the shape does not reach (gaps between strided rows) are unchanged.
+ * Indices are 32-bit: the backend refuses (KVQ_ERROR_UNSUPPORTED) what lies beyond. */
+enum {
+  KVQ_JOB_CONVERT_FINITE = 1u,
+  KVQ_JOB_CONVERT_FITS = 2u,
+  KVQ_JOB_CONVERT_NO_WRITE = 4u,
+  KVQ_JOB_CONVERT_IF_CLEAR = 8u
+};
+typedef struct kvq_tensor_place {
+  kvq_buffer *buffer;
+  kvq_dtype dtype;
+  uint64_t offset;     /* elements */
+  int64_t strides[3];  /* elements */
+} kvq_tensor_place;
+typedef struct kvq_job_convert {
+  uint32_t shape[3];
+  kvq_tensor_place src, dst;
+  uint32_t checks;     /* KVQ_JOB_CONVERT_* */
+  kvq_buffer *flags;   /* NULL when checks is 0 */
+  uint64_t flag_offset;
+} kvq_job_convert;
+
 /* ---- The table ------------------------------------------------------------------------------- */
 
 typedef struct kvq_backend_ops {
@@ -262,6 +293,10 @@ typedef struct kvq_backend_ops {
    * needs the queue waits for it). Core calls them through kvq_call_begin / kvq_call_end. */
   void (*defer)(kvq_backend *backend);
   kvq_status (*end_deferred)(kvq_backend *backend, int wait);
+
+  /* Optional (NULL: caller device tensors are staged through host memory, core/tensor_device.c).
+   * The CONVERT job above, on buffers of this backend (imported caller buffers included). */
+  kvq_status (*convert)(kvq_backend *backend, const kvq_job_convert *job);
 } kvq_backend_ops;
 
 struct kvq_backend {

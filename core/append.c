@@ -17,18 +17,34 @@
 
 static uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
-/* Copies `count` packed tokens to ring slots starting at token position `first`, wrapping. */
-static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
-                             uint32_t first, uint32_t count, const uint8_t *src) {
+/* An append's new tokens of one side, packed in the input dtype: in host memory, or (device tensors
+ * read in place) in a device buffer at a byte offset. */
+typedef struct token_source {
+  const uint8_t *host;
+  kvq_buffer *device;
+  uint64_t offset;
+} token_source;
+
+/* Writes bytes [at, at + bytes) of the packed new tokens into dst at dst_offset. */
+static kvq_status put_tokens(kvq_cache *cache, const token_source *src, uint64_t at, kvq_buffer *dst, uint64_t dst_offset,
+                             uint64_t bytes) {
   kvq_backend *be = cache->ctx->backend;
+  return src->device ? be->ops->buffer_copy(be, dst, dst_offset, src->device, src->offset + at, bytes)
+                     : be->ops->buffer_write(be, dst, dst_offset, src->host + at, bytes);
+}
+
+/* Copies `count` packed tokens (from byte `at` of src) to ring slots starting at token position
+ * `first`, wrapping. */
+static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
+                             uint32_t first, uint32_t count, const token_source *src, uint64_t at) {
   while (count > 0) {
     uint32_t slot = first % cache->ring_capacity;
     uint32_t run = cache->ring_capacity - slot < count ? cache->ring_capacity - slot : count;
-    kvq_status st = be->ops->buffer_write(be, ring, ring_offset + slot * token_bytes, src, run * token_bytes);
+    kvq_status st = put_tokens(cache, src, at, ring, ring_offset + slot * token_bytes, run * token_bytes);
     if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "writing the full-precision window");
     first += run;
     count -= run;
-    src += run * token_bytes;
+    at += run * token_bytes;
   }
   return KVQ_OK;
 }
@@ -140,15 +156,14 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
 /* Puts tokens [from, to) of one side in the staging buffer, in order: those below n come from the
  * ring (the window), the others from the packed new tokens, whose first is token n. */
 static kvq_status stage(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes, uint32_t n,
-                        const uint8_t *packed, uint32_t from, uint32_t to) {
+                        const token_source *packed, uint32_t from, uint32_t to) {
   kvq_status st = KVQ_OK;
   const uint32_t old_end = to < n ? to : n;
   if (from < old_end) st = copy_from_ring(cache, ring, ring_offset, token_bytes, from, old_end - from, cache->staging, 0);
   const uint32_t new_from = from > n ? from : n;
   if (st == KVQ_OK && new_from < to) {
-    kvq_backend *be = cache->ctx->backend;
-    st = be->ops->buffer_write(be, cache->staging, (uint64_t)(new_from - from) * token_bytes,
-                               packed + (uint64_t)(new_from - n) * token_bytes, (uint64_t)(to - new_from) * token_bytes);
+    st = put_tokens(cache, packed, (uint64_t)(new_from - n) * token_bytes, cache->staging, (uint64_t)(new_from - from) * token_bytes,
+                    (uint64_t)(to - new_from) * token_bytes);
     if (st != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "staging new tokens");
   }
   return st;
@@ -197,12 +212,20 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
   kvq_policy_plan plan = {0};
   pending_errors pending = {0};
-  uint8_t *packed[2] = {malloc(token_bytes * count), malloc(token_bytes * count)};
-  if (!packed[0] || !packed[1]) {
-    st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
-    goto done;
+  /* Device keys and values are read in place on the device after the checks below; their finite
+   * check runs there too (docs/VULKAN.md says what differs from host tensors). */
+  const int in_place = kvq_tensor_on_device(ctx, keys) && kvq_tensor_on_device(ctx, values);
+  uint8_t *packed[2] = {NULL, NULL};
+  token_source sources[2] = {{0}};
+  if (!in_place) {
+    packed[0] = malloc(token_bytes * count), packed[1] = malloc(token_bytes * count);
+    if (!packed[0] || !packed[1]) {
+      st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
+      goto done;
+    }
+    sources[0].host = packed[0], sources[1].host = packed[1];
   }
-  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+  for (int s = 0; s < 2 && st == KVQ_OK && !in_place; s++) {
     if ((st = kvq_tensor_read(ctx, tensors[s], packed[s], cache->config.input_dtype)) != KVQ_OK) break;
     st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, packed[s], count,
                           s ? "kvq_append values" : "kvq_append keys", n);
@@ -234,11 +257,20 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   const kvq_tracked tracked_before = seq->tracked;
   kvq_tracked_extend(seq, n_new);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
+  if (in_place) { /* both sides' new tokens, gathered in the input dtype into one device buffer */
+    kvq_buffer *tokens = NULL;
+    ctx->checks_what = "kvq_append";
+    st = kvq_scratch(cache, KVQ_SCRATCH_TOKENS, 2 * token_bytes * count, &tokens);
+    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+      sources[s] = (token_source){NULL, tokens, (uint64_t)s * token_bytes * count};
+      st = kvq_tensor_gather_rows(ctx, tensors[s], 0, count, tokens, sources[s].offset, cache->config.input_dtype);
+    }
+  }
   const uint32_t chunk = cache->staging_pages * P;
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     for (uint32_t from = F; from < F_new && st == KVQ_OK; from += chunk) {
       const uint32_t to = F_new - from < chunk ? F_new : from + chunk;
-      st = stage(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, n, packed[s], from, to);
+      st = stage(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, n, &sources[s], from, to);
       if (st == KVQ_OK)
         st = quantize_pages(cache, layer, s, seq, &pending, from / P, (to - from) / P, P, cache->staging, 0,
                             (uint64_t)P * token_bytes);
@@ -246,8 +278,8 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* The tokens that stay in the window go to their ring slots. */
   const uint32_t keep_from = n > F_new ? n : F_new;
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
-    st = write_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, keep_from, n_new - keep_from,
-                    packed[s] + (uint64_t)(keep_from - n) * token_bytes);
+    st = write_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, keep_from, n_new - keep_from, &sources[s],
+                    (uint64_t)(keep_from - n) * token_bytes);
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;

@@ -27,7 +27,9 @@ typedef struct attend_item {
   uint32_t mask;
   uint32_t rows;         /* query positions */
   uint32_t position;     /* causal: position of row 0 */
-  const float *queries;  /* [rows][Hq][d] */
+  const float *queries;  /* [rows][Hq][d]; NULL when read in place from device_queries */
+  const kvq_tensor *device_queries; /* kvq_attention: a device tensor read in place (or NULL) */
+  const kvq_tensor *device_output;  /* kvq_attention: a device tensor written in place (or NULL) */
   float *scores;         /* [rows][Hq][slots + window] (LOGITS / PROBABILITIES) */
   float *output;         /* [rows][Hq][d] (OUTPUT) */
   double *sums;          /* H2O, Q-Hitter: each slot's probability mass over the item's rows, applied to
@@ -69,6 +71,12 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     return st;
   for (uint32_t i = 0; i < b->seq_count; i++) {
     const attend_item *it = parts[i];
+    if (it->device_queries) { /* converted in place on the device, checked there */
+      if ((st = kvq_tensor_gather_rows(ctx, it->device_queries, part_row0[i], b->seqs[i].query_count, queries,
+                                       (uint64_t)b->seqs[i].query_first * row_floats * 4, KVQ_DTYPE_F32)) != KVQ_OK)
+        return st;
+      continue;
+    }
     st = be->ops->buffer_write(be, queries, (uint64_t)b->seqs[i].query_first * row_floats * 4,
                                it->queries + (uint64_t)part_row0[i] * row_floats, (uint64_t)b->seqs[i].query_count * row_floats * 4);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "uploading queries");
@@ -113,14 +121,27 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
   /* Results come back in one read per buffer (one submission on a backend that batches): the rows of
    * the batch's sequences lie one after the other. */
   float *host = NULL, *sums = NULL;
-  if (upto == STAGE_OUTPUT) {
+  int host_outputs = 0;
+  for (uint32_t i = 0; upto == STAGE_OUTPUT && i < b->seq_count; i++) host_outputs += !parts[i]->device_output;
+  if (upto == STAGE_OUTPUT && host_outputs < (int)b->seq_count) {
+    /* Device outputs, in place: every one checked (fp32 overflow, the output dtype's range) before
+     * any is written, and none written when a check of the call failed (queries included). */
+    for (int pass = 0; pass < 2 && st == KVQ_OK; pass++)
+      for (uint32_t i = 0; i < b->seq_count && st == KVQ_OK; i++)
+        if (parts[i]->device_output)
+          st = kvq_tensor_scatter_rows(ctx, output, (uint64_t)b->seqs[i].query_first * row_floats * 4, parts[i]->device_output,
+                                       part_row0[i], b->seqs[i].query_count,
+                                       pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE);
+    if (st != KVQ_OK) return st;
+  }
+  if (upto == STAGE_OUTPUT && host_outputs) {
     host = malloc(b->rows * row_floats * 4 + 4);
     if (!host) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
     st = be->ops->buffer_read(be, output, 0, host, b->rows * row_floats * 4);
     for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++)
-      memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
+      if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
              (uint64_t)b->seqs[i].query_count * row_floats * 4);
-  } else {
+  } else if (upto != STAGE_OUTPUT) {
     for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
       const kvq_attention_seq *v = &b->seqs[i];
       const uint64_t n = (uint64_t)v->quantized + v->window;
@@ -141,7 +162,9 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     free(sums);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
   }
-  if ((st = be->ops->finish(be)) != KVQ_OK) return kvq_fail_backend(ctx, st, "finishing");
+  /* host results were read (a wait); device outputs stay in flight until the call ends */
+  if ((host_outputs || upto != STAGE_OUTPUT || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
+    return kvq_fail_backend(ctx, st, "finishing");
   return KVQ_OK;
 }
 
@@ -305,28 +328,37 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
     if (st == KVQ_OK) st = kvq_tensor_check(ctx, &requests[i].output, "kvq_attention output", expect);
   }
   const uint64_t row_floats = (uint64_t)L->query_heads * L->head_dim;
+  ctx->checks_what = "kvq_attention";
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
-    float *q = malloc(items[i].rows * row_floats * 4);
-    items[i].output = malloc(items[i].rows * row_floats * 4);
+    /* device tensors are read and written in place (and checked there) where the backend can */
+    if (kvq_tensor_on_device(ctx, &requests[i].queries)) items[i].device_queries = &requests[i].queries;
+    if (kvq_tensor_on_device(ctx, &requests[i].output)) items[i].device_output = &requests[i].output;
+    float *q = items[i].device_queries ? NULL : malloc(items[i].rows * row_floats * 4);
+    items[i].output = items[i].device_output ? NULL : malloc(items[i].rows * row_floats * 4);
     items[i].queries = q;
     if (kvq_policy_tracks(&cache->config.policy)) items[i].sums = calloc(row_width(&items[i]) + 1, sizeof(double));
-    if (!q || !items[i].output || (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
+    if ((!q && !items[i].device_queries) || (!items[i].output && !items[i].device_output) ||
+        (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
       st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
-    } else {
+    } else if (q) {
       st = kvq_tensor_read(ctx, &requests[i].queries, q, KVQ_DTYPE_F32);
       if (st == KVQ_OK) st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
     }
   }
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    if (!items[i].output) continue; /* checked on the device */
     st = check_finite_results(ctx, items[i].output, items[i].rows * row_floats, 0, "kvq_attention");
     if (st == KVQ_OK)
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
+  /* The policy statistics count only a call that succeeded: with device checks, once they are read
+   * (the sums were read back already, so this adds no wait). */
+  if (st == KVQ_OK && kvq_policy_tracks(&cache->config.policy)) st = kvq_device_checks_read(ctx);
   /* A device output that cannot be written (a device error) stops the loop: the statistics of the
    * sequences not answered stay as they were. */
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
-    if ((st = kvq_tensor_write(ctx, &requests[i].output, items[i].output)) == KVQ_OK && items[i].sums)
+    if ((!items[i].output || (st = kvq_tensor_write(ctx, &requests[i].output, items[i].output)) == KVQ_OK) && items[i].sums)
       kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);

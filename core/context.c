@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "tensor.h"
 
 static const kvq_backend_kind all_kinds[] = {KVQ_BACKEND_CPU, KVQ_BACKEND_VULKAN, KVQ_BACKEND_CUDA};
 #define KIND_COUNT (sizeof all_kinds / sizeof all_kinds[0])
@@ -82,6 +83,7 @@ void kvq_context_destroy(kvq_context *ctx) {
 
 void kvq_context_release(kvq_context *ctx) {
   if (!ctx->destroy_requested || ctx->live_caches > 0) return;
+  if (ctx->backend && ctx->checks) ctx->backend->ops->buffer_destroy(ctx->backend, ctx->checks);
   if (ctx->backend) ctx->backend->ops->destroy(ctx->backend);
   free(ctx);
 }
@@ -118,8 +120,37 @@ void kvq_call_begin(kvq_context *ctx) {
 
 kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) {
   kvq_backend *be = ctx->backend;
+  /* checks of device tensors: read now (the call's one submission and wait), or when waited for */
+  if (ctx->checks_recorded && !ctx->async) {
+    const kvq_status checked = kvq_device_checks_read(ctx);
+    if (status == KVQ_OK) status = checked;
+  } else if (ctx->checks_recorded) {
+    ctx->checks_recorded = 0;
+    ctx->checks_pending = 1;
+  }
   if (!be->ops->end_deferred) return status;
-  const kvq_status ended = be->ops->end_deferred(be, 1);
+  const kvq_status ended = be->ops->end_deferred(be, !ctx->async);
   if (status != KVQ_OK) return status;
   return ended == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, ended, "submitting the call's work");
+}
+
+kvq_status kvq_context_wait(kvq_context *ctx) {
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_status st = ctx->backend->ops->finish(ctx->backend);
+  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "kvq_context_wait: the work in flight failed");
+  if ((st = kvq_device_checks_read(ctx)) != KVQ_OK) return st; /* an asynchronous call's checks */
+  if (ctx->pending_status != KVQ_OK) { /* read by a later call, kept for this wait */
+    st = ctx->pending_status;
+    ctx->pending_status = KVQ_OK;
+    return kvq_fail(ctx, st, "%s", ctx->pending_message);
+  }
+  return KVQ_OK;
+}
+
+kvq_status kvq_context_set_async(kvq_context *ctx, int enabled) {
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_status st = KVQ_OK;
+  if (ctx->async && !enabled) st = kvq_context_wait(ctx);
+  ctx->async = enabled != 0;
+  return st;
 }

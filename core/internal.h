@@ -20,6 +20,16 @@ typedef struct kvq_load_work {
 
 struct kvq_context {
   kvq_backend *backend;
+  int async; /* kvq_context_set_async: calls leave their device work in flight */
+  /* Checks of caller device tensors done on the device (core/tensor_device.c): a 16-byte buffer whose
+   * first word CONVERT jobs set bits in. recorded: this call recorded checks; pending: asynchronous
+   * calls' checks, not yet read; dirty: the word was read non-zero and is zeroed before its next use;
+   * what: the call, for messages. pending_status/message: a failure kept for kvq_context_wait. */
+  kvq_buffer *checks;
+  int checks_recorded, checks_pending, checks_dirty;
+  const char *checks_what;
+  kvq_status pending_status;
+  char pending_message[256];
   uint32_t live_caches;
   int destroy_requested;
   char error[1024];
@@ -33,8 +43,8 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
 
 /* Bracket a public call whose device work the backend may record into one submission (kvq_append,
  * kvq_flush, kvq_attention, kvq_scores, kvq_dequantize): kvq_call_end submits it, waiting for it
- * unless the context is asynchronous, and returns `status` (or the submission's failure when
- * `status` is KVQ_OK). */
+ * unless the context is asynchronous (kvq_context_set_async), and returns `status` (or the
+ * submission's failure when `status` is KVQ_OK). */
 void kvq_call_begin(kvq_context *ctx);
 kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
 
@@ -105,6 +115,7 @@ enum kvq_scratch_kind {
   KVQ_SCRATCH_OUTPUT,
   KVQ_SCRATCH_ACCUMULATE,
   KVQ_SCRATCH_ERRORS,
+  KVQ_SCRATCH_TOKENS, /* an append's new tokens from device tensors, both sides */
   KVQ_SCRATCH_COUNT
 };
 

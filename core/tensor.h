@@ -33,4 +33,22 @@ float kvq_round_to(kvq_dtype dtype, float x);
 /* Writes row-major fp32 values into the tensor, converting to its dtype. */
 void kvq_tensor_scatter(const kvq_tensor *t, const float *src);
 
+/* In place on the device (core/tensor_device.c): whether kvq reads or writes `t` there with the
+ * backend's CONVERT job (a VkBuffer tensor on a backend that has it, its offset a whole number of
+ * elements) instead of staging it through host memory. */
+int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t);
+/* Records: rows [row0, row0 + rows) of t (dimension 0) into dst at dst_offset bytes, packed
+ * [rows][shape1][shape2] of dst_dtype, non-finite elements flagged in the call's check word (and
+ * written as 0). */
+kvq_status kvq_tensor_gather_rows(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, uint32_t rows, kvq_buffer *dst,
+                                  uint64_t dst_offset, kvq_dtype dst_dtype);
+/* Records: packed fp32 [rows][shape1][shape2] from src at src_offset bytes into rows [row0, +rows)
+ * of t. KVQ_JOB_CONVERT_* checks: FITS|NO_WRITE checks first, IF_CLEAR writes only if every check
+ * recorded so far in the call passed. */
+kvq_status kvq_tensor_scatter_rows(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, const kvq_tensor *t, uint32_t row0,
+                                   uint32_t rows, uint32_t checks);
+/* The call's check word: read back (a wait) and turned into a status, KVQ_ERROR_NON_FINITE with a
+ * message when a check failed; KVQ_OK when the call recorded none. */
+kvq_status kvq_device_checks_read(kvq_context *ctx);
+
 #endif

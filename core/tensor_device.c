@@ -1,8 +1,12 @@
 /*
- * Caller tensors in device memory (a runtime's VkBuffer): kvq imports the buffer through its backend
- * and moves the bytes the tensor spans through host memory, where the same checks and conversions
- * as for host tensors apply. Simple and exact; a later version can keep such tensors on the device.
+ * Caller tensors in device memory (a runtime's VkBuffer). Where the backend has the CONVERT job
+ * (Vulkan), the per-step calls read and write them in place on the device (kvq_tensor_gather_rows,
+ * kvq_tensor_scatter_rows), with the finite-value checks done there too, into a flag word read back
+ * once per call (docs/VULKAN.md). Otherwise, and for the other calls, kvq imports the buffer through
+ * its backend and moves the bytes the tensor spans through host memory, where the same checks and
+ * conversions as for host tensors apply.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,4 +76,85 @@ kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *
   ctx->backend->ops->buffer_destroy(ctx->backend, buffer);
   free(copy);
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "writing a device tensor");
+}
+
+static uint32_t element_bytes(kvq_dtype dtype) { return dtype == KVQ_DTYPE_F32 ? 4 : 2; }
+
+int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
+  /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
+   * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged). */
+  uint64_t first, bytes;
+  span(t, &first, &bytes);
+  return t->memory == KVQ_MEMORY_VULKAN_BUFFER && ctx->backend->ops->convert && ctx->backend->ops->buffer_import &&
+         t->offset % element_bytes(t->dtype) == 0 && (first + bytes) % 4 == 0;
+}
+
+/* The check word. It is zeroed (a recorded fill) before the first check after a read of it; an
+ * asynchronous call's checks are read only when the context is waited for, so the word keeps the
+ * bits of every call since, and outputs written only IF_CLEAR stay unwritten after a failure until
+ * kvq_context_wait reports it. */
+static kvq_status checks_start(kvq_context *ctx) {
+  kvq_backend *be = ctx->backend;
+  kvq_status st = KVQ_OK;
+  if (!ctx->checks && (st = be->ops->buffer_create(be, 16, &ctx->checks)) != KVQ_OK)
+    return kvq_fail_backend(ctx, st, "creating the check word");
+  if (ctx->checks_dirty && (st = be->ops->buffer_zero(be, ctx->checks, 0, 4)) != KVQ_OK)
+    return kvq_fail_backend(ctx, st, "zeroing the check word");
+  ctx->checks_dirty = 0;
+  ctx->checks_recorded = 1;
+  return KVQ_OK;
+}
+
+static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, uint32_t rows, kvq_buffer *packed,
+                          uint64_t packed_offset, kvq_dtype packed_dtype, int to_tensor, uint32_t checks) {
+  kvq_backend *be = ctx->backend;
+  kvq_status st = checks ? checks_start(ctx) : KVQ_OK;
+  if (st != KVQ_OK) return st;
+  uint64_t first, bytes;
+  span(t, &first, &bytes);
+  kvq_buffer *buffer = NULL;
+  const kvq_device_memory memory = kvq_tensor_memory(t);
+  if ((st = be->ops->buffer_import(be, &memory, first + bytes, &buffer)) != KVQ_OK)
+    return kvq_fail_backend(ctx, st, "importing a device tensor");
+  const kvq_tensor_place caller = {buffer, t->dtype, t->offset / element_bytes(t->dtype) + (uint64_t)row0 * (uint64_t)t->strides[0],
+                                   {t->strides[0], t->strides[1], t->strides[2]}};
+  const kvq_tensor_place ours = {packed, packed_dtype, packed_offset / element_bytes(packed_dtype),
+                                 {t->shape[1] * t->shape[2], t->shape[2], 1}};
+  const kvq_job_convert job = {.shape = {rows, (uint32_t)t->shape[1], (uint32_t)t->shape[2]},
+                               .src = to_tensor ? ours : caller,
+                               .dst = to_tensor ? caller : ours,
+                               .checks = checks,
+                               .flags = checks ? ctx->checks : NULL};
+  st = be->ops->convert(be, &job);
+  be->ops->buffer_destroy(be, buffer); /* the wrapper; freed once the recorded work is done */
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, to_tensor ? "writing a device tensor" : "reading a device tensor");
+}
+
+kvq_status kvq_tensor_gather_rows(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, uint32_t rows, kvq_buffer *dst,
+                                  uint64_t dst_offset, kvq_dtype dst_dtype) {
+  return convert(ctx, t, row0, rows, dst, dst_offset, dst_dtype, 0, KVQ_JOB_CONVERT_FINITE);
+}
+
+kvq_status kvq_tensor_scatter_rows(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, const kvq_tensor *t, uint32_t row0,
+                                   uint32_t rows, uint32_t checks) {
+  return convert(ctx, t, row0, rows, src, src_offset, KVQ_DTYPE_F32, 1, checks);
+}
+
+kvq_status kvq_device_checks_read(kvq_context *ctx) {
+  if (!ctx->checks_recorded && !ctx->checks_pending) return KVQ_OK;
+  ctx->checks_recorded = ctx->checks_pending = 0;
+  kvq_backend *be = ctx->backend;
+  uint32_t word = 0;
+  kvq_status st = be->ops->buffer_read(be, ctx->checks, 0, &word, 4);
+  ctx->checks_dirty = word != 0;
+  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading the device checks");
+  const char *what = ctx->checks_what ? ctx->checks_what : "kvq";
+  if (word & KVQ_JOB_CONVERT_FINITE)
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                    "%s: a device tensor holds a non-finite element (checked on the device; see docs/VULKAN.md)", what);
+  if (word & KVQ_JOB_CONVERT_FITS)
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                    "%s: the result overflowed fp32 or does not fit the output's dtype (checked on the device): the output was not written",
+                    what);
+  return KVQ_OK;
 }

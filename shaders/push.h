@@ -38,6 +38,11 @@
 #define KVQ_PUSH_ACCUMULATE 2u /* SOFTMAX: write per-slot probability sums */
 #define KVQ_PUSH_WEIGHTS 4u    /* KMEANS_UPDATE: weights are bound */
 #define KVQ_PUSH_DISTANCE 8u   /* KMEANS_ASSIGN: distances are bound */
+/* CONVERT (shaders/tensor_convert.comp): flags, and the bits it sets in its flag word */
+#define KVQ_CONVERT_CHECK_FINITE 1u /* flag a non-finite source element (and write 0 for it) */
+#define KVQ_CONVERT_CHECK_FITS 2u   /* flag a non-finite element or one the destination dtype cannot hold */
+#define KVQ_CONVERT_NO_WRITE 4u     /* check only */
+#define KVQ_CONVERT_IF_CLEAR 8u     /* write nothing when the flag word is not zero */
 
 #if defined(GL_core_profile) || defined(VULKAN)
 #define KVQ_PUSH_MEMBER(name) uint name;

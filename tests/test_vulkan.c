@@ -519,10 +519,85 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   vkDestroyInstance(r.instance, NULL);
 }
 
+/*
+ * The decode loop of a runtime that keeps everything on its device: keys, values and queries in its
+ * VkBuffers (fp16 keys and values, fp32 queries), each step's output written into row t of an fp32
+ * VkBuffer. `async` runs the context asynchronously, waiting only at the end, and checks that the
+ * calls returned without waiting for their own work. The outputs are left in `ob`.
+ */
+enum { DL_HQ = 4, DL_HKV = 2, DL_D = 64, DL_N = 48, DL_P = 16, DL_W = 16 };
+static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const runtime_buffer *vb, const runtime_buffer *qb,
+                        const runtime_buffer *ob, int async) {
+  kvq_context *ctx = NULL;
+  cr_assert_eq(runtime_context(r, r->family, &ctx), KVQ_OK);
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, async));
+  kvq_layer_config layer = th_layer(DL_HQ, DL_HKV, DL_D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, DL_P, DL_W, 16, 1, 5);
+  kvq_cache *cache;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  const int64_t kshape[3] = {1, DL_HKV, DL_D}, qshape[3] = {1, DL_HQ, DL_D};
+  uint64_t waits = 0;
+  for (uint32_t t = 0; t < DL_N; t++) {
+    kvq_tensor kt = device_tensor(kb, 2ull * t * DL_HKV * DL_D, KVQ_DTYPE_F16, kshape, NULL);
+    kvq_tensor vt = device_tensor(vb, 2ull * t * DL_HKV * DL_D, KVQ_DTYPE_F16, kshape, NULL);
+    kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL,
+                                 .queries = device_tensor(qb, 4ull * t * DL_HQ * DL_D, KVQ_DTYPE_F32, qshape, NULL),
+                                 .output = device_tensor(ob, 4ull * t * DL_HQ * DL_D, KVQ_DTYPE_F32, qshape, NULL)};
+    (void)counted(ctx);
+    KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+    KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+    kvq_backend_stats s = counted(ctx);
+    cr_assert_eq(s.submissions, 2u, "step %u: %llu submissions", t, (unsigned long long)s.submissions);
+    waits += s.waits;
+  }
+  if (async) {
+    /* each call waits for the previous one's work before recording (one command buffer), never for its own */
+    cr_assert_leq(waits, 2u * DL_N - 1, "asynchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
+    KVQ_CHECK(ctx, kvq_context_wait(ctx));
+  } else {
+    cr_assert_eq(waits, 2u * DL_N, "synchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
+  }
+  KVQ_CHECK(ctx, kvq_context_wait(ctx)); /* nothing in flight: returns at once */
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+/* The asynchronous mode gives the same bytes as the synchronous one. */
+Test(vulkan, async_mode_gives_the_same_bytes) {
+  require_vulkan();
+  runtime_device r;
+  runtime_start(&r);
+  enum { TOK = DL_N * DL_HKV * DL_D, QN = DL_N * DL_HQ * DL_D };
+  static float k[TOK], v[TOK], q[QN];
+  for (int i = 0; i < TOK; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < QN; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  void *ks = NULL, *vs = NULL;
+  (void)th_tensor_from_f32(k, KVQ_DTYPE_F16, DL_N, DL_HKV, DL_D, &ks);
+  (void)th_tensor_from_f32(v, KVQ_DTYPE_F16, DL_N, DL_HKV, DL_D, &vs);
+  runtime_buffer kb = runtime_buffer_make(&r, ks, 2 * TOK), vb = runtime_buffer_make(&r, vs, 2 * TOK);
+  runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q);
+  runtime_buffer ob[2] = {runtime_buffer_make(&r, NULL, sizeof q), runtime_buffer_make(&r, NULL, sizeof q)};
+  decode_loop(&r, &kb, &vb, &qb, &ob[0], 0);
+  decode_loop(&r, &kb, &vb, &qb, &ob[1], 1);
+  for (size_t i = 0; i < sizeof q; i++)
+    cr_assert_eq(((const uint8_t *)ob[0].mapped)[i], ((const uint8_t *)ob[1].mapped)[i], "output byte %zu (step %zu) differs", i,
+                 i / (4 * DL_HQ * DL_D));
+  const float *o = ob[0].mapped;
+  cr_assert(o[0] != 0.0f && isfinite(o[0]) && o[QN - 1] != 0.0f && isfinite(o[QN - 1]), "outputs were written");
+  runtime_buffer *all[] = {&kb, &vb, &qb, &ob[0], &ob[1]};
+  for (int i = 0; i < 5; i++) runtime_buffer_free(&r, all[i]);
+  free(ks), free(vs);
+  vkDestroyDevice(r.device, NULL);
+  vkDestroyInstance(r.instance, NULL);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
 Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) { require_vulkan(); }
+Test(vulkan, async_mode_gives_the_same_bytes) { require_vulkan(); }
 #endif
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */

@@ -209,6 +209,7 @@ kvq_status kvq_vk_weighted_sum(kvq_backend *backend, const kvq_job_attention *jo
 kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job);
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job);
+kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job); /* vk_tensor.c */
 
 /* The side layout's fields as the shaders read them (push constants). */
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side);

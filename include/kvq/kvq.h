@@ -239,6 +239,46 @@ KVQ_API kvq_context_options kvq_context_options_default(void);
 KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **out);
 
 /*
+ * Asynchronous mode. By default (synchronous) every call has finished its device work when it
+ * returns. With kvq_context_set_async(context, 1), kvq_append, kvq_flush and kvq_attention may return
+ * KVQ_OK with their device work still in flight on the context's queue (the runtime's own queue when
+ * the context was created with kvq_context_options.vulkan): one queue submission per call, never
+ * waited for by that call, unless the call returns results to host memory (a host output tensor, and
+ * the policy statistics that H2O and Q-Hitter read back), where it waits as in synchronous mode.
+ * kvq_scores and kvq_dequantize always return host-visible results and wait. The CPU backend is always
+ * synchronous: the mode is accepted and changes nothing.
+ *
+ * While a call's work is in flight:
+ *   - host tensors it was given may be reused at once (kvq copied what it needs before returning);
+ *   - device tensors (VkBuffers) it reads (keys, values, queries) must not be written, and device
+ *     tensors it writes (attention outputs) must not be read or written, by the caller or the
+ *     runtime's own work, until the work is done: after kvq_context_wait, or, on the context's queue,
+ *     by work the runtime submits after the call returned behind a pipeline barrier whose first scope
+ *     covers all commands (submission order makes kvq's writes visible to it);
+ *   - every call on the context or its caches may be made: a call that uses the device first waits for
+ *     the work in flight (at most one call's work is in flight per context), and buffers a destroyed
+ *     cache used are freed once that work is done.
+ * An error of work in flight (KVQ_ERROR_DEVICE_LOST, a failure the Vulkan validation layer reported in
+ * validation runs) is returned by kvq_context_wait, or by the next call that waits for it, with
+ * kvq_context_last_error saying what failed. Argument errors, capacity and the finite-value checks
+ * of host data are still returned by the call itself.
+ *
+ * kvq_context_set_async returns KVQ_ERROR_INVALID_ARGUMENT for a NULL context; turning the mode off
+ * first waits for work in flight, returning its error if it failed. Thread-safety: as any call on the
+ * context.
+ */
+KVQ_API kvq_status kvq_context_set_async(kvq_context *context, int enabled);
+
+/*
+ * Waits until every call made on the context has finished its device work: afterwards its outputs
+ * may be read and its inputs reused. Returns KVQ_OK at once when nothing is in flight (always, on
+ * synchronous contexts and the CPU backend); else the error of the work waited for
+ * (KVQ_ERROR_DEVICE_LOST and the others above), with kvq_context_last_error saying what failed.
+ * KVQ_ERROR_INVALID_ARGUMENT for a NULL context. Thread-safety: as any call on the context.
+ */
+KVQ_API kvq_status kvq_context_wait(kvq_context *context);
+
+/*
  * The device time, in nanoseconds, that the work this context submitted since the previous call took,
  * measured by the device's own timestamps (the first call starts the count). For profiling: kvq-bench
  * prints it next to wall time. KVQ_ERROR_UNSUPPORTED on backends without a device clock (the CPU

@@ -1,0 +1,67 @@
+/*
+ * The CONVERT job (backends/backend.h): caller tensors read and written in place by a compute shader
+ * (shaders/tensor_convert.comp), strides, dtype conversion and value checks included, so that a
+ * runtime's VkBuffers never travel through host memory.
+ */
+#include <string.h>
+
+#include "vk.h"
+
+_Static_assert(KVQ_JOB_CONVERT_FINITE == KVQ_CONVERT_CHECK_FINITE && KVQ_JOB_CONVERT_FITS == KVQ_CONVERT_CHECK_FITS &&
+                   KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR,
+               "the job's check bits are the shader's");
+
+static uint32_t element_size(kvq_dtype dtype) { return dtype == KVQ_DTYPE_F32 ? 4 : 2; }
+
+/* The largest element index the place reaches (shape checked non-empty), or UINT64_MAX past 2^32. */
+static uint64_t last_element(const uint32_t shape[3], const kvq_tensor_place *p) {
+  uint64_t last = p->offset;
+  for (int i = 0; i < 3; i++) {
+    if (p->strides[i] < 0 || (uint64_t)p->strides[i] > UINT32_MAX) return UINT64_MAX;
+    last += (uint64_t)(shape[i] - 1) * (uint64_t)p->strides[i];
+  }
+  return last;
+}
+
+kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const uint64_t count = (uint64_t)job->shape[0] * job->shape[1] * job->shape[2];
+  if (count == 0) return KVQ_OK;
+  const kvq_tensor_place *places[2] = {&job->src, &job->dst};
+  uint32_t meta[16] = {job->shape[0], job->shape[1], job->shape[2]};
+  kvq_status st = KVQ_OK;
+  for (int k = 0; k < 2 && st == KVQ_OK; k++) {
+    const kvq_tensor_place *p = places[k];
+    const uint64_t last = last_element(job->shape, p);
+    if (last >= UINT32_MAX || count > UINT32_MAX)
+      return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a tensor of %llu elements reaching element %llu lies beyond the 2^32 elements kvq's shaders index",
+                          (unsigned long long)count, (unsigned long long)last);
+    st = kvq_vk_check_range(b, p->buffer, p->offset * element_size(p->dtype), (last + 1 - p->offset) * element_size(p->dtype),
+                            k ? "a converted tensor's destination" : "a converted tensor's source");
+    meta[8 * k + 3] = (uint32_t)p->offset;
+    for (int i = 0; i < 3; i++) meta[8 * k + 4 + i] = (uint32_t)p->strides[i];
+  }
+  /* the destination words are shared with neighbours (16-bit halves): bits are ORed in atomically */
+  if (st == KVQ_OK && job->checks && (!job->flags || job->flag_offset % 4))
+    st = kvq_vk_error(b, KVQ_ERROR_INTERNAL, "a checked conversion without an aligned flag word");
+  if (st == KVQ_OK && job->checks) st = kvq_vk_check_range(b, job->flags, job->flag_offset, 4, "a conversion's flag word");
+  if (st == KVQ_OK && job->src.buffer == job->dst.buffer)
+    st = kvq_vk_error(b, KVQ_ERROR_INTERNAL, "a conversion within one buffer");
+  uint32_t base = 0;
+  if (st == KVQ_OK) st = kvq_vk_metadata(b, meta, sizeof meta, &base);
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  push.count = (uint32_t)count;
+  push.input_dtype = (uint32_t)job->src.dtype;
+  push.window_dtype = (uint32_t)job->dst.dtype;
+  push.flags = job->checks;
+  push.meta = base;
+  push.offset0 = job->checks ? (uint32_t)(job->flag_offset / 4) : 0;
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_SRC] = job->src.buffer;
+  buffers[KVQ_BINDING_DST] = job->dst.buffer;
+  buffers[KVQ_BINDING_AUX] = job->checks ? job->flags : NULL;
+  st = kvq_vk_dispatch(b, KVQ_VK_SHADER_tensor_convert, &push, buffers, count);
+  return kvq_vk_done(b, st);
+}
