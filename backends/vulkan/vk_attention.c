@@ -16,6 +16,7 @@
 typedef struct attention_run {
   kvq_gpu_attention_plan plan;
   uint32_t base;
+  kvq_buffer *meta; /* where the metadata is: the resident buffer, or the metadata ring */
   kvq_buffer *scratch;
 } attention_run;
 
@@ -30,7 +31,8 @@ static kvq_status prepare(vk_backend *b, const kvq_job_attention *job, int fused
   uint32_t *meta = calloc((size_t)run->plan.meta_words, sizeof(uint32_t));
   if (!meta) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   kvq_gpu_pack_attention(job, &run->plan, meta);
-  st = kvq_vk_metadata(b, meta, run->plan.meta_words * 4, &run->base);
+  /* a decode step's page tables and records mostly equal the last step's: only changes move */
+  st = kvq_vk_metadata_resident(b, meta, run->plan.meta_words, &run->base, &run->meta);
   free(meta);
   if (st == KVQ_OK && scratch && run->plan.scratch_bytes) st = kvq_vk_scratch(b, run->plan.scratch_bytes, &run->scratch);
   return st;
@@ -63,6 +65,7 @@ static kvq_status score(vk_backend *b, const kvq_job_attention *job, const atten
   push_for(&push, job, job->keys, run->base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
   kvq_vk_bind_side(buffers, b, job->keys, job->key_pages, job->key_ring);
+  buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->prepared;
@@ -73,7 +76,7 @@ static kvq_status softmax(vk_backend *b, const kvq_job_attention *job, const att
   kvq_push push;
   push_for(&push, job, job->keys, run->base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
-  buffers[KVQ_BINDING_META] = b->metadata;
+  buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_DST] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->accumulate;
   kvq_status st = launch(b, run, KVQ_PLAN_SOFTMAX, KVQ_VK_SHADER_softmax, &push, buffers);
@@ -92,6 +95,7 @@ static kvq_status weighted_sum(vk_backend *b, const kvq_job_attention *job, cons
   push_for(&push, job, job->values, run->base);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
   kvq_vk_bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
+  buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_SRC] = job->scores;
   buffers[KVQ_BINDING_AUX] = job->output;
   buffers[KVQ_BINDING_DST] = run->scratch; /* the rotated sums, where the method has them */
@@ -143,6 +147,7 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   kvq_buffer *key_buffers[KVQ_VK_BINDINGS], *value_buffers[KVQ_VK_BINDINGS];
   kvq_vk_bind_side(key_buffers, b, job->keys, job->key_pages, job->key_ring);
   kvq_vk_bind_side(value_buffers, b, job->values, job->value_pages, job->value_ring);
+  key_buffers[KVQ_BINDING_META] = value_buffers[KVQ_BINDING_META] = run.meta;
   key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = run.scratch;
   key_buffers[KVQ_BINDING_SRC] = job->queries;
   key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */

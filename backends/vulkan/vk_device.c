@@ -369,6 +369,8 @@ static void vk_destroy(kvq_backend *backend) {
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
+    kvq_vk_buffer_free(b, b->resident);
+    free(b->resident_mirror);
     kvq_vk_buffer_free(b, b->scratch);
     kvq_vk_pipelines_destroy(b);
     if (b->timestamps) b->vk.vkDestroyQueryPool(b->device, b->timestamps, NULL);

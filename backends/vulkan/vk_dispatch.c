@@ -164,6 +164,7 @@ kvq_status kvq_vk_begin(vk_backend *b) {
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
   b->recording = 1;
   b->staging_used = b->metadata_used = 0;
+  b->resident_recorded = 0;
   if (b->timestamps) {
     b->vk.vkCmdResetQueryPool(b->cmd, b->timestamps, 0, 2);
     b->vk.vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, b->timestamps, 0);
@@ -338,6 +339,46 @@ kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint
   b->stats.bytes_to_device += bytes;
   b->metadata_used = at + bytes;
   *word_offset = (uint32_t)(at / 4);
+  return KVQ_OK;
+}
+
+kvq_status kvq_vk_metadata_resident(vk_backend *b, const uint32_t *words, uint64_t count, uint32_t *word_offset,
+                                    kvq_buffer **buffer) {
+  kvq_status st = kvq_vk_begin(b); /* waits for work in flight, which may read the resident words */
+  if (st != KVQ_OK) return st;
+  const int same = b->resident && count == b->resident_words && memcmp(b->resident_mirror, words, count * 4) == 0;
+  if (b->resident_recorded && !same) { /* recorded jobs read the resident words: use the ring */
+    *buffer = b->metadata;
+    return kvq_vk_metadata(b, words, count * 4, word_offset);
+  }
+  if (count > b->resident_capacity) {
+    kvq_buffer *grown;
+    const uint64_t capacity = count + count / 2 + 64;
+    uint32_t *mirror = malloc(capacity * 4);
+    if (!mirror) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+    if ((st = kvq_vk_buffer_make(b, capacity * 4, 1, &grown)) != KVQ_OK) {
+      free(mirror);
+      return st;
+    }
+    memset(mirror, 0, capacity * 4);
+    memset(grown->mapped, 0, capacity * 4);
+    kvq_vk_retire(b, b->resident);
+    free(b->resident_mirror);
+    b->resident = grown;
+    b->resident_mirror = mirror;
+    b->resident_capacity = capacity;
+  }
+  /* only the words that changed cross to the device */
+  uint32_t *device = b->resident->mapped;
+  for (uint64_t i = 0; i < count; i++)
+    if (b->resident_mirror[i] != words[i]) {
+      device[i] = b->resident_mirror[i] = words[i];
+      b->stats.bytes_to_device += 4;
+    }
+  b->resident_words = count;
+  b->resident_recorded = 1;
+  *word_offset = 0;
+  *buffer = b->resident;
   return KVQ_OK;
 }
 
