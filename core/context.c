@@ -138,13 +138,7 @@ kvq_status kvq_context_wait(kvq_context *ctx) {
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st = ctx->backend->ops->finish(ctx->backend);
   if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "kvq_context_wait: the work in flight failed");
-  if ((st = kvq_device_checks_read(ctx)) != KVQ_OK) return st; /* an asynchronous call's checks */
-  if (ctx->pending_status != KVQ_OK) { /* read by a later call, kept for this wait */
-    st = ctx->pending_status;
-    ctx->pending_status = KVQ_OK;
-    return kvq_fail(ctx, st, "%s", ctx->pending_message);
-  }
-  return KVQ_OK;
+  return kvq_device_checks_read(ctx); /* asynchronous calls' checks */
 }
 
 kvq_status kvq_context_set_async(kvq_context *ctx, int enabled) {

@@ -24,12 +24,10 @@ struct kvq_context {
   /* Checks of caller device tensors done on the device (core/tensor_device.c): a 16-byte buffer whose
    * first word CONVERT jobs set bits in. recorded: this call recorded checks; pending: asynchronous
    * calls' checks, not yet read; dirty: the word was read non-zero and is zeroed before its next use;
-   * what: the call, for messages. pending_status/message: a failure kept for kvq_context_wait. */
+   * what: the call, for messages. */
   kvq_buffer *checks;
   int checks_recorded, checks_pending, checks_dirty;
   const char *checks_what;
-  kvq_status pending_status;
-  char pending_message[256];
   uint32_t live_caches;
   int destroy_requested;
   char error[1024];

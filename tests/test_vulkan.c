@@ -621,11 +621,82 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) {
   vkDestroyInstance(r.instance, NULL);
 }
 
+/*
+ * The finite-value checks of device tensors run on the device (docs/VULKAN.md): a non-finite query
+ * makes kvq_attention fail with KVQ_ERROR_NON_FINITE and leaves the output untouched, synchronously
+ * from the call, asynchronously from kvq_context_wait; a clean call afterwards succeeds and writes.
+ * A non-finite appended key is reported by kvq_append (the append itself takes place, the element
+ * stored as 0: what differs from host tensors, documented). The CPU backend accepts the mode and
+ * its wait returns at once.
+ */
+Test(vulkan, device_checks_report_non_finite_values) {
+  require_vulkan();
+  runtime_device r;
+  runtime_start(&r);
+  kvq_context *ctx = NULL;
+  cr_assert_eq(runtime_context(&r, r.family, &ctx), KVQ_OK);
+  enum { HQ = 4, HKV = 2, D = 64, N = 20 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 3);
+  static float k[N * HKV * D], v[N * HKV * D], q[HQ * D];
+  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  kvq_cache *cache;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  th_append(ctx, cache, seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+  q[5] = NAN;
+  runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q), ob = runtime_buffer_make(&r, NULL, sizeof q);
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL, .queries = device_tensor(&qb, 0, KVQ_DTYPE_F32, qshape, NULL),
+                               .output = device_tensor(&ob, 0, KVQ_DTYPE_F32, qshape, NULL)};
+  const uint8_t *out = ob.mapped;
+  for (int async = 0; async < 2; async++) {
+    KVQ_CHECK(ctx, kvq_context_set_async(ctx, async));
+    const kvq_status st = kvq_attention(cache, 0, &req, 1);
+    if (!async) {
+      cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "got %s", kvq_status_string(st));
+    } else {
+      cr_assert_eq(st, KVQ_OK, "the check runs on the device: reported at the wait");
+      cr_assert_eq(kvq_context_wait(ctx), KVQ_ERROR_NON_FINITE);
+    }
+    cr_assert(strstr(kvq_context_last_error(ctx), "non-finite"), "%s", kvq_context_last_error(ctx));
+    for (size_t i = 0; i < sizeof q; i++) cr_assert_eq(out[i], 0x5a, "output byte %zu was written", i);
+    cr_assert_eq(kvq_context_wait(ctx), KVQ_OK, "reported once");
+  }
+  ((float *)qb.mapped)[5] = 0.5f;
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  KVQ_CHECK(ctx, kvq_context_wait(ctx));
+  cr_assert(out[0] != 0x5a || out[1] != 0x5a, "a clean call writes its output");
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+  /* an appended key with an infinity */
+  const int64_t kshape[3] = {1, HKV, D};
+  k[3] = INFINITY;
+  runtime_buffer kb = runtime_buffer_make(&r, k, 4 * HKV * D), vb = runtime_buffer_make(&r, v, 4 * HKV * D);
+  kvq_tensor kt = device_tensor(&kb, 0, KVQ_DTYPE_F32, kshape, NULL), vt = device_tensor(&vb, 0, KVQ_DTYPE_F32, kshape, NULL);
+  cr_assert_eq(kvq_append(cache, seq, 0, &kt, &vt), KVQ_ERROR_NON_FINITE);
+  cr_assert(strstr(kvq_context_last_error(ctx), "kvq_append"), "%s", kvq_context_last_error(ctx));
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  kvq_context *cpu = th_cpu_context();
+  KVQ_CHECK(cpu, kvq_context_set_async(cpu, 1));
+  cr_assert_eq(kvq_context_wait(cpu), KVQ_OK);
+  cr_assert_eq(kvq_context_wait(NULL), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(kvq_context_set_async(NULL, 1), KVQ_ERROR_INVALID_ARGUMENT);
+  kvq_context_destroy(cpu);
+  runtime_buffer *all[] = {&qb, &ob, &kb, &vb};
+  for (int i = 0; i < 4; i++) runtime_buffer_free(&r, all[i]);
+  vkDestroyDevice(r.device, NULL);
+  vkDestroyInstance(r.instance, NULL);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
 Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) { require_vulkan(); }
 Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
+Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 #endif
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */
