@@ -242,6 +242,20 @@ Test(vulkan, a_pool_beyond_the_device_limits_is_refused) {
 
 /* ---- Submissions and host<->device traffic ---------------------------------------------------------- */
 
+/* The keys, values and queries these tests attend with: fixed patterns in [-1, 1]. */
+static void fill_kvq(float *k, float *v, size_t kv_count, float *q, size_t q_count) {
+  for (size_t i = 0; i < kv_count; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (size_t i = 0; i < q_count; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+}
+
+/* A cache of `config` on ctx with one sequence (*seq). */
+static kvq_cache *cache_with_sequence(kvq_context *ctx, const kvq_cache_config *config, uint32_t *seq) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, seq));
+  return cache;
+}
+
 /* The context's backend counters since the last call, reset. */
 static kvq_backend_stats counted(kvq_context *ctx) {
   kvq_backend_stats s;
@@ -262,12 +276,9 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, 16, 1, 7);
   static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[HQ * D];
-  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
-  for (int i = 0; i < HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
-  kvq_cache *cache;
+  fill_kvq(k, v, N * HKV * D, q, HQ * D);
   uint32_t seq;
-  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
-  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
   const int64_t qshape[3] = {1, HQ, D};
   kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
                                .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
@@ -334,6 +345,12 @@ static void runtime_start(runtime_device *r) {
   volkLoadDevice(r->device); /* the runtime's own device functions; kvq keeps a table of its own */
 }
 
+/* The runtime shutting down: its device, then its instance. */
+static void runtime_stop(runtime_device *r) {
+  vkDestroyDevice(r->device, NULL);
+  vkDestroyInstance(r->instance, NULL);
+}
+
 /* Creating a context on the runtime's device with `family` as its queue family. */
 static kvq_status runtime_context(const runtime_device *r, uint32_t family, kvq_context **ctx) {
   kvq_vulkan_device handed = {r->instance, r->physical, r->device, family, 0};
@@ -374,8 +391,7 @@ Test(vulkan, runs_on_the_runtimes_device) {
   kvq_context_destroy(theirs);
   kvq_context_destroy(ours);
   cr_assert_eq(vkDeviceWaitIdle(r.device), VK_SUCCESS, "kvq left the runtime's device usable");
-  vkDestroyDevice(r.device, NULL);
-  vkDestroyInstance(r.instance, NULL);
+  runtime_stop(&r);
 }
 
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) {
@@ -385,8 +401,7 @@ Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) {
   kvq_context *ctx = (kvq_context *)(uintptr_t)1;
   cr_assert_eq(runtime_context(&r, 999, &ctx), KVQ_ERROR_INVALID_ARGUMENT);
   cr_assert_null(ctx);
-  vkDestroyDevice(r.device, NULL);
-  vkDestroyInstance(r.instance, NULL);
+  runtime_stop(&r);
 }
 
 /* ---- Caller VkBuffers as tensors -------------------------------------------------------------------- */
@@ -397,6 +412,17 @@ typedef struct runtime_buffer {
   VkDeviceMemory memory;
   void *mapped;
 } runtime_buffer;
+
+/* A runtime started, and a context on its device and compute queue. */
+static kvq_context *runtime_with_context(runtime_device *r) {
+  runtime_start(r);
+  kvq_context *ctx = NULL;
+  cr_assert_eq(runtime_context(r, r->family, &ctx), KVQ_OK);
+  return ctx;
+}
+
+/* Frees `count` runtime buffers. */
+static void runtime_buffers_free(const runtime_device *r, runtime_buffer *const *buffers, int count);
 
 static runtime_buffer runtime_buffer_make(const runtime_device *r, const void *data, size_t bytes) {
   runtime_buffer rb = {0};
@@ -428,6 +454,10 @@ static void runtime_buffer_free(const runtime_device *r, runtime_buffer *rb) {
   vkFreeMemory(r->device, rb->memory, NULL);
 }
 
+static void runtime_buffers_free(const runtime_device *r, runtime_buffer *const *buffers, int count) {
+  for (int i = 0; i < count; i++) runtime_buffer_free(r, buffers[i]);
+}
+
 static kvq_tensor device_tensor(const runtime_buffer *rb, uint64_t offset, kvq_dtype dtype, const int64_t shape[3],
                                 const int64_t strides[3]) {
   kvq_tensor t = kvq_tensor_vulkan((uint64_t)(uintptr_t)rb->buffer, offset, dtype, 3, shape);
@@ -443,9 +473,7 @@ static kvq_tensor device_tensor(const runtime_buffer *rb, uint64_t offset, kvq_d
 Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   require_vulkan();
   runtime_device r;
-  runtime_start(&r);
-  kvq_context *ctx = NULL;
-  cr_assert_eq(runtime_context(&r, r.family, &ctx), KVQ_OK);
+  kvq_context *ctx = runtime_with_context(&r);
   enum { HQ = 8, HKV = 2, D = 64, N = 37, NQ = 2, OFFSET = 6 };
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, 16, 16, 16, 2, 3);
@@ -513,10 +541,9 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   for (int c = 0; c < 2; c++) kvq_cache_destroy(cache[c]);
   kvq_context_destroy(ctx);
   runtime_buffer *all[] = {&kb, &vb, &qb, &ob};
-  for (int i = 0; i < 4; i++) runtime_buffer_free(&r, all[i]);
+  runtime_buffers_free(&r, all, 4);
   free(ks), free(vs), free(qs);
-  vkDestroyDevice(r.device, NULL);
-  vkDestroyInstance(r.instance, NULL);
+  runtime_stop(&r);
 }
 
 /*
@@ -541,10 +568,8 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
   KVQ_CHECK(ctx, kvq_context_set_async(ctx, async));
   kvq_layer_config layer = th_layer(DL_HQ, DL_HKV, DL_D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, DL_P, DL_W, 16, 1, 5);
-  kvq_cache *cache;
   uint32_t seq;
-  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
-  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
   const int64_t kshape[3] = {1, DL_HKV, DL_D}, qshape[3] = {1, DL_HQ, DL_D};
   uint64_t waits = 0;
   uint32_t ring_start = 0;
@@ -599,8 +624,7 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) {
   runtime_start(&r);
   enum { TOK = DL_N * DL_HKV * DL_D, QN = DL_N * DL_HQ * DL_D };
   static float k[TOK], v[TOK], q[QN];
-  for (int i = 0; i < TOK; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
-  for (int i = 0; i < QN; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  fill_kvq(k, v, TOK, q, QN);
   void *ks = NULL, *vs = NULL;
   (void)th_tensor_from_f32(k, KVQ_DTYPE_F16, DL_N, DL_HKV, DL_D, &ks);
   (void)th_tensor_from_f32(v, KVQ_DTYPE_F16, DL_N, DL_HKV, DL_D, &vs);
@@ -615,10 +639,9 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) {
   const float *o = ob[0].mapped;
   cr_assert(o[0] != 0.0f && isfinite(o[0]) && o[QN - 1] != 0.0f && isfinite(o[QN - 1]), "outputs were written");
   runtime_buffer *all[] = {&kb, &vb, &qb, &ob[0], &ob[1]};
-  for (int i = 0; i < 5; i++) runtime_buffer_free(&r, all[i]);
+  runtime_buffers_free(&r, all, 5);
   free(ks), free(vs);
-  vkDestroyDevice(r.device, NULL);
-  vkDestroyInstance(r.instance, NULL);
+  runtime_stop(&r);
 }
 
 /*
@@ -632,19 +655,14 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) {
 Test(vulkan, device_checks_report_non_finite_values) {
   require_vulkan();
   runtime_device r;
-  runtime_start(&r);
-  kvq_context *ctx = NULL;
-  cr_assert_eq(runtime_context(&r, r.family, &ctx), KVQ_OK);
+  kvq_context *ctx = runtime_with_context(&r);
   enum { HQ = 4, HKV = 2, D = 64, N = 20 };
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 3);
   static float k[N * HKV * D], v[N * HKV * D], q[HQ * D];
-  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
-  for (int i = 0; i < HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
-  kvq_cache *cache;
+  fill_kvq(k, v, N * HKV * D, q, HQ * D);
   uint32_t seq;
-  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
-  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
   th_append(ctx, cache, seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
   q[5] = NAN;
   runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q), ob = runtime_buffer_make(&r, NULL, sizeof q);
@@ -686,9 +704,8 @@ Test(vulkan, device_checks_report_non_finite_values) {
   cr_assert_eq(kvq_context_set_async(NULL, 1), KVQ_ERROR_INVALID_ARGUMENT);
   kvq_context_destroy(cpu);
   runtime_buffer *all[] = {&qb, &ob, &kb, &vb};
-  for (int i = 0; i < 4; i++) runtime_buffer_free(&r, all[i]);
-  vkDestroyDevice(r.device, NULL);
-  vkDestroyInstance(r.instance, NULL);
+  runtime_buffers_free(&r, all, 4);
+  runtime_stop(&r);
 }
 
 #else

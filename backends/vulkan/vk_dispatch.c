@@ -131,6 +131,17 @@ void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer) {
   kvq_vk_buffer_free(b, buffer);
 }
 
+/* Once a submission is done (or failed to start): its command buffer, descriptor sets and the
+ * buffers retired while it was recorded or in flight are released. */
+static void release_submission(vk_backend *b) {
+  b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
+  b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
+  b->sets_used = 0;
+  b->bound_set = VK_NULL_HANDLE;
+  for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
+  b->retired_count = 0;
+}
+
 kvq_status kvq_vk_wait(vk_backend *b) {
   if (!b->in_flight) return KVQ_OK;
   b->in_flight = 0;
@@ -138,12 +149,7 @@ kvq_status kvq_vk_wait(vk_backend *b) {
   VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
   /* whatever happened, the pools start over for the next submission */
   b->vk.vkResetFences(b->device, 1, &b->fence);
-  b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
-  b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
-  b->sets_used = 0;
-  b->bound_set = VK_NULL_HANDLE;
-  for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
-  b->retired_count = 0;
+  release_submission(b);
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "waiting for the device");
   if (b->timestamps) {
     uint64_t ticks[2];
@@ -193,12 +199,7 @@ kvq_status kvq_vk_submit_nowait(vk_backend *b) {
     b->stats.submissions++;
   }
   if (r != VK_SUCCESS) { /* nothing is in flight: the pools start over */
-    b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
-    b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
-    b->sets_used = 0;
-    b->bound_set = VK_NULL_HANDLE;
-    for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
-    b->retired_count = 0;
+    release_submission(b);
     return kvq_vk_fail(b, r, what);
   }
   b->in_flight = 1;
