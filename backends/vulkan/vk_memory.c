@@ -108,7 +108,8 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
 
 /* A caller's VkBuffer (kvq_tensor.vk_buffer). Vulkan cannot tell a buffer's size: the caller
  * promises `bytes` (the tensor's span), and the validation layer checks what kvq does with it.
- * It must have been created with TRANSFER_SRC usage (inputs) and TRANSFER_DST usage (outputs). */
+ * It must have been created with STORAGE_BUFFER usage (CONVERT binds it, vk_tensor.c), TRANSFER_SRC
+ * usage (inputs) and TRANSFER_DST usage (outputs). */
 kvq_status kvq_vk_buffer_import(kvq_backend *backend, const kvq_device_memory *memory, uint64_t bytes, kvq_buffer **out) {
   vk_backend *b = (vk_backend *)backend;
   *out = NULL;

@@ -105,10 +105,13 @@ typedef enum kvq_memory {
  * Input tensors are only read; output tensors are written only when the call succeeds.
  * KVQ_MEMORY_HOST works on every backend. KVQ_MEMORY_VULKAN_BUFFER works on a Vulkan context
  * created on the runtime's own device (kvq_context_options.vulkan): handle is a VkBuffer of that
- * device (data is ignored) that covers the tensor's elements, created with TRANSFER_SRC usage for
- * inputs and TRANSFER_DST usage for outputs; kvq reads inputs and writes outputs with transfers on its
- * queue before the call returns, and writes nothing between strided elements. Other backends, and
- * CUDA memory in this build, return KVQ_ERROR_UNSUPPORTED.
+ * device (data is ignored) that covers the tensor's elements, created with STORAGE_BUFFER usage, and
+ * TRANSFER_SRC usage for inputs and TRANSFER_DST usage for outputs. kvq_append and kvq_attention read
+ * and write such tensors in place with compute shaders on the context's queue (their finite-value
+ * checks run there too: docs/VULKAN.md says how they differ from host tensors'); the other calls
+ * move them through host memory with transfers. Either way the work is done before the call returns,
+ * unless the context is asynchronous (kvq_context_set_async), and nothing is written between strided
+ * elements. Other backends, and CUDA memory in this build, return KVQ_ERROR_UNSUPPORTED.
  */
 typedef struct kvq_tensor {
   kvq_memory memory;
@@ -245,8 +248,9 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * the context was created with kvq_context_options.vulkan): one queue submission per call, never
  * waited for by that call, unless the call returns results to host memory (a host output tensor, and
  * the policy statistics that H2O and Q-Hitter read back), where it waits as in synchronous mode.
- * kvq_scores and kvq_dequantize always return host-visible results and wait. The CPU backend is always
- * synchronous: the mode is accepted and changes nothing.
+ * kvq_scores and kvq_dequantize wait for their results (writing them into a device output tensor may
+ * still be in flight when they return). The CPU backend is always synchronous: the mode is accepted
+ * and changes nothing.
  *
  * While a call's work is in flight:
  *   - host tensors it was given may be reused at once (kvq copied what it needs before returning);
@@ -260,8 +264,10 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  *     cache used are freed once that work is done.
  * An error of work in flight (KVQ_ERROR_DEVICE_LOST, a failure the Vulkan validation layer reported in
  * validation runs) is returned by kvq_context_wait, or by the next call that waits for it, with
- * kvq_context_last_error saying what failed. Argument errors, capacity and the finite-value checks
- * of host data are still returned by the call itself.
+ * kvq_context_last_error saying what failed. The checks of device tensors that run on the device
+ * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, an output that overflows) are returned by
+ * kvq_context_wait only; until then later calls write no device outputs. Argument errors, capacity
+ * and the finite-value checks of host data are still returned by the call itself.
  *
  * kvq_context_set_async returns KVQ_ERROR_INVALID_ARGUMENT for a NULL context; turning the mode off
  * first waits for work in flight, returning its error if it failed. Thread-safety: as any call on the
