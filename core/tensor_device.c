@@ -85,8 +85,10 @@ int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
    * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged). */
   uint64_t first, bytes;
   span(t, &first, &bytes);
+  /* and the shaders index elements in 32 bits (beyond, the staged path still works) */
   return t->memory == KVQ_MEMORY_VULKAN_BUFFER && ctx->backend->ops->convert && ctx->backend->ops->buffer_import &&
-         t->offset % element_bytes(t->dtype) == 0 && (first + bytes) % 4 == 0;
+         t->offset % element_bytes(t->dtype) == 0 && (first + bytes) % 4 == 0 &&
+         (first + bytes) / element_bytes(t->dtype) < UINT32_MAX && kvq_tensor_count(t) < UINT32_MAX;
 }
 
 /* The check word. It is zeroed (a recorded fill) before the first check after a read of it; an
