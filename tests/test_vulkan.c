@@ -708,12 +708,57 @@ Test(vulkan, device_checks_report_non_finite_values) {
   runtime_stop(&r);
 }
 
+/*
+ * 16-bit queries and outputs in place: bf16 queries and an fp16 output whose rows have a one-element
+ * gap (so neighbouring 16-bit halves of a word belong to an output element and to the gap), against
+ * the same dtypes in host tensors on the same context: the same bytes, the gaps untouched.
+ */
+Test(vulkan, half_precision_device_queries_and_outputs) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { HQ = 4, HKV = 2, D = 64, N = 40, NQ = 3, ROW = HQ * D + 1 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 9);
+  static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, NQ * HQ * D);
+  uint32_t seq;
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
+  th_append(ctx, cache, seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+  void *qs = NULL;
+  kvq_tensor qt = th_tensor_from_f32(q, KVQ_DTYPE_BF16, NQ, HQ, D, &qs);
+  static uint16_t host_out[NQ * HQ * D];
+  const int64_t shape[3] = {NQ, HQ, D}, ostrides[3] = {ROW, D, 1};
+  runtime_buffer qb = runtime_buffer_make(&r, qs, 2 * NQ * HQ * D), ob = runtime_buffer_make(&r, NULL, 2 * NQ * ROW + 2);
+  kvq_attention_request host_req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL, .queries = qt,
+                                    .output = kvq_tensor_host(host_out, KVQ_DTYPE_F16, 3, shape)};
+  kvq_attention_request dev_req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL,
+                                   .queries = device_tensor(&qb, 0, KVQ_DTYPE_BF16, shape, NULL),
+                                   .output = device_tensor(&ob, 0, KVQ_DTYPE_F16, shape, ostrides)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &host_req, 1));
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &dev_req, 1));
+  cr_assert_eq(counted(ctx).bytes_to_host, 4u, "read in place: only the check word comes back");
+  const uint16_t *o = ob.mapped;
+  for (int row = 0; row < NQ; row++) {
+    cr_assert_eq(memcmp(o + row * ROW, host_out + row * HQ * D, 2 * HQ * D), 0, "row %d differs", row);
+    cr_assert_eq(o[row * ROW + HQ * D], 0x5a5a, "the gap after row %d was written", row);
+  }
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&qb, &ob};
+  runtime_buffers_free(&r, all, 2);
+  free(qs);
+  runtime_stop(&r);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
 Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) { require_vulkan(); }
 Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
 Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
+Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
 #endif
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */
