@@ -3,7 +3,8 @@
 // After SOFTMAX (H2O and Q-Hitter): the sum over a sequence's query rows and heads of the
 // probability of slot t, into aux at accumulate_offset + t. One workgroup per slot of every sequence
 // (KVQ_PLAN_ACCUMULATE); its invocations
-// take every 64th row (a prefill can have more rows than llvmpipe lets one invocation loop over).
+// take every 64th row (a prefill can have more rows than the loop limit allows one invocation,
+// docs/VULKAN.md).
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/reduce.glsl"

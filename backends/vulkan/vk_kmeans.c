@@ -3,8 +3,7 @@
  * shaders/kmeans_assign.comp and shaders/kmeans_update.comp say which buffer goes to which binding;
  * the job's sizes go into the metadata buffer (shaders/kmeans.glsl).
  *
- * llvmpipe (lavapipe) silently leaves a shader's loops once an invocation has made 65535 loop trips
- * in all (shaders/nearest.glsl), so a job runs as several dispatches, each over a range of the
+ * For the loop limit (docs/VULKAN.md) a job runs as several dispatches, each over a range of the
  * clusters (ASSIGN) or of the points (UPDATE) that keeps an invocation near LOOP_BUDGET trips; the
  * shaders carry their state from one range to the next, so the ranges change no result.
  */
@@ -12,7 +11,7 @@
 
 #include "vk.h"
 
-#define LOOP_BUDGET 32768u /* about half of llvmpipe's bound: room for the shaders' other loops */
+#define LOOP_BUDGET 32768u /* about half of the loop limit: room for the shaders' other loops */
 
 /* a * b * c, or UINT64_MAX when a * b alone exceeds 32 bits (the product cannot overflow then). */
 static uint64_t product(uint32_t a, uint32_t b, uint32_t c) {
