@@ -1,5 +1,7 @@
 #version 450
-// Build-time check that the headers shared by C, CUDA and GLSL compile as GLSL (core/meson.build).
+// Build-time check that the headers shared by C, CUDA and GLSL compile as GLSL (core/meson.build),
+// with the accessors of core/methods/io.h defined over plain buffers (shaders/common.glsl defines
+// them over kvq's bindings).
 #extension GL_GOOGLE_include_directive : require
 #include "layout.h"
 #include "halfconv.h"
@@ -7,6 +9,22 @@
 
 layout(local_size_x = 1) in;
 layout(std430, binding = 0) buffer Data { uint data[]; };
+layout(std430, binding = 1) buffer Pages { uint pages[]; };
+layout(std430, binding = 2) readonly buffer Floats { float floats[]; };
+
+#define KVQ_IO_PARAM
+#define KVQ_IO
+#define KVQ_IN(i) floats[(i)]
+#define KVQ_PAGE(w) pages[(w)]
+#define KVQ_PAGE_SET(w, v) pages[(w)] = (v)
+#define KVQ_PAGE_OR(w, v) atomicOr(pages[(w)], (v))
+#define KVQ_FIXED0(i) floats[1024u + (i)]
+#define KVQ_FIXED1(i) floats[2048u + (i)]
+#define KVQ_PREPARED(i) floats[4096u + (i)]
+#include "core/methods/exact.h"
+#include "core/methods/uniform.h"
+#include "core/methods/kivi.h"
+#include "core/methods/cq.h"
 
 void main() {
   uint acc = kvq_exact_head_bytes(data[0], data[1], data[2]) + kvq_exact_offset(data[1], data[2], data[3], data[4]);
@@ -23,5 +41,20 @@ void main() {
   acc += kvq_polar_past(x, x, x, x) + kvq_polar_head_bytes(data[0], data[1], data[2], data[3]) +
          kvq_kivi_head_bytes(data[0], data[1], data[2], data[3]) + kvq_cq_head_bytes(data[0], data[1], data[2], data[3]) +
          kvq_polar_table_floats(data[2], data[3]);
+  acc += floatBitsToUint(kvq_sqrt(x) + kvq_distance_step(x, x, x)) + kvq_nearer(data[1], x, x);
+  acc += kvq_io_u8(data[2]) + kvq_io_u16(data[2]) + kvq_io_code(data[3], data[4], data[8]);
+  kvq_io_put_u16(data[2], acc);
+  kvq_io_put_code(data[3], data[4], data[8], acc);
+  // every method function (core/methods/)
+  kvq_exact_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5]);
+  acc += floatBitsToUint(kvq_exact_decode(data[0], data[1], data[2], data[3], data[4]));
+  kvq_uniform_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
+  acc += floatBitsToUint(kvq_uniform_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  kvq_kivi_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8]);
+  acc += floatBitsToUint(kvq_kivi_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  kvq_cq_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
+  acc += floatBitsToUint(kvq_cq_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  acc += floatBitsToUint(kvq_cq_prepare_entry(data[0], data[1], data[2], data[3], data[4], data[5]));
+  acc += floatBitsToUint(kvq_cq_score(data[0], data[1], data[2], data[3], data[4]));
   data[10] = acc;
 }

@@ -1,9 +1,36 @@
-// Build-time check that the headers shared by C, CUDA and GLSL compile as CUDA (core/meson.build).
-#include "halfconv.h"
-#include "layout.h"
-#include "quantize_math.h"
+// Build-time check that the headers shared by C, CUDA and GLSL compile as CUDA (core/meson.build),
+// for every architecture kvq targets, warnings as errors. The accessors of core/methods/io.h are
+// defined here as the CUDA backend will define them: a struct of device pointers, 32-bit page words.
+#include "core/halfconv.h"
+#include "core/layout.h"
+#include "core/quantize_math.h"
 
-__global__ void kvq_shared_check(unsigned *data) {
+struct kvq_io {
+  unsigned *page;
+  const float *in, *fixed0, *fixed1, *prepared;
+};
+#define KVQ_IO_PARAM const kvq_io *io,
+#define KVQ_IO io,
+#define KVQ_IN(i) (io->in[(i)])
+#define KVQ_PAGE(w) (io->page[(w)])
+#define KVQ_PAGE_SET(w, v) (io->page[(w)] = (v))
+#if defined(__CUDA_ARCH__)
+#define KVQ_PAGE_OR(w, v) atomicOr(&io->page[(w)], (v))
+#else
+#define KVQ_PAGE_OR(w, v) (io->page[(w)] |= (v))
+#endif
+#define KVQ_FIXED0(i) (io->fixed0[(i)])
+#define KVQ_FIXED1(i) (io->fixed1[(i)])
+#define KVQ_PREPARED(i) (io->prepared[(i)])
+
+#include "core/methods/exact.h"
+#include "core/methods/uniform.h"
+#include "core/methods/kivi.h"
+#include "core/methods/cq.h"
+
+__global__ void kvq_shared_check(unsigned *data, const float *floats) {
+  const kvq_io io_value = {data + 64, floats, floats + 1024, floats + 2048, floats + 4096};
+  const kvq_io *io = &io_value;
   unsigned acc = kvq_exact_head_bytes(data[0], data[1], data[2]) + kvq_qjl_head_bytes(data[0], data[1], data[2], data[3]) +
                  kvq_uniform_head_bytes(data[0], data[1], data[2], data[3]);
   float x = kvq_bits_to_f32(data[5]);
@@ -13,5 +40,20 @@ __global__ void kvq_shared_check(unsigned *data) {
   acc += kvq_f32_to_bits(kvq_hadamard_scale(data[1]) + kvq_polar_pair_dot(x, x, x, x) + kvq_polar_pair_square(x, x));
   acc += kvq_polar_past(x, x, x, x) + kvq_polar_head_bytes(data[0], data[1], data[2], data[3]) +
          kvq_kivi_head_bytes(data[0], data[1], data[2], data[3]) + kvq_cq_head_bytes(data[0], data[1], data[2], data[3]);
+  acc += kvq_f32_to_bits(kvq_sqrt(x) + kvq_distance_step(x, x, x)) + kvq_nearer(data[1], x, x);
+  acc += kvq_io_u8(io, data[2]) + kvq_io_u16(io, data[2]) + kvq_io_code(io, data[3], data[4], data[8]);
+  kvq_io_put_u16(io, data[2], acc);
+  kvq_io_put_code(io, data[3], data[4], data[8], acc);
+  // every method function (core/methods/)
+  kvq_exact_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5]);
+  acc += kvq_f32_to_bits(kvq_exact_decode(io, data[0], data[1], data[2], data[3], data[4]));
+  kvq_uniform_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
+  acc += kvq_f32_to_bits(kvq_uniform_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  kvq_kivi_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8]);
+  acc += kvq_f32_to_bits(kvq_kivi_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  kvq_cq_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
+  acc += kvq_f32_to_bits(kvq_cq_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  acc += kvq_f32_to_bits(kvq_cq_prepare_entry(io, data[0], data[1], data[2], data[3], data[4], data[5]));
+  acc += kvq_f32_to_bits(kvq_cq_score(io, data[0], data[1], data[2], data[3], data[4]));
   data[10] = acc;
 }

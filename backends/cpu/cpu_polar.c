@@ -15,7 +15,16 @@
 #include "core/halfconv.h"
 #include "core/layout.h"
 #include "core/quantize_math.h"
-#include "cpu.h"
+#include "cpu_io.h"
+
+static void kvq_cpu_put_code(uint8_t *codes, uint32_t i, uint32_t bits, uint32_t code) {
+  const kvq_io io = {.page = codes};
+  kvq_io_put_code(&io, 0, i, bits, code);
+}
+static uint32_t kvq_cpu_code(const uint8_t *codes, uint32_t i, uint32_t bits) {
+  const kvq_io io = {.page = (uint8_t *)codes};
+  return kvq_io_code(&io, 0, i, bits);
+}
 
 KVQ_DEFINE_FWHT(fwht_f32, float)
 

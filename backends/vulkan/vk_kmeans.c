@@ -4,7 +4,7 @@
  * the job's sizes go into the metadata buffer (shaders/kmeans.glsl).
  *
  * llvmpipe (lavapipe) silently leaves a shader's loops once an invocation has made 65535 loop trips
- * in all (shaders/nearest.glsl), so a job runs as several dispatches, each over a range of the
+ * in all (shaders/kmeans.glsl), so a job runs as several dispatches, each over a range of the
  * clusters (ASSIGN) or of the points (UPDATE) that keeps an invocation near LOOP_BUDGET trips; the
  * shaders carry their state from one range to the next, so the ranges change no result.
  */

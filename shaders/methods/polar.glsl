@@ -153,17 +153,17 @@ void kvq_encode_unit(uint block, uint t, uint n, uint x) {
     for (uint a = 0u; a < angles; a++) {
       float first = v[2u * a], second = v[2u * a + 1u];
       if (l == 1u) {
-        kvq_page_put_code(codes, t * angles + a, b, polar_nearest(first, second, table, K));
+        kvq_io_put_code(codes, t * angles + a, b, polar_nearest(first, second, table, K));
         v[a] = kvq_polar_pair_square(first, second);
       } else {
-        kvq_page_put_code(codes, t * angles + a, b, polar_boundaries_passed(first, second, table, K));
+        kvq_io_put_code(codes, t * angles + a, b, polar_boundaries_passed(first, second, table, K));
         v[a] = KVQ_FADD(first, second);
       }
     }
   }
   uint radii = block + kvq_polar_radius_offset(pc.page_size, d, L, pc.level_bits), blocks = d >> L;
   for (uint k = 0u; k < blocks; k++) // GLSL's sqrt is not correctly rounded: 1 fp16 ulp (class 2)
-    kvq_page_put_u16(radii + 2u * (t * blocks + k), kvq_f32_to_f16_bits(sqrt(v[k])));
+    kvq_io_put_u16(radii + 2u * (t * blocks + k), kvq_f32_to_f16_bits(sqrt(v[k])));
 }
 
 // ---- decoding ------------------------------------------------------------------------------
@@ -178,12 +178,12 @@ float kvq_decode_rotated(uint block, uint t, uint i) {
   float y = 1.0;
   for (uint l = 1u; l <= pc.levels; l++) {
     uint b = kvq_polar_level_bits(pc.level_bits, l), angles = kvq_polar_angles(d, l);
-    uint code = kvq_page_code(codes >> 2, t * angles + (i >> l), b);
+    uint code = kvq_io_code(codes >> 2, t * angles + (i >> l), b);
     y *= polar_fixed1(table + 2u * code + ((i >> (l - 1u)) & 1u));
     codes += kvq_code_words(pc.page_size * angles, b) * 4u;
     table += 4u << b;
   }
-  return y * kvq_f16_bits_to_f32(kvq_page_u16(codes + 2u * (t * (d >> pc.levels) + (i >> pc.levels))));
+  return y * kvq_f16_bits_to_f32(kvq_io_u16(codes + 2u * (t * (d >> pc.levels) + (i >> pc.levels))));
 }
 
 // Channel c of the unrotated token (DEQUANTIZE): (R^T y)_c = sum_i R[i][c] y_i.

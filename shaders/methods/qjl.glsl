@@ -28,7 +28,7 @@ uint kvq_qjl_norm_at(uint block, bool outer, uint t) {
   uint P = pc.page_size, m = pc.sketch_dim, mo = pc.outlier_sketch_dim, k = pc.outliers;
   return block + (outer ? kvq_qjl_norm_out_offset(P, m, mo, k) : kvq_qjl_norm_in_offset(P, m, mo, k)) + 2u * t;
 }
-float kvq_qjl_norm(uint block, bool outer, uint t) { return kvq_f16_bits_to_f32(kvq_page_u16(kvq_qjl_norm_at(block, outer, t))); }
+float kvq_qjl_norm(uint block, bool outer, uint t) { return kvq_f16_bits_to_f32(kvq_io_u16(kvq_qjl_norm_at(block, outer, t))); }
 
 // Entry (i, c) of S (outer = false) or S_o (outer = true), and rows i..i+3 of column c.
 float kvq_qjl_sketch(bool outer, uint i, uint c) {
@@ -55,7 +55,7 @@ uint kvq_qjl_mask[KVQ_MAX_HEAD_DIM / 32u];
 void kvq_qjl_load_mask(uint block) {
   for (uint w = 0u; w < KVQ_MAX_HEAD_DIM / 32u; w++) kvq_qjl_mask[w] = 0u;
   for (uint j = 0u; j < pc.outliers; j++) {
-    uint c = kvq_page_u8(kvq_qjl_list(block) + j);
+    uint c = kvq_io_u8(kvq_qjl_list(block) + j);
     kvq_qjl_mask[c / 32u] |= 1u << (c % 32u);
   }
 }
@@ -88,7 +88,7 @@ void kvq_encode_unit(uint block, uint unit, uint n, uint x) {
   // so the stored half may differ by 1 ulp where the fp32 root lies next to an fp16 tie.
   precise float sum = 0.0;
   for (uint c = 0u; c < pc.head_dim; c++) sum = KVQ_FADD(sum, KVQ_FMUL(kvq_qjl_part(outer, x, c), kvq_qjl_part(outer, x, c)));
-  kvq_page_put_u16(kvq_qjl_norm_at(block, outer, t), kvq_f32_to_f16_bits(sqrt(sum)));
+  kvq_io_put_u16(kvq_qjl_norm_at(block, outer, t), kvq_f32_to_f16_bits(sqrt(sum)));
 }
 
 // ---- DEQUANTIZE --------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ void kvq_encode_unit(uint block, uint unit, uint n, uint x) {
 // qjl_decode: c_d/rows |k_part| (S^T sign(S k_part))_c for the sketch that holds channel c.
 float kvq_decode(uint block, uint t, uint c) {
   bool outer = false;
-  for (uint j = 0u; j < pc.outliers; j++) outer = outer || kvq_page_u8(kvq_qjl_list(block) + j) == c;
+  for (uint j = 0u; j < pc.outliers; j++) outer = outer || kvq_io_u8(kvq_qjl_list(block) + j) == c;
   uint rows = outer ? pc.outlier_sketch_dim : pc.sketch_dim;
   float sum = 0.0;
   for (uint w = 0u; w < rows / 32u; w++) {
@@ -143,7 +143,7 @@ void kvq_prepare_unit(uint q, uint h, uint i, uint out_at) {
 
 float kvq_score_dot(uint block, uint t, uint q, uint p) {
   uint list[KVQ_MAX_OUTLIERS];
-  for (uint j = 0u; j < pc.outliers; j++) list[j] = kvq_page_u8(kvq_qjl_list(block) + j);
+  for (uint j = 0u; j < pc.outliers; j++) list[j] = kvq_io_u8(kvq_qjl_list(block) + j);
   float estimate = kvq_qjl_estimate(block, false, t, q, p, list);
   return pc.outliers > 0u ? estimate + kvq_qjl_estimate(block, true, t, q, p, list) : estimate;
 }
