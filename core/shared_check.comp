@@ -25,6 +25,7 @@ layout(std430, binding = 2) readonly buffer Floats { float floats[]; };
 #include "core/methods/uniform.h"
 #include "core/methods/kivi.h"
 #include "core/methods/cq.h"
+#include "core/methods/qjl.h"
 
 void main() {
   uint acc = kvq_exact_head_bytes(data[0], data[1], data[2]) + kvq_exact_offset(data[1], data[2], data[3], data[4]);
@@ -56,5 +57,21 @@ void main() {
   acc += floatBitsToUint(kvq_cq_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
   acc += floatBitsToUint(kvq_cq_prepare_entry(data[0], data[1], data[2], data[3], data[4], data[5]));
   acc += floatBitsToUint(kvq_cq_score(data[0], data[1], data[2], data[3], data[4]));
+  // QJL
+  float norm2[KVQ_MAX_HEAD_DIM];
+  uint chosen[KVQ_MAX_HEAD_DIM / 32u], list[KVQ_MAX_OUTLIERS];
+  for (uint c = 0u; c < KVQ_MAX_HEAD_DIM; c++) norm2[c] = kvq_qjl_channel_norm2(data[0], data[1], data[2], c);
+  kvq_qjl_choose_outliers(norm2, data[1], data[2], chosen);
+  kvq_qjl_put_outliers(data[0], chosen, data[1], data[2], data[3], data[4], data[5]);
+  kvq_qjl_load_list(data[0], data[1], data[2], data[3], data[4], list);
+  acc += kvq_qjl_is_outlier(data[0], data[1], data[2], data[3], data[4], data[5]);
+  kvq_qjl_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8]);
+  acc += floatBitsToUint(kvq_qjl_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], x));
+  acc += floatBitsToUint(kvq_qjl_prepare_row(data[0], data[1], data[2]));
+  acc += floatBitsToUint(kvq_qjl_score(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8], x));
+  kvq_acc parts[KVQ_MAX_SKETCH_DIM], parts4[4];
+  kvq_qjl_query_parts4(data[0], data[1], data[2], data[3], list, data[4], data[5], parts4);
+  parts[0] = parts4[0];
+  acc += floatBitsToUint(kvq_qjl_estimate(x, data[1], x, kvq_qjl_signed_dot(data[0], data[1], data[2], parts, data[3], data[4], data[5])));
   data[10] = acc;
 }

@@ -27,6 +27,7 @@ struct kvq_io {
 #include "core/methods/uniform.h"
 #include "core/methods/kivi.h"
 #include "core/methods/cq.h"
+#include "core/methods/qjl.h"
 
 __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   const kvq_io io_value = {data + 64, floats, floats + 1024, floats + 2048, floats + 4096};
@@ -55,5 +56,21 @@ __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   acc += kvq_f32_to_bits(kvq_cq_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
   acc += kvq_f32_to_bits(kvq_cq_prepare_entry(io, data[0], data[1], data[2], data[3], data[4], data[5]));
   acc += kvq_f32_to_bits(kvq_cq_score(io, data[0], data[1], data[2], data[3], data[4]));
+  // QJL
+  float norm2[KVQ_MAX_HEAD_DIM];
+  unsigned chosen[KVQ_MAX_HEAD_DIM / 32u], list[KVQ_MAX_OUTLIERS];
+  for (unsigned c = 0u; c < KVQ_MAX_HEAD_DIM; c++) norm2[c] = kvq_qjl_channel_norm2(io, data[0], data[1], data[2], c);
+  kvq_qjl_choose_outliers(norm2, data[1], data[2], chosen);
+  kvq_qjl_put_outliers(io, data[0], chosen, data[1], data[2], data[3], data[4], data[5]);
+  kvq_qjl_load_list(io, data[0], data[1], data[2], data[3], data[4], list);
+  acc += kvq_qjl_is_outlier(io, data[0], data[1], data[2], data[3], data[4], data[5]);
+  kvq_qjl_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8]);
+  acc += kvq_f32_to_bits(kvq_qjl_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], x));
+  acc += kvq_f32_to_bits(kvq_qjl_prepare_row(io, data[0], data[1], data[2]));
+  acc += kvq_f32_to_bits(kvq_qjl_score(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8], x));
+  kvq_acc parts[KVQ_MAX_SKETCH_DIM], parts4[4];
+  kvq_qjl_query_parts4(io, data[0], data[1], data[2], data[3], list, data[4], data[5], parts4);
+  parts[0] = parts4[0];
+  acc += kvq_f32_to_bits(kvq_qjl_estimate(x, data[1], x, kvq_qjl_signed_dot(io, data[0], data[1], data[2], parts, data[3], data[4], data[5])));
   data[10] = acc;
 }
