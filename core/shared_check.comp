@@ -26,6 +26,7 @@ layout(std430, binding = 2) readonly buffer Floats { float floats[]; };
 #include "core/methods/kivi.h"
 #include "core/methods/cq.h"
 #include "core/methods/qjl.h"
+#include "core/methods/polar.h"
 
 void main() {
   uint acc = kvq_exact_head_bytes(data[0], data[1], data[2]) + kvq_exact_offset(data[1], data[2], data[3], data[4]);
@@ -73,5 +74,18 @@ void main() {
   kvq_qjl_query_parts4(data[0], data[1], data[2], data[3], list, data[4], data[5], parts4);
   parts[0] = parts4[0];
   acc += floatBitsToUint(kvq_qjl_estimate(x, data[1], x, kvq_qjl_signed_dot(data[0], data[1], data[2], parts, data[3], data[4], data[5])));
+  // PolarQuant
+  float y[KVQ_MAX_HEAD_DIM], z[KVQ_MAX_HEAD_DIM];
+  uint tables = kvq_polar_tables(data[0], data[1], data[2], data[3]);
+  kvq_polar_rotate(data[0], data[1], data[2], y);
+  kvq_polar_butterflies(y, data[1]);
+  kvq_polar_unrotate(y, data[1], data[2], z);
+  acc += kvq_polar_nearest(x, x, data[3], data[4]) + kvq_polar_boundaries_passed(x, x, data[3], data[4]);
+  acc += kvq_polar_level_table(tables, data[1], data[2]) + kvq_polar_parity(data[3]);
+  kvq_polar_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8], tables);
+  kvq_polar_decode_token(data[0], data[1], data[2], data[3], data[4], data[5], tables, z);
+  acc += floatBitsToUint(kvq_polar_decode_coord(data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
+  acc += floatBitsToUint(kvq_polar_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], tables));
+  acc += floatBitsToUint(kvq_polar_dot(data[0], z, data[1]) + kvq_polar_score(data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
   data[10] = acc;
 }

@@ -28,6 +28,7 @@ struct kvq_io {
 #include "core/methods/kivi.h"
 #include "core/methods/cq.h"
 #include "core/methods/qjl.h"
+#include "core/methods/polar.h"
 
 __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   const kvq_io io_value = {data + 64, floats, floats + 1024, floats + 2048, floats + 4096};
@@ -72,5 +73,18 @@ __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   kvq_qjl_query_parts4(io, data[0], data[1], data[2], data[3], list, data[4], data[5], parts4);
   parts[0] = parts4[0];
   acc += kvq_f32_to_bits(kvq_qjl_estimate(x, data[1], x, kvq_qjl_signed_dot(io, data[0], data[1], data[2], parts, data[3], data[4], data[5])));
+  // PolarQuant
+  float y[KVQ_MAX_HEAD_DIM], z[KVQ_MAX_HEAD_DIM];
+  unsigned tables = kvq_polar_tables(data[0], data[1], data[2], data[3]);
+  kvq_polar_rotate(io, data[0], data[1], data[2], y);
+  kvq_polar_butterflies(y, data[1]);
+  kvq_polar_unrotate(io, y, data[1], data[2], z);
+  acc += kvq_polar_nearest(io, x, x, data[3], data[4]) + kvq_polar_boundaries_passed(io, x, x, data[3], data[4]);
+  acc += kvq_polar_level_table(tables, data[1], data[2]) + kvq_polar_parity(data[3]);
+  kvq_polar_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], data[8], tables);
+  kvq_polar_decode_token(io, data[0], data[1], data[2], data[3], data[4], data[5], tables, z);
+  acc += kvq_f32_to_bits(kvq_polar_decode_coord(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
+  acc += kvq_f32_to_bits(kvq_polar_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], tables));
+  acc += kvq_f32_to_bits(kvq_polar_dot(io, data[0], z, data[1]) + kvq_polar_score(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
   data[10] = acc;
 }
