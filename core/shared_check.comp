@@ -58,6 +58,7 @@ void main() {
   acc += floatBitsToUint(kvq_cq_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
   acc += floatBitsToUint(kvq_cq_prepare_entry(data[0], data[1], data[2], data[3], data[4], data[5]));
   acc += floatBitsToUint(kvq_cq_score(data[0], data[1], data[2], data[3], data[4]));
+  acc += kvq_cq_decode_group(data[0], data[1], data[2], data[3], data[4], data[5], data[6]);
   // QJL
   float norm2[KVQ_MAX_HEAD_DIM];
   uint chosen[KVQ_MAX_HEAD_DIM / 32u], list[KVQ_MAX_OUTLIERS];

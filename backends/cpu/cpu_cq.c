@@ -6,6 +6,8 @@
  * code: the probability mass of every (group, code) is gathered first, then multiplied by the
  * centroids once.
  */
+#include <string.h>
+
 #include "core/layout.h"
 #include "cpu_io.h"
 #include "core/methods/cq.h"
@@ -33,7 +35,10 @@ static void cq_encode(const cpu_head *h, const float *x, uint64_t token_stride, 
 static void cq_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
   const kvq_side_layout *s = &h->side->layout;
   const kvq_io io = kvq_cpu_io(h, block, NULL, NULL);
-  for (uint32_t i = 0; i < s->head_dim; i++) out[i] = kvq_cq_decode(&io, 0, t, i, s->head_dim, s->channels, s->code_bits, h->kv_head);
+  const uint32_t c = s->channels;
+  for (uint32_t g = 0; g < s->head_dim / c; g++) /* a group at a time: its code read once */
+    memcpy(out + g * c, h->fixed[1] + kvq_cq_decode_group(&io, 0, t, g, s->head_dim, c, s->code_bits, h->kv_head),
+           sizeof(float) * c);
 }
 
 /* The lookup tables: prepared[g * 2^b + j] = <q_g, centroid j of group g>. */

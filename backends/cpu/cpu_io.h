@@ -22,9 +22,7 @@ typedef struct kvq_io {
 static inline void kvq_cpu_set_word(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
-static inline void kvq_cpu_or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
+static inline void kvq_cpu_or_word(uint8_t *p, uint32_t v) { kvq_cpu_set_word(p, kvq_le32(p) | v); }
 
 #define KVQ_IO_PARAM const kvq_io *io,
 #define KVQ_IO io,

@@ -30,10 +30,11 @@ KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, 
   kvq_f32 best_d = 0.0f;
   for (kvq_u32 j = 0u; j < (1u << b); j++) {
     KVQ_PRECISE kvq_f32 sum = 0.0f;
-    for (kvq_u32 i = 0u; i < c; i += 2u) { /* two dims per trip (c is 1 or even): llvmpipe's bound */
+    for (kvq_u32 i = 0u; i + 1u < c; i += 2u) { /* two dims per trip (c is 1 or even): llvmpipe's bound */
       sum = kvq_distance_step(sum, p[i], KVQ_FIXED1(mu + i));
-      if (i + 1u < c) sum = kvq_distance_step(sum, p[i + 1u], KVQ_FIXED1(mu + i + 1u));
+      sum = kvq_distance_step(sum, p[i + 1u], KVQ_FIXED1(mu + i + 1u));
     }
+    if (c == 1u) sum = kvq_distance_step(sum, p[0], KVQ_FIXED1(mu));
     if (kvq_nearer(j, sum, best_d) != 0u) {
       best = j;
       best_d = sum;
@@ -48,11 +49,16 @@ KVQ_SHARED_FN kvq_u32 kvq_cq_code(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32
   return kvq_io_code(KVQ_IO block >> 2u, t * (d / c) + g, b);
 }
 
+/* The element of fixed1 where the centroid group g of token t is coded by starts: its c channels follow. */
+KVQ_SHARED_FN kvq_u32 kvq_cq_decode_group(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 g, kvq_u32 d, kvq_u32 c, kvq_u32 b,
+                                          kvq_u32 h) {
+  return kvq_cq_centroids(h, g, d, c, b) + kvq_cq_code(KVQ_IO block, t, g, d, c, b) * c;
+}
+
 /* Channel i of token t. */
 KVQ_SHARED_FN kvq_f32 kvq_cq_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 i, kvq_u32 d, kvq_u32 c, kvq_u32 b,
                                     kvq_u32 h) {
-  kvq_u32 g = i / c;
-  return KVQ_FIXED1(kvq_cq_centroids(h, g, d, c, b) + kvq_cq_code(KVQ_IO block, t, g, d, c, b) * c + i % c);
+  return KVQ_FIXED1(kvq_cq_decode_group(KVQ_IO block, t, i / c, d, c, b, h) + i % c);
 }
 
 /* Entry g * 2^b + j of the prepared query: <q_g, centroid j of group g>, the query at input element 0. */

@@ -15,11 +15,15 @@
 
 KVQ_SHARED_FN void kvq_exact_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 x, kvq_u32 stride, kvq_u32 d,
                                          kvq_u32 dtype) {
-  for (kvq_u32 c = 0u; c < d; c++) {
-    kvq_f32 v = KVQ_IN(x + t * stride + c);
-    kvq_u32 at = block + kvq_exact_offset(d, dtype, t, c);
-    if (dtype == KVQ_LAYOUT_F32) KVQ_PAGE_SET(at >> 2u, kvq_f32_to_bits(v));
-    else kvq_io_put_u16(KVQ_IO at, dtype == KVQ_LAYOUT_F16 ? kvq_f32_to_f16_bits(v) : kvq_f32_to_bf16_bits(v));
+  kvq_u32 at = x + t * stride, word = (block + kvq_exact_offset(d, dtype, t, 0u)) >> 2u;
+  if (dtype == KVQ_LAYOUT_F32) {
+    for (kvq_u32 c = 0u; c < d; c++) KVQ_PAGE_SET(word + c, kvq_f32_to_bits(KVQ_IN(at + c)));
+    return;
+  }
+  for (kvq_u32 c = 0u; c < d; c += 2u) { /* two 16-bit values per word (d is even): the token's own words */
+    kvq_f32 lo = KVQ_IN(at + c), hi = KVQ_IN(at + c + 1u);
+    if (dtype == KVQ_LAYOUT_F16) KVQ_PAGE_SET(word + c / 2u, kvq_f32_to_f16_bits(lo) | (kvq_f32_to_f16_bits(hi) << 16u));
+    else KVQ_PAGE_SET(word + c / 2u, kvq_f32_to_bf16_bits(lo) | (kvq_f32_to_bf16_bits(hi) << 16u));
   }
 }
 

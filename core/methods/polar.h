@@ -177,26 +177,29 @@ KVQ_SHARED_FN void kvq_polar_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, 
 
 /* ---- decoding (in the rotated space) ----------------------------------------------------------- */
 
-KVQ_SHARED_FN kvq_f32 kvq_polar_radius(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 k, kvq_u32 P, kvq_u32 d, kvq_u32 L,
-                                       kvq_u32 bits) {
-  return kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO block + kvq_polar_radius_offset(P, d, L, bits) + 2u * (t * (d >> L) + k)));
-}
-
-/* Factor of level l for rotated coordinate i of token t: the cos (first half) or sin (second half)
- * of the centroid coding the level-l sub-block that holds i. */
-KVQ_SHARED_FN kvq_f32 kvq_polar_factor(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 i, kvq_u32 l, kvq_u32 P, kvq_u32 d,
-                                       kvq_u32 bits, kvq_u32 tables) {
-  kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l);
-  kvq_u32 code = kvq_io_code(KVQ_IO (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u, t * angles + (i >> l), b);
-  return KVQ_FIXED1(kvq_polar_level_table(tables, bits, l) + 2u * code + ((i >> (l - 1u)) & 1u));
-}
-
 /* Rotated coordinate i of token t: the block radius times the factors of levels L, L - 1, .., 1 in
- * that order, each product rounded on its own (as kvq_polar_decode_token computes it). */
+ * that order, each product rounded on its own (as kvq_polar_decode_token computes it); the factor of
+ * level l is the cos (first half) or sin (second half) of the centroid coding the level-l sub-block
+ * that holds i. The levels' codes follow each other, then the radii (core/layout.h), and so do the
+ * levels' tables: one pass up finds level L's, the way down steps back (2L loop trips in all). */
 KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 i, kvq_u32 P, kvq_u32 d,
                                              kvq_u32 L, kvq_u32 bits, kvq_u32 tables) {
-  KVQ_PRECISE kvq_f32 y = kvq_polar_radius(KVQ_IO block, t, i >> L, P, d, L, bits);
-  for (kvq_u32 l = L; l >= 1u; l--) y = KVQ_FMUL(y, kvq_polar_factor(KVQ_IO block, t, i, l, P, d, bits, tables));
+  kvq_u32 codes = block, table = tables;
+  for (kvq_u32 l = 1u; l < L; l++) {
+    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
+    table += 4u << kvq_polar_level_bits(bits, l);
+  }
+  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u;
+  KVQ_PRECISE kvq_f32 y = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * (t * (d >> L) + (i >> L))));
+  for (kvq_u32 l = L; l >= 1u; l--) {
+    kvq_u32 b = kvq_polar_level_bits(bits, l);
+    kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (i >> l), b);
+    y = KVQ_FMUL(y, KVQ_FIXED1(table + 2u * code + ((i >> (l - 1u)) & 1u)));
+    if (l > 1u) {
+      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
+      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
+    }
+  }
   return y;
 }
 
@@ -205,7 +208,8 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32
  * so going through a downwards one array serves in place. */
 KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                           kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
-  for (kvq_u32 k = 0u; k < (d >> L); k++) y[k] = kvq_polar_radius(KVQ_IO block, t, k, P, d, L, bits);
+  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits) + 2u * t * (d >> L);
+  for (kvq_u32 k = 0u; k < (d >> L); k++) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * k));
   for (kvq_u32 l = L; l >= 1u; l--) {
     kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l);
     kvq_u32 table = kvq_polar_level_table(tables, bits, l);

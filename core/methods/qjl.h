@@ -133,7 +133,11 @@ KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit,
   kvq_u32 bits = 0u;
   for (kvq_u32 b = 0u; b < 32u; b++) {
     KVQ_PRECISE kvq_f32 p = 0.0f;
-    for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(kvq_qjl_sketch(KVQ_IO outer, w * 32u + b, c, d), part[c]));
+    kvq_u32 row = (w * 32u + b) * d;
+    if (outer != 0u) /* the choice of sketch out of the loop: C compilers do not hoist it */
+      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_FIXED1(row + c), part[c]));
+    else
+      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_FIXED0(row + c), part[c]));
     if (p > 0.0f) bits |= 1u << b;
   }
   KVQ_PAGE_SET(kvq_qjl_sign_word_at(block, outer, t, w, P, m, mo), bits);
@@ -142,6 +146,9 @@ KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit,
   for (kvq_u32 c = 0u; c < d; c++) sum = KVQ_FADD(sum, KVQ_FMUL(part[c], part[c]));
   kvq_io_put_u16(KVQ_IO kvq_qjl_norm_at(block, outer, t, P, m, mo, k), kvq_f32_to_f16_bits(kvq_sqrt(sum)));
 }
+
+/* Bit b of a sign word as +1 (set) or -1. */
+KVQ_SHARED_FN kvq_f32 kvq_qjl_sign(kvq_u32 bits, kvq_u32 b) { return KVQ_F32((bits >> b) & 1u) * 2.0f - 1.0f; }
 
 /* c_d/rows |k_part| dot: one sketch's part of the estimator, and of the reconstruction. */
 KVQ_SHARED_FN kvq_acc kvq_qjl_estimate(kvq_acc c_d, kvq_u32 rows, kvq_f32 norm, kvq_acc dot) {
@@ -159,10 +166,12 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_
   kvq_acc sum = KVQ_ACC(0.0f);
   for (kvq_u32 w = 0u; w < rows / 32u; w++) {
     kvq_u32 bits = KVQ_PAGE(kvq_qjl_sign_word_at(block, outer, t, w, P, m, mo));
-    for (kvq_u32 b = 0u; b < 32u; b++) { /* constant trip count: not counted by llvmpipe */
-      kvq_acc s = KVQ_ACC(kvq_qjl_sketch(KVQ_IO outer, 32u * w + b, c, d));
-      sum += ((bits >> b) & 1u) != 0u ? s : -s;
-    }
+    kvq_u32 at = 32u * w * d + c;
+    /* constant trip counts: not counted by llvmpipe; the sign as a factor +-1 (exact), no branch */
+    if (outer != 0u)
+      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_FIXED1(at + b * d));
+    else
+      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_FIXED0(at + b * d));
   }
   return KVQ_F32(kvq_qjl_estimate(c_d, rows, kvq_qjl_norm(KVQ_IO block, outer, t, P, m, mo, k), sum));
 }
