@@ -148,7 +148,7 @@ KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit,
 }
 
 /* Bit b of a sign word as +1 (set) or -1. */
-KVQ_SHARED_FN kvq_f32 kvq_qjl_sign(kvq_u32 bits, kvq_u32 b) { return KVQ_F32((bits >> b) & 1u) * 2.0f - 1.0f; }
+KVQ_SHARED_FN kvq_f32 kvq_qjl_sign(kvq_u32 bits, kvq_u32 b) { return ((bits >> b) & 1u) != 0u ? 1.0f : -1.0f; }
 
 /* c_d/rows |k_part| dot: one sketch's part of the estimator, and of the reconstruction. */
 KVQ_SHARED_FN kvq_acc kvq_qjl_estimate(kvq_acc c_d, kvq_u32 rows, kvq_f32 norm, kvq_acc dot) {
