@@ -1,7 +1,8 @@
 /*
- * The common subset of C11, CUDA C++ and GLSL 4.50 that kvq's shared headers (layout.h, halfconv.h)
- * are written in, so that one definition of every layout and conversion serves the CPU reference,
- * the CUDA kernels and the Vulkan shaders.
+ * The common subset of C11, CUDA C++ and GLSL 4.50 that kvq's shared headers (layout.h, halfconv.h,
+ * quantize_math.h, methods/<method>.h) are written in, so that one definition of every layout,
+ * conversion and method's math serves the CPU reference, the CUDA kernels and the Vulkan shaders.
+ * The method headers reach buffers through the accessors of methods/io.h.
  *
  * Arithmetic that decides a stored code goes through KVQ_FMUL/KVQ_FADD/KVQ_FSUB into variables
  * declared KVQ_PRECISE: each operation is then rounded on its own in every language (no FMA).
