@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // KMEANS_ASSIGN over clusters [first, first + count) (shaders/kmeans.glsl): the nearest centroid of
-// every point of every problem (shaders/nearest.glsl, the CPU reference's decision) and its squared
+// every point of every problem (core/quantize_math.h: kvq_distance_step and kvq_nearer, the
+// CPU reference's decision and CQ's) and its squared
 // distance. Bindings:
 //   src     data, fp32 [problems][points][dims]
 //   fixed1  centroids, fp32 [problems][clusters][dims]
@@ -12,7 +13,6 @@
 // Invocation: one point of one problem.
 #include "shaders/common.glsl"
 #include "shaders/kmeans.glsl"
-#include "shaders/nearest.glsl"
 
 float kvq_km_distance(uint x, uint mu, uint dims) {
   precise float sum = 0.0;
@@ -32,7 +32,7 @@ void main() {
   }
   for (uint j = pc.first; j < pc.first + pc.count; j++) {
     float sum = kvq_km_distance(x, mu + j * dims, dims);
-    if (kvq_nearer(j, sum, best_d)) {
+    if (kvq_nearer(j, sum, best_d) != 0u) {
       best = j;
       best_d = sum;
     }
