@@ -5,7 +5,7 @@
 // kvq_qjl_choose_outliers, kvq_qjl_put_outliers). It runs apart because
 // every token's encoding needs the list of its whole page. Items as in shaders/quantize.comp.
 // Workgroup: one kv head of one item; its invocations sum the channels (up to 256 tokens each,
-// so that no invocation nears llvmpipe's limit on loop iterations), the first one picks the list.
+// for the loop limit, docs/VULKAN.md), the first one picks the list.
 #include "shaders/common.glsl"
 #include "core/methods/qjl.h"
 

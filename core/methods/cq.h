@@ -4,7 +4,7 @@
  * (kv head, group), fp32 in fixed1 (core/layout.h). Keys are scored through lookup tables of
  * <q_group, centroid> built once per query (the prepared query). Work unit: one channel group of one
  * token, unit = t * (d / c) + g, so that the 2^b-centroid search of a GPU invocation stays within
- * llvmpipe's loop bound (65535 loop trips per invocation, past which it leaves loops silently).
+ * lavapipe's loop limit (docs/VULKAN.md).
  * Arguments as in core/methods/exact.h; h the kv head, c channels per group, b code bits.
  */
 #ifndef KVQ_CORE_METHODS_CQ_H
@@ -30,7 +30,7 @@ KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, 
   kvq_f32 best_d = 0.0f;
   for (kvq_u32 j = 0u; j < (1u << b); j++) {
     KVQ_PRECISE kvq_f32 sum = 0.0f;
-    for (kvq_u32 i = 0u; i + 1u < c; i += 2u) { /* two dims per trip (c is 1 or even): llvmpipe's bound */
+    for (kvq_u32 i = 0u; i + 1u < c; i += 2u) { /* two dims per trip (c is 1 or even): the loop limit */
       sum = kvq_distance_step(sum, p[i], KVQ_FIXED1(mu + i));
       sum = kvq_distance_step(sum, p[i + 1u], KVQ_FIXED1(mu + i + 1u));
     }

@@ -21,7 +21,7 @@
  * the level L factor first and the level 1 factor last, each product rounded on its own.
  *
  * On GPUs, the loops over d x d entries take four columns per trip and the codebook searches two
- * candidates, to stay within llvmpipe's budget of loop trips per invocation (shaders/methods/polar.glsl).
+ * candidates, for lavapipe's loop limit (docs/VULKAN.md).
  */
 #ifndef KVQ_CORE_METHODS_POLAR_H
 #define KVQ_CORE_METHODS_POLAR_H

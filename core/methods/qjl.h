@@ -13,9 +13,8 @@
  * Work unit of encoding: one 32-row word of sign bits of one token, the inlier sketch's words first,
  * then the outlier sketch's; the unit of a sketch's word 0 also stores its norm. The outlier list is
  * chosen before (the GPU: shaders/qjl_outliers.comp), since every token of the page needs it.
- * llvmpipe ends a shader invocation's loops silently after 65535 trips in all, counting loops of
- * variable trip count only, so loops over sketch rows here take 4 or 32 rows per trip through an
- * inner loop of constant trip count, and the loop over outliers runs to the constant bound.
+ * For lavapipe's loop limit (docs/VULKAN.md), loops over sketch rows take 4 or 32 rows per trip
+ * through an inner loop of constant trip count, and the loop over outliers runs to the constant bound.
  * Arguments as in core/methods/exact.h; `outer` is 1 for the outlier sketch (S_o), 0 for S.
  */
 #ifndef KVQ_CORE_METHODS_QJL_H
@@ -167,7 +166,7 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_
   for (kvq_u32 w = 0u; w < rows / 32u; w++) {
     kvq_u32 bits = KVQ_PAGE(kvq_qjl_sign_word_at(block, outer, t, w, P, m, mo));
     kvq_u32 at = 32u * w * d + c;
-    /* constant trip counts: not counted by llvmpipe; the sign as a factor +-1 (exact), no branch */
+    /* constant trip counts: not counted against the loop limit; the sign as a factor +-1 (exact), no branch */
     if (outer != 0u)
       for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_FIXED1(at + b * d));
     else
@@ -188,7 +187,7 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_prepare_row(KVQ_IO_PARAM kvq_u32 q, kvq_u32 i, kvq
 /* Rows i .. i + 3 of S q_in (outer = 0: the prepared S q from prepared element p, less the outlier
  * channels' products, summed over the list in order) or of S_o q_out (outer = 1: those products
  * alone), for the page whose outlier list is `list`; the query at input element q. Four rows per
- * call keep the loop over the outliers, which llvmpipe counts (variable trip count), to rows / 4. */
+ * call keep the loop over the outliers (counted against the loop limit) to rows / 4. */
 KVQ_SHARED_FN void kvq_qjl_query_parts4(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 q, kvq_u32 p,
                                         kvq_u32 list[KVQ_MAX_OUTLIERS], kvq_u32 d, kvq_u32 k, KVQ_OUT kvq_acc parts[4]) {
   for (kvq_u32 r = 0u; r < 4u; r++) parts[r] = KVQ_ACC(0.0f);

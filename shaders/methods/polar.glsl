@@ -3,13 +3,8 @@
 // too. Work unit: one token. As on the CPU, keys are scored in the rotated space against the
 // prepared query R q, and values are summed there and rotated back once per output row; a thread
 // decodes one rotated coordinate (kvq_polar_decode_coord), which gives the CPU's floats bit for bit.
-//
-// Applying R per channel of every token would run far more loop iterations than llvmpipe (lavapipe)
-// allows one invocation: 65535 in all, counting every entry of a loop even where no lane takes it (an
-// element read through KVQ_READ_ELEMENT enters the fp16 conversion's loop), after which it quietly
-// leaves its loops. So tokens are read once into arrays, the d x d loops take four columns per
-// iteration (d is a multiple of 16), and the codebook searches two candidates: QUANTIZE then stays
-// near 51000 at worst (d = 256, 8 bits at every level).
+// Tokens are read once into arrays (applying R per channel of every token would pass the loop
+// limit, docs/VULKAN.md).
 #include "core/methods/polar.h"
 
 #define KVQ_PREPARES

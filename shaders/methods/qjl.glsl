@@ -4,11 +4,8 @@
 // shaders/qjl_outliers.comp before the tokens are encoded, so every token of the page reads the same
 // list. Page tokens are scored with the paper's estimator (KVQ_PREPARES), not by decoding.
 //
-// Work unit: one 32-row word of sign bits of one token (core/methods/qjl.h). Units this small keep
-// every invocation far below llvmpipe's limit on loop iterations: Mesa's gallivm caps all loops of an
-// invocation together (LP_MAX_TGSI_LOOP_ITERATIONS, 65535; loops here stopped after about 32K
-// iterations) and a loop past the cap ends silently, which a whole token (up to 2 x 1024 rows x 256
-// channels) would hit.
+// Work unit: one 32-row word of sign bits of one token (core/methods/qjl.h), small for the loop
+// limit (docs/VULKAN.md).
 #include "core/methods/qjl.h"
 
 #define KVQ_PREPARES
