@@ -22,7 +22,7 @@ layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1 { uint fixed
 layout(std430, binding = KVQ_BINDING_SRC) buffer Src { uint src[]; };                // inputs (tokens, queries, scores)
 layout(std430, binding = KVQ_BINDING_DST) buffer Dst { uint dst[]; };                // outputs
 layout(std430, binding = KVQ_BINDING_RING) readonly buffer Ring { uint ring[]; };     // the full-precision window
-layout(std430, binding = KVQ_BINDING_AUX) buffer Aux { uint aux[]; };                // prepared queries, outputs, sums
+layout(std430, binding = KVQ_BINDING_RESULTS) buffer Results { uint results[]; };        // what an earlier job or this one produces
 
 // The invocation's index over a dispatch of (x, y) workgroups, x fastest.
 uint kvq_invocation() {
@@ -48,5 +48,5 @@ float kvq_f(uint bits) { return uintBitsToFloat(bits); }
 #define KVQ_PAGE_OR(w, v) atomicOr(pages[(w)], (v))
 #define KVQ_FIXED0(i) uintBitsToFloat(fixed0[(i)])
 #define KVQ_FIXED1(i) uintBitsToFloat(fixed1[(i)])
-#define KVQ_PREPARED(i) uintBitsToFloat(aux[(i)])
+#define KVQ_PREPARED(i) uintBitsToFloat(results[(i)])
 #include "core/methods/io.h"

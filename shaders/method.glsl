@@ -19,7 +19,7 @@
 //                                                       out_at (QJL: row u of S q; PolarQuant: all)
 //     float kvq_score_dot(uint block, uint t, uint q, uint p)
 //                                                       q.k_t for the query at element q of src,
-//                                                       prepared at element p of aux
+//                                                       prepared at element p of results
 //   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
 //     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
 //     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])

@@ -46,7 +46,7 @@ static kvq_status run_ranges(vk_backend *b, kvq_vk_shader shader, kvq_push *push
   kvq_status st = KVQ_OK;
   uint32_t first = 0;
   do {
-    push->first = first;
+    push->range_first = first;
     push->count = total - first < per_range ? total - first : per_range;
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
     first += push->count;
@@ -68,7 +68,7 @@ kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job)
   buffers[KVQ_BINDING_SRC] = job->data;
   buffers[KVQ_BINDING_FIXED1] = job->centroids;
   buffers[KVQ_BINDING_DST] = job->assignment;
-  buffers[KVQ_BINDING_AUX] = job->distance;
+  buffers[KVQ_BINDING_RESULTS] = job->distance;
   /* a centroid costs dims + 2 trips; a range after the first also recomputes one distance */
   const uint32_t per_cluster = job->dims + 2, clusters = (LOOP_BUDGET - per_cluster) / per_cluster;
   return run_ranges(b, KVQ_VK_SHADER_kmeans_assign, &push, buffers, (uint64_t)job->problems * job->points, job->clusters,
@@ -92,7 +92,7 @@ kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job)
   buffers[KVQ_BINDING_SRC] = job->data;
   buffers[KVQ_BINDING_FIXED0] = job->weights;
   buffers[KVQ_BINDING_DST] = job->assignment;
-  buffers[KVQ_BINDING_AUX] = job->centroids;
+  buffers[KVQ_BINDING_RESULTS] = job->centroids;
   /* a point costs one trip */
   st = run_ranges(b, KVQ_VK_SHADER_kmeans_update, &push, buffers, values, job->points, LOOP_BUDGET);
   kvq_vk_buffer_free(b, running); /* run_ranges waited for the device */

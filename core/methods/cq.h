@@ -14,6 +14,9 @@
 #include "core/methods/io.h"
 #include "core/quantize_math.h"
 
+/* The side's fixed array 1 (docs/FORMAT.md): fp32 centroids [kv head][group][2^b][c]. */
+#define KVQ_CQ_CENTROID(i) KVQ_FIXED1(i)
+
 /* The element of fixed1 where centroid 0 of group g of kv head h starts. */
 KVQ_SHARED_FN kvq_u32 kvq_cq_centroids(kvq_u32 h, kvq_u32 g, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
   return ((h * (d / c) + g) << b) * c;
@@ -31,10 +34,10 @@ KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, 
   for (kvq_u32 j = 0u; j < (1u << b); j++) {
     KVQ_PRECISE kvq_f32 sum = 0.0f;
     for (kvq_u32 i = 0u; i + 1u < c; i += 2u) { /* two dims per trip (c is 1 or even): the loop limit */
-      sum = kvq_distance_step(sum, p[i], KVQ_FIXED1(mu + i));
-      sum = kvq_distance_step(sum, p[i + 1u], KVQ_FIXED1(mu + i + 1u));
+      sum = kvq_distance_step(sum, p[i], KVQ_CQ_CENTROID(mu + i));
+      sum = kvq_distance_step(sum, p[i + 1u], KVQ_CQ_CENTROID(mu + i + 1u));
     }
-    if (c == 1u) sum = kvq_distance_step(sum, p[0], KVQ_FIXED1(mu));
+    if (c == 1u) sum = kvq_distance_step(sum, p[0], KVQ_CQ_CENTROID(mu));
     if (kvq_nearer(j, sum, best_d) != 0u) {
       best = j;
       best_d = sum;
@@ -58,14 +61,14 @@ KVQ_SHARED_FN kvq_u32 kvq_cq_decode_group(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
 /* Channel i of token t. */
 KVQ_SHARED_FN kvq_f32 kvq_cq_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 i, kvq_u32 d, kvq_u32 c, kvq_u32 b,
                                     kvq_u32 h) {
-  return KVQ_FIXED1(kvq_cq_decode_group(KVQ_IO block, t, i / c, d, c, b, h) + i % c);
+  return KVQ_CQ_CENTROID(kvq_cq_decode_group(KVQ_IO block, t, i / c, d, c, b, h) + i % c);
 }
 
 /* Entry g * 2^b + j of the prepared query: <q_g, centroid j of group g>, the query at input element 0. */
 KVQ_SHARED_FN kvq_f32 kvq_cq_prepare_entry(KVQ_IO_PARAM kvq_u32 g, kvq_u32 j, kvq_u32 d, kvq_u32 c, kvq_u32 b, kvq_u32 h) {
   kvq_u32 mu = kvq_cq_centroids(h, g, d, c, b) + j * c;
   kvq_acc dot = KVQ_ACC(0.0f);
-  for (kvq_u32 i = 0u; i < c; i++) dot += KVQ_ACC(KVQ_IN(g * c + i)) * KVQ_ACC(KVQ_FIXED1(mu + i));
+  for (kvq_u32 i = 0u; i < c; i++) dot += KVQ_ACC(KVQ_IN(g * c + i)) * KVQ_ACC(KVQ_CQ_CENTROID(mu + i));
   return KVQ_F32(dot);
 }
 

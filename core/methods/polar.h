@@ -31,6 +31,11 @@
 #include "core/methods/io.h"
 #include "core/quantize_math.h"
 
+/* The side's fixed arrays (docs/FORMAT.md): 0 the rotation, dense R (d x d, row-major) or the d signs
+ * of the Hadamard form; 1 the codebook tables (core/layout.h), one set per kv head when learned. */
+#define KVQ_POLAR_ROTATION(i) KVQ_FIXED0(i)
+#define KVQ_POLAR_TABLE(i) KVQ_FIXED1(i)
+
 
 /* The first element in fixed1 of the tables of kv head h, and of level l's: 2^b (cos, sin)
  * centroids, then 2^b (cos^2, sin^2) boundaries. */
@@ -58,7 +63,7 @@ KVQ_SHARED_FN void kvq_polar_butterflies(KVQ_INOUT kvq_f32 z[KVQ_MAX_HEAD_DIM], 
 }
 
 KVQ_SHARED_FN kvq_f32 kvq_polar_row_step(KVQ_IO_PARAM kvq_f32 p, kvq_u32 at, kvq_f32 x) {
-  KVQ_PRECISE kvq_f32 next = KVQ_FADD(p, KVQ_FMUL(KVQ_FIXED0(at), x));
+  KVQ_PRECISE kvq_f32 next = KVQ_FADD(p, KVQ_FMUL(KVQ_POLAR_ROTATION(at), x));
   return next;
 }
 
@@ -81,7 +86,7 @@ KVQ_SHARED_FN void kvq_polar_rotate(KVQ_IO_PARAM kvq_u32 x, kvq_u32 d, kvq_u32 r
     }
     return;
   }
-  for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(KVQ_FIXED0(c), v[c]); /* the signs: exact */
+  for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(KVQ_POLAR_ROTATION(c), v[c]); /* the signs: exact */
   kvq_polar_butterflies(y, d);
   kvq_f32 scale = kvq_hadamard_scale(d);
   for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
@@ -95,10 +100,10 @@ KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_
     for (kvq_u32 c = 0u; c < d; c++) {
       kvq_acc sum = KVQ_ACC(0.0f);
       for (kvq_u32 i = 0u; i < d; i += 4u) {
-        sum += KVQ_ACC(KVQ_FIXED0(i * d + c)) * KVQ_ACC(y[i]);
-        sum += KVQ_ACC(KVQ_FIXED0((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
-        sum += KVQ_ACC(KVQ_FIXED0((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
-        sum += KVQ_ACC(KVQ_FIXED0((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
       }
       x[c] = KVQ_F32(sum);
     }
@@ -108,7 +113,7 @@ KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_
   for (kvq_u32 c = 0u; c < d; c++) z[c] = y[c];
   kvq_polar_butterflies(z, d);
   kvq_f32 scale = kvq_hadamard_scale(d);
-  for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_FIXED0(c) * (z[c] * scale);
+  for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_POLAR_ROTATION(c) * (z[c] * scale);
 }
 
 /* ---- QUANTIZE --------------------------------------------------------------------------------- */
@@ -116,16 +121,16 @@ KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_
 /* Level 1: the centroid with the largest dot product with the pair (px, py); strictly greater wins,
  * so ties keep the lower index. Two candidates per trip. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_nearest(KVQ_IO_PARAM kvq_f32 px, kvq_f32 py, kvq_u32 table, kvq_u32 K) {
-  kvq_f32 best = kvq_polar_pair_dot(px, py, KVQ_FIXED1(table), KVQ_FIXED1(table + 1u));
+  kvq_f32 best = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table), KVQ_POLAR_TABLE(table + 1u));
   kvq_u32 code = 0u;
   for (kvq_u32 j = 1u; j < K; j += 2u) {
-    kvq_f32 dot = kvq_polar_pair_dot(px, py, KVQ_FIXED1(table + 2u * j), KVQ_FIXED1(table + 2u * j + 1u));
+    kvq_f32 dot = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table + 2u * j), KVQ_POLAR_TABLE(table + 2u * j + 1u));
     if (dot > best) {
       best = dot;
       code = j;
     }
     if (j + 1u < K) {
-      dot = kvq_polar_pair_dot(px, py, KVQ_FIXED1(table + 2u * j + 2u), KVQ_FIXED1(table + 2u * j + 3u));
+      dot = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table + 2u * j + 2u), KVQ_POLAR_TABLE(table + 2u * j + 3u));
       if (dot > best) {
         best = dot;
         code = j + 1u;
@@ -140,9 +145,9 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_nearest(KVQ_IO_PARAM kvq_f32 px, kvq_f32 py, kvq
 KVQ_SHARED_FN kvq_u32 kvq_polar_boundaries_passed(KVQ_IO_PARAM kvq_f32 s_a, kvq_f32 s_b, kvq_u32 table, kvq_u32 K) {
   kvq_u32 boundaries = table + 2u * K, code = 0u;
   for (kvq_u32 j = 0u; j + 1u < K; j += 2u) {
-    code += kvq_polar_past(s_a, s_b, KVQ_FIXED1(boundaries + 2u * j), KVQ_FIXED1(boundaries + 2u * j + 1u));
+    code += kvq_polar_past(s_a, s_b, KVQ_POLAR_TABLE(boundaries + 2u * j), KVQ_POLAR_TABLE(boundaries + 2u * j + 1u));
     if (j + 2u < K)
-      code += kvq_polar_past(s_a, s_b, KVQ_FIXED1(boundaries + 2u * j + 2u), KVQ_FIXED1(boundaries + 2u * j + 3u));
+      code += kvq_polar_past(s_a, s_b, KVQ_POLAR_TABLE(boundaries + 2u * j + 2u), KVQ_POLAR_TABLE(boundaries + 2u * j + 3u));
   }
   return code;
 }
@@ -192,7 +197,7 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32
   for (kvq_u32 l = L; l >= 1u; l--) {
     kvq_u32 b = kvq_polar_level_bits(bits, l);
     kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (i >> l), b);
-    y = KVQ_FMUL(y, KVQ_FIXED1(table + 2u * code + ((i >> (l - 1u)) & 1u)));
+    y = KVQ_FMUL(y, KVQ_POLAR_TABLE(table + 2u * code + ((i >> (l - 1u)) & 1u)));
     if (l > 1u) {
       codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
       table -= 4u << kvq_polar_level_bits(bits, l - 1u);
@@ -215,8 +220,8 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
     for (kvq_u32 a = angles; a > 0u; a--) {
       kvq_f32 r = y[a - 1u];
       kvq_u32 code = kvq_io_code(KVQ_IO codes, t * angles + a - 1u, b);
-      y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_FIXED1(table + 2u * code + 1u));
-      y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_FIXED1(table + 2u * code));
+      y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
+      y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
     }
   }
 }
@@ -236,10 +241,10 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kv
   kvq_acc sum = KVQ_ACC(0.0f);
   for (kvq_u32 i = 0u; i < d; i++) {
     kvq_acc y = KVQ_ACC(kvq_polar_decode_coord(KVQ_IO block, t, i, P, d, L, bits, tables));
-    if (rotation == KVQ_LAYOUT_ROTATION_DENSE) sum += KVQ_ACC(KVQ_FIXED0(i * d + c)) * y;
+    if (rotation == KVQ_LAYOUT_ROTATION_DENSE) sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * y;
     else sum += kvq_polar_parity(i & c) == 0u ? y : -y;
   }
-  return rotation == KVQ_LAYOUT_ROTATION_DENSE ? KVQ_F32(sum) : KVQ_FIXED0(c) * (KVQ_F32(sum) * kvq_hadamard_scale(d));
+  return rotation == KVQ_LAYOUT_ROTATION_DENSE ? KVQ_F32(sum) : KVQ_POLAR_ROTATION(c) * (KVQ_F32(sum) * kvq_hadamard_scale(d));
 }
 
 /* ---- SCORE ------------------------------------------------------------------------------------ */

@@ -24,6 +24,11 @@
 #include "core/layout.h"
 #include "core/methods/io.h"
 
+/* The side's fixed arrays (docs/FORMAT.md): 0 the sketch S (m x d, row-major), 1 the outlier sketch
+ * S_o (m_o x d). */
+#define KVQ_QJL_S(i) KVQ_FIXED0(i)
+#define KVQ_QJL_S_OUT(i) KVQ_FIXED1(i)
+
 /* ---- the outlier channels ---------------------------------------------------------------------- */
 
 /* The sum over the n valid tokens of x*x of channel c, in token order, each operation rounded. */
@@ -89,7 +94,7 @@ KVQ_SHARED_FN kvq_u32 kvq_qjl_is_outlier(KVQ_IO_PARAM kvq_u32 block, kvq_u32 c, 
 
 /* Entry (i, c) of S (outer = 0) or S_o (outer = 1). */
 KVQ_SHARED_FN kvq_f32 kvq_qjl_sketch(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 c, kvq_u32 d) {
-  return outer != 0u ? KVQ_FIXED1(i * d + c) : KVQ_FIXED0(i * d + c);
+  return outer != 0u ? KVQ_QJL_S_OUT(i * d + c) : KVQ_QJL_S(i * d + c);
 }
 
 /* Word w (rows 32w .. 32w + 31) of token t's sign bits of a sketch; bit set iff the projection > 0. */
@@ -134,9 +139,9 @@ KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit,
     KVQ_PRECISE kvq_f32 p = 0.0f;
     kvq_u32 row = (w * 32u + b) * d;
     if (outer != 0u) /* the choice of sketch out of the loop: C compilers do not hoist it */
-      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_FIXED1(row + c), part[c]));
+      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S_OUT(row + c), part[c]));
     else
-      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_FIXED0(row + c), part[c]));
+      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S(row + c), part[c]));
     if (p > 0.0f) bits |= 1u << b;
   }
   KVQ_PAGE_SET(kvq_qjl_sign_word_at(block, outer, t, w, P, m, mo), bits);
@@ -168,9 +173,9 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_
     kvq_u32 at = 32u * w * d + c;
     /* constant trip counts: not counted against the loop limit; the sign as a factor +-1 (exact), no branch */
     if (outer != 0u)
-      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_FIXED1(at + b * d));
+      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_QJL_S_OUT(at + b * d));
     else
-      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_FIXED0(at + b * d));
+      for (kvq_u32 b = 0u; b < 32u; b++) sum += KVQ_ACC(kvq_qjl_sign(bits, b)) * KVQ_ACC(KVQ_QJL_S(at + b * d));
   }
   return KVQ_F32(kvq_qjl_estimate(c_d, rows, kvq_qjl_norm(KVQ_IO block, outer, t, P, m, mo, k), sum));
 }
@@ -180,7 +185,7 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_
 /* Row i of S q, the query at input element q (Algorithm 1, line 6). */
 KVQ_SHARED_FN kvq_f32 kvq_qjl_prepare_row(KVQ_IO_PARAM kvq_u32 q, kvq_u32 i, kvq_u32 d) {
   kvq_acc sum = KVQ_ACC(0.0f);
-  for (kvq_u32 c = 0u; c < d; c++) sum += KVQ_ACC(KVQ_FIXED0(i * d + c)) * KVQ_ACC(KVQ_IN(q + c));
+  for (kvq_u32 c = 0u; c < d; c++) sum += KVQ_ACC(KVQ_QJL_S(i * d + c)) * KVQ_ACC(KVQ_IN(q + c));
   return KVQ_F32(sum);
 }
 

@@ -53,7 +53,7 @@ void kvq_prepare_unit(uint q, uint h, uint unit, uint out_at) {
   for (uint i = 0u; i < pc.head_dim; i++) dst[out_at + i] = floatBitsToUint(y[i]);
 }
 
-// q.k for key token t: the prepared query (element p of aux) against the rotated key.
+// q.k for key token t: the prepared query (element p of results) against the rotated key.
 float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return kvq_polar_score(block, t, p, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block));
 }
