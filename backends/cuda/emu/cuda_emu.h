@@ -288,8 +288,13 @@ inline void check_deadlock(block &b) {
     fail(b, "deadlock: every thread that has not returned waits at a barrier or warp operation that cannot complete");
 }
 
-// Waits (lock held) until done() or the launch fails; a wait past the timeout fails the launch.
-template <class Done> void wait(block &b, std::unique_lock<std::mutex> &lk, unsigned tid, Done done, const char *what, Site s) {
+// Blocks this thread (lock held) at a barrier or warp operation until done() or the launch fails; a wait
+// past the timeout fails the launch. Another thread's completion marks it running again.
+template <class Done> void wait_at(block &b, std::unique_lock<std::mutex> &lk, unsigned tid, state where, Site s, const char *what, Done done) {
+  b.where[tid] = where;
+  b.at[tid] = s;
+  ++b.blocked;
+  check_deadlock(b);
   const auto deadline = std::chrono::steady_clock::now() + timeout();
   while (!done()) {
     if (b.failed) throw aborted{};
@@ -297,6 +302,15 @@ template <class Done> void wait(block &b, std::unique_lock<std::mutex> &lk, unsi
       fail(b, "timeout: " + thread_name(b, tid) + " waited " + std::to_string(timeout().count()) + " ms at " + what + " at " +
                   site_text(s) + " (a thread that never arrives: divergence, or a loop that does not end)");
   }
+}
+
+// The last arrival completes a rendezvous: the `released` waiting threads run again (marked before
+// they wake, since other threads look at their state).
+template <class Waiting> void complete(block &b, unsigned released, Waiting waiting) {
+  b.blocked -= released;
+  for (unsigned t = 0; t < b.nthreads; ++t)
+    if (waiting(t)) b.where[t] = state::running;
+  b.cv.notify_all();
 }
 
 inline void syncthreads(Site s) {
@@ -319,17 +333,9 @@ inline void syncthreads(Site s) {
   if (++b.bar_arrived == b.nthreads) {
     b.bar_arrived = 0;
     ++b.bar_gen;
-    b.blocked -= b.nthreads - 1;
-    for (state &w : b.where) // the released threads run again (before they wake: others look at this)
-      if (w == state::barrier) w = state::running;
-    b.cv.notify_all();
+    complete(b, b.nthreads - 1, [&](unsigned t) { return b.where[t] == state::barrier; });
   } else {
-    b.where[c.tid] = state::barrier;
-    b.at[c.tid] = s;
-    ++b.blocked;
-    check_deadlock(b);
-    wait(b, lk, c.tid, [&] { return b.bar_gen != gen; }, "__syncthreads", s);
-    b.where[c.tid] = state::running;
+    wait_at(b, lk, c.tid, state::barrier, s, "__syncthreads", [&] { return b.bar_gen != gen; });
   }
   tsan_acquire(edge);
 }
@@ -385,17 +391,10 @@ template <class Use> void warp_op(Site s, op kind, unsigned mask, uint64_t mine,
   if (g->arrived == mask) {
     g->done = true;
     open.erase(std::find(open.begin(), open.end(), g));
-    b.blocked -= static_cast<unsigned>(__builtin_popcount(mask)) - 1;
-    for (unsigned l = 0; l < 32; ++l)
-      if (mask >> l & 1u) b.where[warp * 32 + l] = state::running;
-    b.cv.notify_all();
+    complete(b, static_cast<unsigned>(__builtin_popcount(mask)) - 1,
+             [&](unsigned t) { return t / 32 == warp && (mask >> (t % 32) & 1u); });
   } else {
-    b.where[c.tid] = state::warp;
-    b.at[c.tid] = s;
-    ++b.blocked;
-    check_deadlock(b);
-    wait(b, lk, c.tid, [&] { return g->done; }, op_name(kind), s);
-    b.where[c.tid] = state::running;
+    wait_at(b, lk, c.tid, state::warp, s, op_name(kind), [&] { return g->done; });
   }
   if (kind == op::syncwarp) tsan_acquire(g.get());
   use(g->value);
