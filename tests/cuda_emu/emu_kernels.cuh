@@ -81,10 +81,11 @@ __global__ void emu_atomics(emu_counters *c) {
 }
 
 // Votes and shuffles: full-warp votes, two half warps voting with disjoint masks at the same time, a
-// prefix sum with __shfl_up_sync, a broadcast inside groups of 8 lanes, __syncwarp. One warp per block.
+// prefix sum with __shfl_up_sync, a broadcast inside groups of 8 lanes, __syncwarp, shuffles of half2 and
+// bf16. One warp per block, 9 rows of 32 results each.
 __global__ void emu_warp_ops(unsigned *out) {
   const unsigned lane = threadIdx.x & 31;
-  unsigned *o = out + blockIdx.x * 8 * 32;
+  unsigned *o = out + blockIdx.x * 9 * 32;
   o[lane] = __ballot_sync(KVQ_FULL_MASK, lane % 3 == 0);
   o[32 + lane] = static_cast<unsigned>(__any_sync(KVQ_FULL_MASK, lane == 5)) | static_cast<unsigned>(__any_sync(KVQ_FULL_MASK, lane > 40)) << 1 |
                  static_cast<unsigned>(__all_sync(KVQ_FULL_MASK, lane < 32)) << 2 |
@@ -104,6 +105,9 @@ __global__ void emu_warp_ops(unsigned *out) {
   __syncwarp();
   o[192 + lane] = slot[31 - lane];
   o[224 + lane] = static_cast<unsigned>(__shfl_down_sync(KVQ_FULL_MASK, static_cast<double>(lane) * 0.5, 1) * 4.0);
+  const __half2 got = __shfl_xor_sync(KVQ_FULL_MASK, __floats2half2_rn(static_cast<float>(lane), 0.5f), 1);
+  const __nv_bfloat16 bf = __shfl_sync(KVQ_FULL_MASK, __float2bfloat16_rn(static_cast<float>(lane) + 0.5f), 7);
+  o[256 + lane] = static_cast<unsigned>(__low2float(got) + __high2float(got) * 2.0f) * 1000u + static_cast<unsigned>(__bfloat162float(bf) * 2.0f);
 }
 
 // Half and bf16 through NVIDIA's own conversions (on the host: cuda_fp16.hpp / cuda_bf16.hpp).

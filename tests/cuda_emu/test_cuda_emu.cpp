@@ -101,20 +101,21 @@ static void test_atomics() {
 
 static void test_warp_ops() {
   const int blocks = 2;
-  std::vector<unsigned> out(blocks * 8 * 32, 0xdeadbeefu);
+  std::vector<unsigned> out(blocks * 9 * 32, 0xdeadbeefu);
   const kvq_emu::Result r = kvq_emu::launch(emu_warp_ops, dim3(blocks), dim3(32), 0, out.data());
   unsigned ballot3 = 0;
   for (unsigned l = 0; l < 32; l += 3) ballot3 |= 1u << l;
-  bool vote = r.ok, half = r.ok, scan = r.ok, seg = r.ok, sync = r.ok, dbl = r.ok;
+  bool vote = r.ok, half = r.ok, scan = r.ok, seg = r.ok, sync = r.ok, dbl = r.ok, fp16 = r.ok;
   for (int b = 0; b < blocks; ++b)
     for (unsigned l = 0; l < 32; ++l) {
-      const unsigned *o = out.data() + b * 256;
+      const unsigned *o = out.data() + b * 9 * 32;
       vote = vote && o[l] == ballot3 && o[32 + l] == (1u | 4u);
       half = half && o[64 + l] == (l < 16 ? 0x0000aaaau : 0xaaaa0000u);
       scan = scan && o[96 + l] == (l + 1) * (l + 2) / 2;
       seg = seg && o[128 + l] == ((l & ~7u) + 3) * 10 && o[160 + l] == ((l & 4) ? (l ^ 4) : l);
       sync = sync && o[192 + l] == (31 - l) * (31 - l);
       dbl = dbl && o[224 + l] == (l < 31 ? (l + 1) * 2 : l * 2);
+      fp16 = fp16 && o[256 + l] == ((l ^ 1) + 1) * 1000 + 15;
     }
   check(vote, "__ballot_sync, __any_sync and __all_sync over a full warp", r.message);
   check(half, "two half warps vote with disjoint masks at the same time");
@@ -122,6 +123,7 @@ static void test_warp_ops() {
   check(seg, "__shfl_sync and __shfl_xor_sync with a width of 8 and 4 (CUDA's rules for lanes outside the group)");
   check(sync, "__syncwarp orders shared memory between the lanes of a warp");
   check(dbl, "__shfl_down_sync moves a double");
+  check(fp16, "shuffles move __half2 and __nv_bfloat16");
 }
 
 static void test_half() {
@@ -190,7 +192,7 @@ static void test_bugs() {
 }
 
 int main() {
-  std::printf("1..29\n");
+  std::printf("1..30\n");
   test_block_sum_128();
   test_block_sum_256();
   test_reverse();

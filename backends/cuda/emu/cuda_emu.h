@@ -532,15 +532,18 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
 
 inline Site site_of(const char *file, int line) { return Site{file, line}; }
 
-template <class T> inline uint64_t to_bits(T v) {
-  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "a warp shuffle moves at most 8 bytes of a trivially copyable type");
+// A value as the bits a shuffle moves. NVIDIA's __half2 and __nv_bfloat162 have user-written copy
+// operations (not trivially copyable), but are plain 4 bytes: standard layout, trivially destructible.
+template <class T> constexpr bool shufflable = sizeof(T) <= 8 && std::is_standard_layout_v<T> && std::is_trivially_destructible_v<T>;
+template <class T> inline uint64_t to_bits(const T &v) {
+  static_assert(shufflable<T>, "a warp shuffle moves at most 8 bytes of a plain (standard-layout) type");
   uint64_t u = 0;
-  std::memcpy(&u, &v, sizeof v);
+  std::memcpy(&u, static_cast<const void *>(&v), sizeof v);
   return u;
 }
 template <class T> inline T from_bits(uint64_t u) {
-  T v;
-  std::memcpy(&v, &u, sizeof v);
+  T v{};
+  std::memcpy(static_cast<void *>(&v), &u, sizeof v);
   return v;
 }
 
@@ -552,9 +555,12 @@ struct at {
   }
   // lane_of(lane, width): the lane whose value this lane reads (itself: its own value).
   template <class T, class LaneOf> T shuffle(op kind, unsigned mask, T v, int width, LaneOf lane_of) const {
-    if (width <= 0 || width > 32 || (width & (width - 1)))
-      fail(*ctx().b, std::string(op_name(kind)) + " at " + site_text(s) + ": width " + std::to_string(width) +
-                         " is not a power of two from 1 to 32");
+    if (width <= 0 || width > 32 || (width & (width - 1))) {
+      block &b = *ctx().b;
+      internal_scope quiet;
+      std::lock_guard<std::mutex> lk(b.m);
+      fail(b, std::string(op_name(kind)) + " at " + site_text(s) + ": width " + std::to_string(width) + " is not a power of two from 1 to 32");
+    }
     const unsigned lane = ctx().tid % 32;
     const unsigned src = lane_of(lane, static_cast<unsigned>(width)) & 31u;
     T r = v;
