@@ -5,3 +5,4 @@
 
 template __global__ void emu_block_sum<128>(const float *__restrict__, float *__restrict__, float *, int *, int);
 template __global__ void emu_block_sum<256>(const float *__restrict__, float *__restrict__, float *, int *, int);
+template __global__ void emu_block_sum<1024>(const float *__restrict__, float *__restrict__, float *, int *, int);

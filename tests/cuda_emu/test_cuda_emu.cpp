@@ -68,6 +68,16 @@ static void test_block_sum_256() {
         "the reduction with 256 threads (8 warps) is exact on exact data", r.message);
 }
 
+static void test_block_sum_1024() {
+  const int blocks = 2, n = 4096;
+  std::vector<float> in(blocks * n, 0.5f), out(blocks);
+  float total = 0.0f;
+  int absmax_bits = 0;
+  const kvq_emu::Result r = kvq_emu::launch(emu_block_sum<1024>, dim3(blocks), dim3(1024), 0, in.data(), out.data(), &total, &absmax_bits, n);
+  check(r.ok && out[0] == 2048.0f && out[1] == 2048.0f && total == 4096.0f, "the reduction with the largest block, 1024 threads (32 warps)",
+        r.message);
+}
+
 static void test_reverse() {
   const int blocks = 5;
   const dim3 block(16, 4);
@@ -192,9 +202,10 @@ static void test_bugs() {
 }
 
 int main() {
-  std::printf("1..30\n");
+  std::printf("1..31\n");
   test_block_sum_128();
   test_block_sum_256();
+  test_block_sum_1024();
   test_reverse();
   test_atomics();
   test_warp_ops();
