@@ -58,24 +58,15 @@ static void test_block_sum_128() {
         std::to_string(__int_as_float(absmax_bits)) + " != " + std::to_string(ref_max));
 }
 
-static void test_block_sum_256() {
-  const int blocks = 3, n = 5000;
-  std::vector<float> in(blocks * n, 0.25f), out(blocks);
+// The reduction on constant data, where every sum is exact: blocks of THREADS threads.
+template <int THREADS> static void test_block_sum_exact(int blocks, int n, float value, const std::string &what) {
+  std::vector<float> in(static_cast<size_t>(blocks) * n, value), out(blocks);
   float total = 0.0f;
   int absmax_bits = 0;
-  const kvq_emu::Result r = kvq_emu::launch(emu_block_sum<256>, dim3(blocks), dim3(256), 0, in.data(), out.data(), &total, &absmax_bits, n);
-  check(r.ok && out[0] == 1250.0f && out[1] == 1250.0f && out[2] == 1250.0f && total == 3750.0f,
-        "the reduction with 256 threads (8 warps) is exact on exact data", r.message);
-}
-
-static void test_block_sum_1024() {
-  const int blocks = 2, n = 4096;
-  std::vector<float> in(blocks * n, 0.5f), out(blocks);
-  float total = 0.0f;
-  int absmax_bits = 0;
-  const kvq_emu::Result r = kvq_emu::launch(emu_block_sum<1024>, dim3(blocks), dim3(1024), 0, in.data(), out.data(), &total, &absmax_bits, n);
-  check(r.ok && out[0] == 2048.0f && out[1] == 2048.0f && total == 4096.0f, "the reduction with the largest block, 1024 threads (32 warps)",
-        r.message);
+  const kvq_emu::Result r = kvq_emu::launch(emu_block_sum<THREADS>, dim3(blocks), dim3(THREADS), 0, in.data(), out.data(), &total, &absmax_bits, n);
+  bool ok = r.ok && total == value * static_cast<float>(n * blocks) && __int_as_float(absmax_bits) == value;
+  for (float o : out) ok = ok && o == value * static_cast<float>(n);
+  check(ok, what, r.message);
 }
 
 static void test_reverse() {
@@ -204,13 +195,13 @@ static void test_bugs() {
 int main() {
   std::printf("1..31\n");
   test_block_sum_128();
-  test_block_sum_256();
-  test_block_sum_1024();
+  test_block_sum_exact<256>(3, 5000, 0.25f, "the reduction with 256 threads (8 warps) is exact on exact data");
+  test_block_sum_exact<1024>(2, 4096, 0.5f, "the reduction with the largest block, 1024 threads (32 warps)");
   test_reverse();
   test_atomics();
   test_warp_ops();
   test_half();
   test_bugs();
-  test_block_sum_256(); // the emulator is usable again after the failed launches
+  test_block_sum_exact<256>(3, 5000, 0.25f, "the emulator runs kernels again after the failed launches");
   return failures ? 1 : 0;
 }
