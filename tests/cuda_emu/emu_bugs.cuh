@@ -12,6 +12,14 @@ __global__ void bug_missing_sync(const float *in, float *out) {
   s[threadIdx.x] = in[threadIdx.x];
   out[threadIdx.x] = s[127 - threadIdx.x];
 }
+// Bug: a shuffle instead of __syncwarp between the write and the read: shuffles exchange registers but
+// do not order memory (on Volta and later the lanes of a warp need not run in step).
+__global__ void bug_shuffle_as_barrier(float *out) {
+  KVQ_SHARED(float, s, 32);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  const float v = __shfl_xor_sync(KVQ_FULL_MASK, 1.0f, 1);
+  out[threadIdx.x] = s[31 - threadIdx.x] + v;
+}
 // Bug: an index one past the end of shared memory.
 __global__ void bug_shared_overflow(const float *in, float *out) {
   KVQ_SHARED(float, s, 128);
