@@ -105,4 +105,22 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_past(kvq_f32 s_a, kvq_f32 s_b, kvq_f32 c2, kvq_f
   return lhs >= rhs ? 1u : 0u;
 }
 
+/* ---- Nearest centroid (CQ's codes, k-means assignments) ----------------------------------------
+ * The squared distance of a point to a centroid is summed over the dims in order, each difference,
+ * square and sum rounded on its own; centroid j becomes the best when it is the first or its sum is
+ * strictly smaller (ties keep the lower index). Codes learned (KMEANS_ASSIGN) and codes stored (CQ's
+ * QUANTIZE) are decided by these two functions alike on every backend.
+ * ------------------------------------------------------------------------------------------- */
+
+/* sum + (x - mu)^2, each operation rounded on its own. */
+KVQ_SHARED_FN kvq_f32 kvq_distance_step(kvq_f32 sum, kvq_f32 x, kvq_f32 mu) {
+  KVQ_PRECISE kvq_f32 diff = KVQ_FSUB(x, mu);
+  KVQ_PRECISE kvq_f32 square = KVQ_FMUL(diff, diff);
+  KVQ_PRECISE kvq_f32 next = KVQ_FADD(sum, square);
+  return next;
+}
+
+/* Whether centroid j, at squared distance `sum`, replaces the best so far (at `best_d`): 1 or 0. */
+KVQ_SHARED_FN kvq_u32 kvq_nearer(kvq_u32 j, kvq_f32 sum, kvq_f32 best_d) { return (j == 0u || sum < best_d) ? 1u : 0u; }
+
 #endif /* KVQ_CORE_QUANTIZE_MATH_H */

@@ -380,7 +380,6 @@ fail:
   return st;
 }
 
-
 kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
   if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;

@@ -304,7 +304,6 @@ kvq_status kvq_get_fixed(kvq_context *ctx, const kvq_cache *cache, kvq_reader *r
   return st;
 }
 
-
 /* ---- Saving and reading whole files -------------------------------------------------------------- */
 
 kvq_status kvq_file_save_size(kvq_cache *cache, kvq_file_writer write, uint64_t *bytes, const char *who) {

@@ -1,9 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // After SOFTMAX (H2O and Q-Hitter): the sum over a sequence's query rows and heads of the
-// probability of slot t, into aux at accumulate_offset + t. One workgroup per slot of every sequence
+// probability of slot t, into results at accumulate_offset + t. One workgroup per slot of every sequence
 // (KVQ_PLAN_ACCUMULATE); its invocations
-// take every 64th row (a prefill can have more rows than llvmpipe lets one invocation loop over).
+// take every 64th row (a prefill can have more rows than the loop limit allows one invocation,
+// docs/VULKAN.md).
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/reduce.glsl"
@@ -17,5 +18,5 @@ void main() {
   float sum = 0.0;
   for (uint row = gl_LocalInvocationID.x; row < rows; row += KVQ_GPU_GROUP_SIZE) sum += uintBitsToFloat(dst[base + row * n + t]);
   sum = kvq_workgroup_sum(sum);
-  if (gl_LocalInvocationID.x == 0u) aux[kvq_seq(KVQ_SEQ_ACCUMULATE_OFFSET) + t] = floatBitsToUint(sum);
+  if (gl_LocalInvocationID.x == 0u) results[kvq_seq(KVQ_SEQ_ACCUMULATE_OFFSET) + t] = floatBitsToUint(sum);
 }

@@ -22,7 +22,7 @@ layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1 { uint fixed
 layout(std430, binding = KVQ_BINDING_SRC) buffer Src { uint src[]; };                // inputs (tokens, queries, scores)
 layout(std430, binding = KVQ_BINDING_DST) buffer Dst { uint dst[]; };                // outputs
 layout(std430, binding = KVQ_BINDING_RING) readonly buffer Ring { uint ring[]; };     // the full-precision window
-layout(std430, binding = KVQ_BINDING_AUX) buffer Aux { uint aux[]; };                // prepared queries, outputs, sums
+layout(std430, binding = KVQ_BINDING_RESULTS) buffer Results { uint results[]; };        // what an earlier job or this one produces
 
 // The invocation's index over a dispatch of (x, y) workgroups, x fastest.
 uint kvq_invocation() {
@@ -38,19 +38,15 @@ float kvq_f(uint bits) { return uintBitsToFloat(bits); }
    : (dtype) == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32((buffer[(index) >> 1] >> (((index) & 1u) * 16u)) & 0xffffu) \
                                : kvq_bf16_bits_to_f32((buffer[(index) >> 1] >> (((index) & 1u) * 16u)) & 0xffffu))
 
-// A page pool's byte and 16-bit fields (byte offsets from the start of the pool).
-uint kvq_page_u8(uint byte) { return (pages[byte >> 2] >> ((byte & 3u) * 8u)) & 0xffu; }
-uint kvq_page_u16(uint byte) { return (pages[byte >> 2] >> ((byte & 2u) * 8u)) & 0xffffu; }
-
-// Packed codes (core/layout.h): code i of `bits` bits of the array starting at word `base`.
-uint kvq_page_code(uint base, uint i, uint bits) {
-  uint cpw = 32u / bits;
-  return (pages[base + i / cpw] >> ((i % cpw) * bits)) & ((1u << bits) - 1u);
-}
-// Pages are zeroed before encoding; neighbours share words, so codes are ORed in atomically.
-void kvq_page_put_code(uint base, uint i, uint bits, uint code) {
-  uint cpw = 32u / bits;
-  atomicOr(pages[base + i / cpw], code << ((i % cpw) * bits));
-}
-void kvq_page_put_u16(uint byte, uint value) { atomicOr(pages[byte >> 2], (value & 0xffffu) << ((byte & 2u) * 8u)); }
-void kvq_page_put_u8(uint byte, uint value) { atomicOr(pages[byte >> 2], (value & 0xffu) << ((byte & 3u) * 8u)); }
+// The accessors of the shared method headers (core/methods/io.h): the buffers are globals here, so
+// functions take no io parameter; page words are written with atomicOr where units share them.
+#define KVQ_IO_PARAM
+#define KVQ_IO
+#define KVQ_IN(i) KVQ_READ_ELEMENT(src, pc.input_dtype, (i))
+#define KVQ_PAGE(w) pages[(w)]
+#define KVQ_PAGE_SET(w, v) pages[(w)] = (v)
+#define KVQ_PAGE_OR(w, v) atomicOr(pages[(w)], (v))
+#define KVQ_FIXED0(i) uintBitsToFloat(fixed0[(i)])
+#define KVQ_FIXED1(i) uintBitsToFloat(fixed1[(i)])
+#define KVQ_PREPARED(i) uintBitsToFloat(results[(i)])
+#include "core/methods/io.h"

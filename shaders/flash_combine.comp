@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Fused decode attention, pass 3 of 3 (shaders/flash.glsl): the splits of each (row, head) rescaled
-// to the row's maximum and summed: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, into aux fp32
+// to the row's maximum and summed: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, into results fp32
 // [rows][query_heads][d]. Invocation: one (row, head, channel) of a sequence (KVQ_PLAN_COMBINE).
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
@@ -25,5 +25,5 @@ void main() {
     out_c += w * uintBitsToFloat(dst[kvq_flash_out(rows, n, row_head, s, c)]);
   }
   uint r = row_head / pc.query_heads, h = row_head % pc.query_heads;
-  aux[((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(out_c / sum);
+  results[((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(out_c / sum);
 }

@@ -29,7 +29,7 @@ void main() {
     bool paged = t < kvq_seq(KVQ_SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
 #ifdef KVQ_PREPARES
-    if (paged) { // scored from the prepared queries in aux (QJL's estimator, PolarQuant's rotation)
+    if (paged) { // scored from the prepared queries in results (QJL's estimator, PolarQuant's rotation)
       uint row = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;
       for (uint g = 0u; g < heads; g++)
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());

@@ -1,13 +1,13 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// KMEANS_UPDATE over points [first, first + count) (shaders/kmeans.glsl): component k of centroid j of
+// KMEANS_UPDATE over points [range_first, range_first + count) (shaders/kmeans.glsl): component k of centroid j of
 // problem p becomes the weighted mean of component k of the points assigned to j; a centroid without
 // points, or whose points weigh 0 in all, keeps its value. As in the CPU reference, an assignment
 // beyond the clusters counts for cluster 0. Bindings:
 //   src     data, fp32 [problems][points][dims]
 //   fixed0  weights, fp32 [points], shared by the problems (read only with KVQ_PUSH_WEIGHTS, else 1)
 //   dst     assignment, u32 [problems][points] (what KMEANS_ASSIGN wrote there)
-//   aux     centroids, fp32 [problems][clusters][dims], read and written
+//   results     centroids, fp32 [problems][clusters][dims], read and written
 //   pages   the running sums of every centroid value between ranges, 4 fp32 words each (a job of
 //           one range binds none)
 // The CPU reference sums in double; here the sums are fp32 pairs, compensated (Neumaier), which
@@ -35,13 +35,13 @@ void main() {
   uint k = id % dims, j = id / dims % clusters, p = id / dims / clusters;
   bool weighted = (pc.flags & KVQ_PUSH_WEIGHTS) != 0u;
   float sum = 0.0, sum_lost = 0.0, total = 0.0, total_lost = 0.0;
-  if (pc.first > 0u) {
+  if (pc.range_first > 0u) {
     sum = uintBitsToFloat(pages[4u * id]);
     sum_lost = uintBitsToFloat(pages[4u * id + 1u]);
     total = uintBitsToFloat(pages[4u * id + 2u]);
     total_lost = uintBitsToFloat(pages[4u * id + 3u]);
   }
-  for (uint t = pc.first; t < pc.first + pc.count; t++) {
+  for (uint t = pc.range_first; t < pc.range_first + pc.count; t++) {
     uint i = p * points + t, a = dst[i];
     if ((a < clusters ? a : 0u) != j) continue;
     float w = weighted ? uintBitsToFloat(fixed0[t]) : 1.0;
@@ -49,7 +49,7 @@ void main() {
     kvq_km_add(sum, sum_lost, term);
     kvq_km_add(total, total_lost, w);
   }
-  if (pc.first + pc.count < points) {
+  if (pc.range_first + pc.count < points) {
     pages[4u * id] = floatBitsToUint(sum);
     pages[4u * id + 1u] = floatBitsToUint(sum_lost);
     pages[4u * id + 2u] = floatBitsToUint(total);
@@ -57,5 +57,5 @@ void main() {
     return;
   }
   precise float mean_sum = KVQ_FADD(sum, sum_lost), mean_total = KVQ_FADD(total, total_lost);
-  if (mean_total > 0.0) aux[id] = floatBitsToUint(mean_sum / mean_total);
+  if (mean_total > 0.0) results[id] = floatBitsToUint(mean_sum / mean_total);
 }

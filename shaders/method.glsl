@@ -1,7 +1,10 @@
 // The method a shader variant is built for (KVQ_METHOD, a KVQ_LAYOUT_* value, and KVQ_VK_METHOD_<M>,
 // which picks its code below; both set by shaders/meson.build from its one list of methods). How
-// many units a head block or a query splits into is shaders/work_units.h's (shared with the host):
-// kvq_encode_units(n) and kvq_prepare_units() below. Each methods/*.glsl provides:
+// many units a head block or a query splits into is shaders/work_units.h's (shared with the host
+// and the CPU reference): kvq_encode_units(n) and kvq_prepare_units() below.
+// The math itself is in core/methods/<method>.h, shared with the CPU reference and CUDA
+// (docs/DESIGN.md, "One source for each method's math"); each methods/*.glsl only binds it to this
+// pipeline (push constants, the kv head of a block) and provides:
 //   void  kvq_encode_unit(uint block, uint unit, uint n, uint x)
 //                                                       encode one unit into the zeroed head block at
 //                                                       byte `block` of `pages`; token t, channel c
@@ -16,7 +19,7 @@
 //                                                       out_at (QJL: row u of S q; PolarQuant: all)
 //     float kvq_score_dot(uint block, uint t, uint q, uint p)
 //                                                       q.k_t for the query at element q of src,
-//                                                       prepared at element p of aux
+//                                                       prepared at element p of results
 //   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
 //     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
 //     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // PREPARE_QUERY for key methods that define KVQ_PREPARES: fp32 query rows [rows][query_heads][d]
-// from element offset0 of src -> kvq_prepared_floats() floats per row from element offset1 of dst.
+// from element src_word of src -> kvq_prepared_floats() floats per row from element dst_word of dst.
 // Row r belongs to query head r % query_heads. Invocation: one of kvq_prepare_units() of one row.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
@@ -12,6 +12,6 @@ void main() {
   uint r = id / units;
   if (r >= pc.count) return;
   uint kv_head = r % pc.query_heads / (pc.query_heads / pc.kv_heads);
-  kvq_prepare_unit(pc.offset0 + r * pc.head_dim, kv_head, id % units, pc.offset1 + r * kvq_prepared_floats());
+  kvq_prepare_unit(pc.src_word + r * pc.head_dim, kv_head, id % units, pc.dst_word + r * kvq_prepared_floats());
 #endif
 }

@@ -7,7 +7,10 @@
  *
  * Side fields describe the layout a job reads or writes (KVQ_SIDE_FIELDS, core/layout.h, the first
  * fields of kvq_side_layout), then its head block in words and QJL's estimator constant; job
- * fields say what to do with it; `meta` is the word offset of the job's host arrays in binding 0.
+ * fields say what to do with it: `count` items (pages, clusters, points) from `range_first` (a job
+ * split over several dispatches gives each its range), `meta` the word offset of the job's host
+ * arrays in binding 0, `src_word` / `dst_word` where the job's input / output starts in src / dst
+ * (in 32-bit words), `units` the work units of one head block (QUANTIZE, shaders/work_units.h).
  */
 #ifndef KVQ_SHADERS_PUSH_H
 #define KVQ_SHADERS_PUSH_H
@@ -18,10 +21,10 @@
   /* the side layout (core/layout.h), then what the kernels derive from it */                       \
   KVQ_SIDE_FIELDS(F) F(head_words) F(constant_bits)                                                 \
   /* the job */                                                                                    \
-  F(count) F(first) F(input_dtype) F(meta) F(flags) F(offset0) F(offset1)                          \
+  F(count) F(range_first) F(input_dtype) F(meta) F(flags) F(src_word) F(dst_word) F(units)         \
   F(query_heads) F(scale_bits) F(window_dtype) F(alive_words)
 
-#define KVQ_PUSH_WORDS (KVQ_SIDE_FIELD_COUNT + 13u)
+#define KVQ_PUSH_WORDS (KVQ_SIDE_FIELD_COUNT + 14u)
 
 /* The eight storage-buffer bindings every shader declares (shaders/common.glsl). */
 #define KVQ_BINDING_META 0   /* the job's host arrays */
@@ -31,7 +34,7 @@
 #define KVQ_BINDING_SRC 4    /* inputs: tokens, queries, probabilities */
 #define KVQ_BINDING_DST 5    /* outputs: errors, decoded tokens, prepared queries, scores */
 #define KVQ_BINDING_RING 6   /* the full-precision window */
-#define KVQ_BINDING_AUX 7    /* the weighted sum's output, probability sums */
+#define KVQ_BINDING_RESULTS 7 /* results: prepared queries (read by SCORE), attention outputs, probability sums, k-means distances */
 
 /* flags */
 #define KVQ_PUSH_ERRORS 1u     /* QUANTIZE: write per-token errors */

@@ -10,7 +10,7 @@ void main() {
   uint id = kvq_invocation();
   uint t = id % pc.page_size, h = (id / pc.page_size) % pc.kv_heads, i = id / pc.page_size / pc.kv_heads;
   if (i >= pc.count) return;
-  uint k = pc.first + i, m = pc.meta + k * 4u;
+  uint k = pc.range_first + i, m = pc.meta + k * 4u;
   if (t >= meta[m + 2u]) return;
   uint x = meta[m] + h * pc.head_dim + t * pc.kv_heads * pc.head_dim;
   uint block = meta[m + 1u] + h * pc.head_words * 4u;

@@ -1,7 +1,6 @@
 // Workgroup reductions for shaders whose workgroup shares one loop (the fused attention, the
-// softmax): llvmpipe (lavapipe) silently ends any loop of one invocation past 65535 iterations, so
-// long token loops are spread over the KVQ_GPU_GROUP_SIZE invocations of a workgroup (local_size_x,
-// core/gpu_plan.h) and reduced here.
+// softmax): for the loop limit (docs/VULKAN.md), long token loops are spread over the
+// KVQ_GPU_GROUP_SIZE invocations of a workgroup (local_size_x, core/gpu_plan.h) and reduced here.
 
 // Workgroup-wide max and sum of one float per invocation (every invocation gets the result; all
 // invocations of the workgroup must call them together). With KVQ_SUBGROUPS (a variant built for

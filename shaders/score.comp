@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 // SCORE for every sequence of the batch: logit of query row r, query head h against slot t, scaled, or -inf where
 // masked, into dst at score_offset + (r * query_heads + h) * n + t. Queries: src fp32
-// [rows][query_heads][d]; prepared queries (KVQ_PREPARES): aux, [rows][query_heads][prepared floats].
+// [rows][query_heads][d]; prepared queries (KVQ_PREPARES): results, [rows][query_heads][prepared floats].
 // Invocation: one (r, h, t) of its sequence, t fastest (KVQ_PLAN_SCORE).
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"

@@ -1,10 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // WEIGHTED_SUM for every sequence of the batch: output row (r, h), channel c = sum over slots t of p[t] * v_t[c],
-// with probabilities in src (the scores after SOFTMAX) and the output in aux fp32
+// with probabilities in src (the scores after SOFTMAX) and the output in results fp32
 // [rows][query_heads][d]. Page tokens and window tokens are summed apart and added last, as the
 // CPU reference does; value methods that define KVQ_SUMS_ROTATED leave coordinate c of the page sum
-// in their rotated space in dst and the window part in aux, for weighted_sum_rotate.comp.
+// in their rotated space in dst and the window part in results, for weighted_sum_rotate.comp.
 // One workgroup per (r, h, c) of a sequence (KVQ_PLAN_WEIGHTED_SUM); its invocations take every
 // 64th token.
 #include "shaders/common.glsl"
@@ -40,8 +40,8 @@ void main() {
   uint o = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c;
 #ifdef KVQ_SUMS_ROTATED
   dst[o] = floatBitsToUint(paged); // coordinate c of the rotated sum: weighted_sum_rotate.comp finishes
-  aux[o] = floatBitsToUint(window);
+  results[o] = floatBitsToUint(window);
 #else
-  aux[o] = floatBitsToUint(paged + window);
+  results[o] = floatBitsToUint(paged + window);
 #endif
 }

@@ -6,8 +6,8 @@
  *
  * Encoding: one token for EXACT, UNIFORM and PolarQuant; one channel of one group of Gt tokens for
  * KIVI (its scales are per channel); one 32-row word of sign bits of one token for QJL and one group
- * of c channels of one token for CQ (smaller units keep each invocation under llvmpipe's loop limit
- * of 65535 iterations, past which it ends loops silently).
+ * of c channels of one token for CQ (smaller units keep each invocation under the loop limit,
+ * docs/VULKAN.md).
  * Preparing: one row of S q for QJL (all m x d products in one would pass that limit); the whole
  * rotated query for PolarQuant (the Hadamard form needs every coordinate).
  */

@@ -9,5 +9,5 @@ void main() {
   uint page_words = pc.kv_heads * pc.head_words;
   uint i = id / page_words;
   if (i >= pc.count) return;
-  pages[(meta[pc.meta + (pc.first + i) * 4u + 1u] >> 2) + id % page_words] = 0u;
+  pages[(meta[pc.meta + (pc.range_first + i) * 4u + 1u] >> 2) + id % page_words] = 0u;
 }

@@ -4,7 +4,9 @@
  *   - for Gaussian input the codes of every level are distributed as the analytic angle densities
  *     predict (a chi-square goodness-of-fit test on the offline codebook's bins);
  *   - the reconstruction error falls as bits rise and meets a bound derived from Theorem 1;
- *   - offline codebooks are the Lloyd-Max fixed points of their densities.
+ *   - offline codebooks are the Lloyd-Max fixed points of their densities;
+ *   - the two decodings of core/methods/polar.h, a whole token top down (the CPU's) and one
+ *     coordinate (a GPU thread's), give the same floats bit for bit, and so do the two scores.
  */
 #include <criterion/criterion.h>
 
@@ -14,6 +16,8 @@
 #include <string.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/cpu_io.h"
+#include "core/methods/polar.h"
 #include "core/codebook.h"
 #include "core/layout.h"
 #include "core/matrix.h"
@@ -63,6 +67,45 @@ static void round_trip(polar_fixture *f, const float *x, float *out) {
     kvq_cpu_polar.decode(&head, f->block, t, rotated);
     kvq_cpu_polar.unrotate(&head, rotated, out + (size_t)t * d);
   }
+}
+
+Test(polar, token_and_coordinate_decodings_agree_bit_for_bit) {
+  const kvq_rotation rotations[] = {KVQ_ROTATION_DENSE, KVQ_ROTATION_HADAMARD};
+  const uint32_t configs[][5] = {{4, 2, 2, 2}, {8, 3, 2, 1}, {1, 1, 1, 1}, {3, 4, 0, 0}, {2, 5, 3, 0}};
+  const uint32_t levels[] = {4, 4, 4, 2, 3};
+  const uint32_t d = 64, P = 16;
+  kvq_rng rng;
+  kvq_rng_init(&rng, 5, 0, KVQ_PURPOSE_TEST);
+  float x[16 * 64], token[KVQ_MAX_HEAD_DIM], prepared[64];
+  uint32_t compared = 0;
+  for (int r = 0; r < 2; r++)
+    for (int k = 0; k < 5; k++) {
+      polar_fixture f;
+      fixture_init(&f, d, P, levels[k], configs[k], rotations[r]);
+      const kvq_side_layout *s = &f.side.layout;
+      const cpu_head head = kvq_cpu_head(&f.side);
+      for (uint32_t i = 0; i < P * d; i++) x[i] = (float)kvq_rng_gaussian(&rng) * (i % 7 == 0 ? 8.0f : 1.0f);
+      for (uint32_t i = 0; i < d; i++) prepared[i] = (float)kvq_rng_gaussian(&rng);
+      memset(f.block, 0, s->head_bytes);
+      kvq_cpu_polar.encode(&head, x, d, P, f.block);
+      const kvq_io io = kvq_cpu_io(&head, f.block, NULL, prepared);
+      for (uint32_t t = 0; t < P; t++) {
+        kvq_polar_decode_token(&io, 0, t, P, d, s->levels, s->level_bits, 0, token);
+        for (uint32_t i = 0; i < d; i++) {
+          const float one = kvq_polar_decode_coord(&io, 0, t, i, P, d, s->levels, s->level_bits, 0);
+          cr_assert(kvq_f32_to_bits(one) == kvq_f32_to_bits(token[i]),
+                    "rotation %d, config %d, token %u, coordinate %u: %a by coordinate, %a by token", r, k, t, i,
+                    (double)one, (double)token[i]);
+          compared++;
+        }
+        const double whole = kvq_polar_dot(&io, 0, token, d);
+        const double by_coordinate = kvq_polar_score(&io, 0, t, 0, P, d, s->levels, s->level_bits, 0);
+        cr_assert(whole == by_coordinate, "rotation %d, config %d, token %u: scores %a and %a", r, k, t, whole,
+                  by_coordinate);
+      }
+      fixture_free(&f);
+    }
+  cr_assert(compared == 2 * 5 * 16 * 64);
 }
 
 Test(polar, rotations_are_orthogonal_and_invertible) {

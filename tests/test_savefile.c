@@ -23,6 +23,17 @@ typedef struct fixture {
 
 enum { N = 90, HKV = 2, HQ = 4, D = 64 };
 
+/* A CPU context, a cache of `config` (its layers in f->layers) and N tokens of synthetic keys, values
+ * and queries drawn with `data_seed`. */
+static void start(fixture *f, const kvq_cache_config *config, uint64_t data_seed) {
+  f->ctx = th_cpu_context();
+  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, config, &f->cache));
+  f->k = malloc(sizeof(float) * N * HKV * D), f->v = malloc(sizeof(float) * N * HKV * D);
+  f->q = malloc(sizeof(float) * N * HQ * D);
+  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, data_seed);
+  kvq_synth_generate(&sc, f->k, f->v, f->q);
+}
+
 static void build(fixture *f) {
   memset(f, 0, sizeof *f);
   kvq_method_config qjl = kvq_method_defaults(KVQ_METHOD_QJL, D), uni = kvq_method_defaults(KVQ_METHOD_UNIFORM, D);
@@ -30,13 +41,7 @@ static void build(fixture *f) {
   f->layers[0] = th_layer(HQ, HKV, D, qjl, uni);
   f->layers[1] = th_layer(HQ, HKV, D, ex, ex);
   kvq_cache_config config = th_config(f->layers, 2, KVQ_DTYPE_F16, 16, 32, 40, 4, 77);
-  f->ctx = th_cpu_context();
-  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
-  f->k = malloc(sizeof(float) * N * HKV * D);
-  f->v = malloc(sizeof(float) * N * HKV * D);
-  f->q = malloc(sizeof(float) * N * HQ * D);
-  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 8);
-  kvq_synth_generate(&sc, f->k, f->v, f->q);
+  start(f, &config, 8);
   uint32_t dropped;
   KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[0]));
   KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &dropped));
@@ -358,12 +363,7 @@ Test(savefile, every_method_round_trips, .timeout = 120) {
     f.layers[0] = th_layer(HQ, HKV, D, pairs[i][0], pairs[i][1]);
     f.layers[1] = f.layers[0];
     kvq_cache_config config = th_config(f.layers, 2, KVQ_DTYPE_F16, 16, 16, 20, 2, 5);
-    f.ctx = th_cpu_context();
-    KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
-    f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
-    f.q = malloc(sizeof(float) * N * HQ * D);
-    kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 9);
-    kvq_synth_generate(&sc, f.k, f.v, f.q);
+    start(&f, &config, 9);
     int64_t shape[3] = {N, HKV, D};
     kvq_tensor kt = kvq_tensor_host(f.k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(f.v, KVQ_DTYPE_F32, 3, shape);
     for (uint32_t l = 0; l < 2 && i != 0; l++) KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, l, &kt, &vt, NULL));
@@ -506,12 +506,7 @@ Test(savefile, forged_codebooks_and_policy_state_are_refused) {
   kvq_cache_config config = th_config(f.layers, 1, KVQ_DTYPE_F32, 16, 0, 12, 1, 6);
   config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
   config.policy.sinks = 2, config.policy.heavy_fraction = 0.0f, config.policy.heavy = 8;
-  f.ctx = th_cpu_context();
-  KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
-  f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
-  f.q = malloc(sizeof(float) * N * HQ * D);
-  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 10);
-  kvq_synth_generate(&sc, f.k, f.v, f.q);
+  start(&f, &config, 10);
   int64_t shape[3] = {N, HKV, D}, qshape[3] = {1, HQ, D};
   kvq_tensor vt = kvq_tensor_host(f.v, KVQ_DTYPE_F32, 3, shape);
   KVQ_CHECK(f.ctx, kvq_codebooks_learn(f.cache, 0, NULL, &vt, NULL));
@@ -672,12 +667,7 @@ Test(savefile, files_kvq_writes_with_empty_qjl_pages_or_right_angles_load) {
   f.layers[0] = th_layer(HQ, HKV, D, uni, uni);
   f.layers[1] = th_layer(HQ, HKV, D, qjl, uni);
   kvq_cache_config config = th_config(f.layers, 2, KVQ_DTYPE_F32, 16, 0, 8, 1, 3);
-  f.ctx = th_cpu_context();
-  KVQ_CHECK(f.ctx, kvq_cache_create(f.ctx, &config, &f.cache));
-  f.k = malloc(sizeof(float) * N * HKV * D), f.v = malloc(sizeof(float) * N * HKV * D);
-  f.q = malloc(sizeof(float) * N * HQ * D);
-  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 4);
-  kvq_synth_generate(&sc, f.k, f.v, f.q);
+  start(&f, &config, 4);
   KVQ_CHECK(f.ctx, kvq_sequence_add(f.cache, &f.seqs[0]));
   th_append(f.ctx, f.cache, f.seqs[0], 0, f.k, f.v, 0, 16, HKV, D, KVQ_DTYPE_F32); /* a page, layer 0 only */
   size_t size;
@@ -724,12 +714,7 @@ static uint8_t *decoded_stream(fixture *f, kvq_policy_config policy, size_t *siz
   f->layers[0] = th_layer(HQ, HKV, D, th_qjl(128, 0, 0), th_uniform(2, 32));
   kvq_cache_config config = th_config(f->layers, 1, KVQ_DTYPE_F32, 16, 0, 12, 1, 8);
   config.policy = policy;
-  f->ctx = th_cpu_context();
-  KVQ_CHECK(f->ctx, kvq_cache_create(f->ctx, &config, &f->cache));
-  f->k = malloc(sizeof(float) * N * HKV * D), f->v = malloc(sizeof(float) * N * HKV * D);
-  f->q = malloc(sizeof(float) * N * HQ * D);
-  kvq_synth_config sc = kvq_synth_defaults(N, HKV, HQ, D, 12);
-  kvq_synth_generate(&sc, f->k, f->v, f->q);
+  start(f, &config, 12);
   KVQ_CHECK(f->ctx, kvq_sequence_add(f->cache, &f->seqs[0]));
   for (uint32_t t = 0; t < N; t++) th_append(f->ctx, f->cache, f->seqs[0], 0, f->k, f->v, t, 1, HKV, D, KVQ_DTYPE_F32);
   KVQ_CHECK(f->ctx, kvq_sequence_apply_policy(f->cache, f->seqs[0]));

@@ -87,24 +87,8 @@ kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job);
 kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job);
 kvq_status kvq_cpu_kmeans_update(kvq_backend *b, const kvq_job_kmeans *job);
 
-/* The nearest of `clusters` centroids (ties: the lower index) by squared distance summed over dims
- * in order, each difference and square rounded on its own; its distance in *distance if not NULL.
- * CQ's encoder decides its codes with it. */
-/* Little-endian u32 words of page blocks, and packed codes (core/layout.h: code i of `bits` bits in
- * word i / cpw at bit (i % cpw) bits). Blocks are zeroed before encoding, so writing ORs. */
-static inline uint32_t kvq_cpu_word(const uint8_t *p) { return kvq_le32(p); }
-static inline void kvq_cpu_or_word(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] |= (uint8_t)(v >> (8 * i));
-}
-static inline uint32_t kvq_cpu_code(const uint8_t *codes, uint32_t i, uint32_t bits) {
-  const uint32_t cpw = 32u / bits;
-  return kvq_cpu_word(codes + 4 * (i / cpw)) >> ((i % cpw) * bits) & ((1u << bits) - 1u);
-}
-static inline void kvq_cpu_put_code(uint8_t *codes, uint32_t i, uint32_t bits, uint32_t code) {
-  const uint32_t cpw = 32u / bits;
-  kvq_cpu_or_word(codes + 4 * (i / cpw), code << ((i % cpw) * bits));
-}
-
+/* The nearest of `clusters` centroids (core/quantize_math.h: kvq_distance_step, kvq_nearer, the
+ * rule CQ's codes are decided by), its squared distance in *distance if not NULL. */
 uint32_t kvq_cpu_nearest(const float *x, const float *centroids, uint32_t clusters, uint32_t dims, float *distance);
 
 kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size);

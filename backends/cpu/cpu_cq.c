@@ -9,61 +9,54 @@
 #include <string.h>
 
 #include "core/layout.h"
-#include "cpu.h"
+#include "cpu_io.h"
+#include "core/methods/cq.h"
+#include "shaders/work_units.h"
 
 /* The 2^b centroids of channel group g of the call's kv head. */
 static const float *centroids(const cpu_head *h, uint32_t g) {
   const kvq_side_layout *s = &h->side->layout;
-  return h->fixed[1] + ((size_t)(h->kv_head * (s->head_dim / s->channels) + g) << s->code_bits) * s->channels;
+  return h->fixed[1] + kvq_cq_centroids(h->kv_head, g, s->head_dim, s->channels, s->code_bits);
 }
 
 static uint32_t code_of(const kvq_side_layout *s, const uint8_t *block, uint32_t t, uint32_t g) {
-  const uint32_t b = s->code_bits, i = t * (s->head_dim / s->channels) + g;
-  return kvq_cpu_code(block, i, b);
+  const kvq_io io = {.page = (uint8_t *)block};
+  return kvq_cq_code(&io, 0, t, g, s->head_dim, s->channels, s->code_bits);
 }
 
 static void cq_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t c = s->channels, groups = s->head_dim / c, b = s->code_bits;
-  for (uint32_t t = 0; t < n; t++)
-    for (uint32_t g = 0; g < groups; g++) {
-      const uint32_t code = kvq_cpu_nearest(x + t * token_stride + g * c, centroids(h, g), 1u << b, c, NULL);
-      const uint32_t i = t * groups + g;
-      kvq_cpu_put_code(block, i, b, code);
-    }
+  const kvq_io io = kvq_cpu_io(h, block, x, NULL);
+  const uint32_t units = kvq_encode_units_of(KVQ_LAYOUT_CQ, n, s->head_dim, 0, 0, 0, 0, s->channels);
+  for (uint32_t u = 0; u < units; u++)
+    kvq_cq_encode_unit(&io, 0, u, 0, (uint32_t)token_stride, s->head_dim, s->channels, s->code_bits, h->kv_head);
 }
 
 static void cq_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
   const kvq_side_layout *s = &h->side->layout;
+  const kvq_io io = kvq_cpu_io(h, block, NULL, NULL);
   const uint32_t c = s->channels;
-  for (uint32_t g = 0; g < s->head_dim / c; g++)
-    memcpy(out + g * c, centroids(h, g) + (size_t)code_of(s, block, t, g) * c, sizeof(float) * c);
+  for (uint32_t g = 0; g < s->head_dim / c; g++) /* a group at a time: its code read once */
+    memcpy(out + g * c, h->fixed[1] + kvq_cq_decode_group(&io, 0, t, g, s->head_dim, c, s->code_bits, h->kv_head),
+           sizeof(float) * c);
 }
 
 /* The lookup tables: prepared[g * 2^b + j] = <q_g, centroid j of group g>. */
 static void cq_prepare(const cpu_head *h, const float *q, float *prepared) {
   const kvq_side_layout *s = &h->side->layout;
+  const kvq_io io = kvq_cpu_io(h, NULL, q, NULL);
   const uint32_t c = s->channels, K = 1u << s->code_bits;
-  for (uint32_t g = 0; g < s->head_dim / c; g++) {
-    const float *mu = centroids(h, g);
-    for (uint32_t j = 0; j < K; j++) {
-      double dot = 0.0;
-      for (uint32_t i = 0; i < c; i++) dot += (double)q[g * c + i] * mu[(size_t)j * c + i];
-      prepared[(size_t)g * K + j] = (float)dot;
-    }
-  }
+  for (uint32_t g = 0; g < s->head_dim / c; g++)
+    for (uint32_t j = 0; j < K; j++)
+      prepared[(size_t)g * K + j] = kvq_cq_prepare_entry(&io, g, j, s->head_dim, c, s->code_bits, h->kv_head);
 }
 
 static void cq_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
                         double *dots) {
   (void)q;
   const kvq_side_layout *s = &h->side->layout;
-  const uint32_t groups = s->head_dim / s->channels, K = 1u << s->code_bits;
-  for (uint32_t t = 0; t < n; t++) {
-    double dot = 0.0;
-    for (uint32_t g = 0; g < groups; g++) dot += prepared[(size_t)g * K + code_of(s, block, t, g)];
-    dots[t] = dot;
-  }
+  const kvq_io io = kvq_cpu_io(h, block, NULL, prepared);
+  for (uint32_t t = 0; t < n; t++) dots[t] = kvq_cq_score(&io, 0, t, s->head_dim, s->channels, s->code_bits);
 }
 
 /* Adds each token's probability to the mass of its code in every group: mass[g * 2^b + code]. */

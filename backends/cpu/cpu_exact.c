@@ -1,32 +1,18 @@
-/* EXACT: tokens stored as they are, in fp32, fp16 or bf16 (round half to even, core/halfconv.h). */
-#include <string.h>
-
-#include "core/halfconv.h"
+/* EXACT: tokens stored as they are, in fp32, fp16 or bf16; the math is core/methods/exact.h. */
 #include "core/layout.h"
-#include "core/tensor.h"
-#include "cpu.h"
+#include "cpu_io.h"
+#include "core/methods/exact.h"
 
 static void exact_encode(const cpu_head *h, const float *x, uint64_t token_stride, uint32_t n, uint8_t *block) {
   const kvq_side_layout *s = &h->side->layout;
-  for (uint32_t t = 0; t < n; t++) {
-    for (uint32_t c = 0; c < s->head_dim; c++) {
-      float v = x[t * token_stride + c];
-      uint8_t *dst = block + kvq_exact_offset(s->head_dim, s->dtype, t, c);
-      if (s->dtype == KVQ_LAYOUT_F32) {
-        uint32_t u = kvq_f32_to_bits(v);
-        for (int i = 0; i < 4; i++) dst[i] = (uint8_t)(u >> (8 * i));
-      } else {
-        uint32_t u = s->dtype == KVQ_LAYOUT_F16 ? kvq_f32_to_f16_bits(v) : kvq_f32_to_bf16_bits(v);
-        dst[0] = (uint8_t)u;
-        dst[1] = (uint8_t)(u >> 8);
-      }
-    }
-  }
+  const kvq_io io = kvq_cpu_io(h, block, x, NULL);
+  for (uint32_t t = 0; t < n; t++) kvq_exact_encode_unit(&io, 0, t, 0, (uint32_t)token_stride, s->head_dim, s->dtype);
 }
 
 static void exact_decode(const cpu_head *h, const uint8_t *block, uint32_t t, float *out) {
   const kvq_side_layout *s = &h->side->layout;
-  kvq_convert_to_f32((kvq_dtype)s->dtype, block + kvq_exact_offset(s->head_dim, s->dtype, t, 0), out, s->head_dim);
+  const kvq_io io = kvq_cpu_io(h, block, NULL, NULL);
+  for (uint32_t c = 0; c < s->head_dim; c++) out[c] = kvq_exact_decode(&io, 0, t, c, s->head_dim, s->dtype);
 }
 
 const cpu_method kvq_cpu_exact = {.encode = exact_encode, .decode = exact_decode};

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/quantize_math.h"
 #include "cpu.h"
 
 uint32_t kvq_cpu_nearest(const float *x, const float *centroids, uint32_t clusters, uint32_t dims, float *distance) {
@@ -11,11 +12,8 @@ uint32_t kvq_cpu_nearest(const float *x, const float *centroids, uint32_t cluste
   for (uint32_t j = 0; j < clusters; j++) {
     const float *mu = centroids + (size_t)j * dims;
     float sum = 0.0f;
-    for (uint32_t i = 0; i < dims; i++) {
-      const float diff = x[i] - mu[i];
-      sum = sum + diff * diff;
-    }
-    if (j == 0 || sum < best_d) best = j, best_d = sum;
+    for (uint32_t i = 0; i < dims; i++) sum = kvq_distance_step(sum, x[i], mu[i]);
+    if (kvq_nearer(j, sum, best_d)) best = j, best_d = sum;
   }
   if (distance) *distance = best_d;
   return best;

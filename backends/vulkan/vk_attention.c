@@ -68,7 +68,7 @@ static kvq_status score(vk_backend *b, const kvq_job_attention *job, const atten
   buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->scores;
-  buffers[KVQ_BINDING_AUX] = job->prepared;
+  buffers[KVQ_BINDING_RESULTS] = job->prepared;
   return launch(b, run, KVQ_PLAN_SCORE, shader, &push, buffers);
 }
 
@@ -78,7 +78,7 @@ static kvq_status softmax(vk_backend *b, const kvq_job_attention *job, const att
   kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
   buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_DST] = job->scores;
-  buffers[KVQ_BINDING_AUX] = job->accumulate;
+  buffers[KVQ_BINDING_RESULTS] = job->accumulate;
   kvq_status st = launch(b, run, KVQ_PLAN_SOFTMAX, KVQ_VK_SHADER_softmax, &push, buffers);
   if (st == KVQ_OK && job->accumulate) st = launch(b, run, KVQ_PLAN_ACCUMULATE, KVQ_VK_SHADER_accumulate, &push, buffers);
   return st;
@@ -97,7 +97,7 @@ static kvq_status weighted_sum(vk_backend *b, const kvq_job_attention *job, cons
   kvq_vk_bind_side(buffers, b, job->values, job->value_pages, job->value_ring);
   buffers[KVQ_BINDING_META] = run->meta;
   buffers[KVQ_BINDING_SRC] = job->scores;
-  buffers[KVQ_BINDING_AUX] = job->output;
+  buffers[KVQ_BINDING_RESULTS] = job->output;
   buffers[KVQ_BINDING_DST] = run->scratch; /* the rotated sums, where the method has them */
   kvq_status st = launch(b, run, KVQ_PLAN_WEIGHTED_SUM, shader, &push, buffers);
   if (st == KVQ_OK && run->plan.rotated_sums)
@@ -150,8 +150,8 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   key_buffers[KVQ_BINDING_META] = value_buffers[KVQ_BINDING_META] = run.meta;
   key_buffers[KVQ_BINDING_DST] = value_buffers[KVQ_BINDING_DST] = run.scratch;
   key_buffers[KVQ_BINDING_SRC] = job->queries;
-  key_buffers[KVQ_BINDING_AUX] = job->prepared; /* methods that score from prepared queries (QJL) */
-  value_buffers[KVQ_BINDING_AUX] = job->output;
+  key_buffers[KVQ_BINDING_RESULTS] = job->prepared; /* methods that score from prepared queries (QJL) */
+  value_buffers[KVQ_BINDING_RESULTS] = job->output;
   st = launch(b, &run, KVQ_PLAN_FLASH, logits, &key_push, key_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_FLASH, values, &value_push, value_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_COMBINE, KVQ_VK_SHADER_flash_combine, &value_push, value_buffers);

@@ -88,13 +88,13 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
   push.input_dtype = (uint32_t)job->input_dtype;
   push.meta = base;
   /* the largest unit count of a head block (a full page) */
-  push.offset1 = kvq_encode_units_of(s->method, s->page_size, s->head_dim, s->group, s->sketch_dim, s->outliers,
+  push.units = kvq_encode_units_of(s->method, s->page_size, s->head_dim, s->group, s->sketch_dim, s->outliers,
                                      s->outlier_sketch_dim, s->channels);
   /* Items sharing a source buffer run in one dispatch per step. */
   for (uint32_t first = 0; st == KVQ_OK && first < job->count;) {
     uint32_t count = 1;
     while (first + count < job->count && job->items[first + count].src == job->items[first].src) count++;
-    push.first = first;
+    push.range_first = first;
     push.count = count;
     kvq_buffer *buffers[KVQ_VK_BINDINGS];
     kvq_vk_bind_side(buffers, b, job->side, job->dst, NULL);
@@ -104,7 +104,7 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
     if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
       st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_GPU_GROUP_SIZE);
-    if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.offset1);
+    if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.units);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
     first += count;
@@ -133,7 +133,7 @@ kvq_status kvq_vk_dequantize(kvq_backend *backend, const kvq_job_dequantize *job
   kvq_vk_push_side(&push, job->side);
   push.meta = base;
   push.count = job->count;
-  push.offset0 = (uint32_t)(job->out_offset / 4);
+  push.dst_word = (uint32_t)(job->out_offset / 4);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
   kvq_vk_bind_side(buffers, b, job->side, job->pages, NULL);
   buffers[KVQ_BINDING_DST] = job->out;
@@ -168,8 +168,8 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   push.input_dtype = KVQ_LAYOUT_F32; /* queries are fp32 */
   push.count = job->rows;
   push.query_heads = job->query_heads;
-  push.offset0 = (uint32_t)(job->q_offset / 4);
-  push.offset1 = (uint32_t)(job->out_offset / 4);
+  push.src_word = (uint32_t)(job->q_offset / 4);
+  push.dst_word = (uint32_t)(job->out_offset / 4);
   kvq_buffer *buffers[KVQ_VK_BINDINGS];
   kvq_vk_bind_side(buffers, b, job->keys, NULL, NULL);
   buffers[KVQ_BINDING_SRC] = job->queries;

@@ -3,8 +3,7 @@
  * shaders/kmeans_assign.comp and shaders/kmeans_update.comp say which buffer goes to which binding;
  * the job's sizes go into the metadata buffer (shaders/kmeans.glsl).
  *
- * llvmpipe (lavapipe) silently leaves a shader's loops once an invocation has made 65535 loop trips
- * in all (shaders/nearest.glsl), so a job runs as several dispatches, each over a range of the
+ * For the loop limit (docs/VULKAN.md) a job runs as several dispatches, each over a range of the
  * clusters (ASSIGN) or of the points (UPDATE) that keeps an invocation near LOOP_BUDGET trips; the
  * shaders carry their state from one range to the next, so the ranges change no result.
  */
@@ -12,7 +11,7 @@
 
 #include "vk.h"
 
-#define LOOP_BUDGET 32768u /* about half of llvmpipe's bound: room for the shaders' other loops */
+#define LOOP_BUDGET 32768u /* about half of the loop limit: room for the shaders' other loops */
 
 /* a * b * c, or UINT64_MAX when a * b alone exceeds 32 bits (the product cannot overflow then). */
 static uint64_t product(uint32_t a, uint32_t b, uint32_t c) {
@@ -47,7 +46,7 @@ static kvq_status run_ranges(vk_backend *b, kvq_vk_shader shader, kvq_push *push
   kvq_status st = KVQ_OK;
   uint32_t first = 0;
   do {
-    push->first = first;
+    push->range_first = first;
     push->count = total - first < per_range ? total - first : per_range;
     st = kvq_vk_dispatch(b, shader, push, buffers, invocations);
     first += push->count;
@@ -68,7 +67,7 @@ kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job)
   buffers[KVQ_BINDING_SRC] = job->data;
   buffers[KVQ_BINDING_FIXED1] = job->centroids;
   buffers[KVQ_BINDING_DST] = job->assignment;
-  buffers[KVQ_BINDING_AUX] = job->distance;
+  buffers[KVQ_BINDING_RESULTS] = job->distance;
   /* a centroid costs dims + 2 trips; a range after the first also recomputes one distance */
   const uint32_t per_cluster = job->dims + 2, clusters = (LOOP_BUDGET - per_cluster) / per_cluster;
   return run_ranges(b, KVQ_VK_SHADER_kmeans_assign, &push, buffers, (uint64_t)job->problems * job->points, job->clusters,
@@ -92,7 +91,7 @@ kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job)
   buffers[KVQ_BINDING_SRC] = job->data;
   buffers[KVQ_BINDING_FIXED0] = job->weights;
   buffers[KVQ_BINDING_DST] = job->assignment;
-  buffers[KVQ_BINDING_AUX] = job->centroids;
+  buffers[KVQ_BINDING_RESULTS] = job->centroids;
   /* a point costs one trip */
   st = run_ranges(b, KVQ_VK_SHADER_kmeans_update, &push, buffers, values, job->points, LOOP_BUDGET);
   kvq_vk_buffer_free(b, running); /* run_ranges waited for the device */

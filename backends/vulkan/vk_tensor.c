@@ -56,12 +56,12 @@ kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job) {
   push.window_dtype = (uint32_t)job->dst.dtype;
   push.flags = job->checks;
   push.meta = base;
-  push.offset0 = job->checks ? (uint32_t)(job->flag_offset / 4) : 0;
+  push.dst_word = job->checks ? (uint32_t)(job->flag_offset / 4) : 0; /* the flag word, in the results binding */
   kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
   buffers[KVQ_BINDING_META] = b->metadata;
   buffers[KVQ_BINDING_SRC] = job->src.buffer;
   buffers[KVQ_BINDING_DST] = job->dst.buffer;
-  buffers[KVQ_BINDING_AUX] = job->checks ? job->flags : NULL;
+  buffers[KVQ_BINDING_RESULTS] = job->checks ? job->flags : NULL;
   st = kvq_vk_dispatch(b, KVQ_VK_SHADER_tensor_convert, &push, buffers, count);
   return kvq_vk_done(b, st);
 }

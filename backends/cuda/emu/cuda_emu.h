@@ -1,0 +1,773 @@
+// kvq's emulation of CUDA's thread model on the CPU, so that CUDA kernels run in tests without a GPU
+// (docs/CUDA.md, "Testing CUDA kernels without a GPU").
+//
+// A kernel is written once in a .cuh against backends/cuda/kernel_lang.cuh; nvcc compiles it for the
+// GPU, and a host C++17 compiler compiles it against this header. Here:
+//   - every CUDA thread of a block is an OS thread; the blocks of a grid run one after another;
+//   - static shared memory (KVQ_SHARED) and dynamic shared memory (KVQ_DYNAMIC_SHARED) are heap blocks
+//     of exactly the declared size, one set per block, so AddressSanitizer reports an index past them;
+//   - __syncthreads and the warp operations (__syncwarp, __shfl*_sync, __ballot_sync, __any_sync,
+//     __all_sync) are rendezvous under one mutex per block that check what CUDA requires of them: every
+//     thread of the block at the same __syncthreads, every lane named in a mask calling with that mask,
+//     no lane calling that its mask leaves out. A violation, a deadlock (every live thread waiting) or a
+//     wait longer than the timeout ends the launch with a failure message instead of a hang or an abort;
+//   - under ThreadSanitizer only __syncthreads and __syncwarp order memory between threads (as on the
+//     GPU), so a missing barrier is reported as a data race.
+// Half and bf16 come from NVIDIA's own cuda_fp16.h / cuda_bf16.h host paths, vector types from
+// vector_types.h / vector_functions.h (the CUDA toolkit's include directory must be on the path).
+#ifndef KVQ_BACKENDS_CUDA_EMU_CUDA_EMU_H
+#define KVQ_BACKENDS_CUDA_EMU_CUDA_EMU_H
+
+#if defined(__CUDACC__)
+#error "cuda_emu.h emulates CUDA on the host; nvcc compiles kernels for the GPU (include kernel_lang.cuh)"
+#endif
+#if __cplusplus < 201703L
+#error "cuda_emu.h needs C++17"
+#endif
+
+#define KVQ_CUDA_EMU 1
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// NVIDIA's host_defines.h (pulled in above) defines __device__, __global__, __host__ and
+// __forceinline__ for a host compiler. Plain __shared__ has no meaning here: a kernel declares shared
+// memory with KVQ_SHARED / KVQ_DYNAMIC_SHARED, and a plain __shared__ fails to compile with this name.
+#undef __shared__
+#define __shared__ kvq_cuda_emu_error_declare_shared_memory_with_KVQ_SHARED
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+#ifndef __restrict__
+#define __restrict__ __restrict
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#define KVQ_CUDA_EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVQ_CUDA_EMU_TSAN 1
+#endif
+#endif
+#if defined(KVQ_CUDA_EMU_TSAN)
+// ThreadSanitizer's annotation interface (exported by its runtime).
+extern "C" {
+void AnnotateHappensBefore(const char *file, int line, const volatile void *addr);
+void AnnotateHappensAfter(const char *file, int line, const volatile void *addr);
+void AnnotateIgnoreSyncBegin(const char *file, int line);
+void AnnotateIgnoreSyncEnd(const char *file, int line);
+void AnnotateIgnoreReadsBegin(const char *file, int line);
+void AnnotateIgnoreReadsEnd(const char *file, int line);
+void AnnotateIgnoreWritesBegin(const char *file, int line);
+void AnnotateIgnoreWritesEnd(const char *file, int line);
+}
+#endif
+
+// The built-in variables: each emulated thread has its own.
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+namespace kvq_emu {
+
+// Where a barrier or warp operation is called from (for the failure messages).
+struct Site {
+  const char *file;
+  int line;
+};
+inline bool same_site(Site a, Site b) { return a.line == b.line && std::strcmp(a.file, b.file) == 0; }
+inline std::string site_text(Site s) { return std::string(s.file) + ":" + std::to_string(s.line); }
+
+// What a launch reports: ok, or the first failure with the state of the block's threads.
+struct Result {
+  bool ok = true;
+  std::string message;
+};
+
+// How long one thread may wait at a barrier or warp operation before the launch fails. 0: the
+// environment variable KVQ_CUDA_EMU_TIMEOUT_MS, else 20 s (generous: sanitizers slow threads down, and
+// a deadlock among waiting threads is reported at once without it).
+inline std::atomic<long> timeout_ms{0};
+inline std::chrono::milliseconds timeout() {
+  long ms = timeout_ms.load();
+  if (ms <= 0) {
+    const char *env = std::getenv("KVQ_CUDA_EMU_TIMEOUT_MS");
+    ms = env ? std::atol(env) : 0;
+  }
+  return std::chrono::milliseconds(ms > 0 ? ms : 20000);
+}
+
+// The most shared memory (static + dynamic) one block may use: 227 KiB, the largest opt-in of any
+// current GPU (sm_90). The 48 KiB default limit without cudaFuncSetAttribute is not modelled.
+constexpr size_t max_shared_bytes = 227 * 1024;
+
+// Thrown into a thread that waits, or calls a barrier, after its launch has failed; the thread ends.
+struct aborted {};
+
+#if defined(KVQ_CUDA_EMU_TSAN)
+// The emulator's own bookkeeping is invisible to ThreadSanitizer: neither its memory accesses nor its
+// mutex create or check anything. Ordering between kernel threads is then exactly what tsan_release /
+// tsan_acquire state: the edges of __syncthreads and __syncwarp.
+struct internal_scope {
+  internal_scope() {
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~internal_scope() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  }
+  internal_scope(const internal_scope &) = delete;
+  internal_scope &operator=(const internal_scope &) = delete;
+};
+inline void tsan_release(const void *addr) {
+  AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  AnnotateHappensBefore(__FILE__, __LINE__, addr);
+  AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+}
+inline void tsan_acquire(const void *addr) {
+  AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  AnnotateHappensAfter(__FILE__, __LINE__, addr);
+  AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+}
+#else
+struct internal_scope { // nothing to hide (user-provided, so that an unused instance is no warning)
+  internal_scope() {}
+  ~internal_scope() {}
+};
+inline void tsan_release(const void *) {}
+inline void tsan_acquire(const void *) {}
+#endif
+
+enum class op { syncwarp, shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all };
+inline const char *op_name(op o) {
+  switch (o) {
+  case op::syncwarp: return "__syncwarp";
+  case op::shfl: return "__shfl_sync";
+  case op::shfl_up: return "__shfl_up_sync";
+  case op::shfl_down: return "__shfl_down_sync";
+  case op::shfl_xor: return "__shfl_xor_sync";
+  case op::ballot: return "__ballot_sync";
+  case op::any: return "__any_sync";
+  case op::all: return "__all_sync";
+  }
+  return "?";
+}
+// Ballot, any and all are one operation on the hardware (a vote); they may meet in one rendezvous.
+inline bool same_kind(op a, op b) {
+  auto vote = [](op o) { return o == op::ballot || o == op::any || o == op::all; };
+  return a == b || (vote(a) && vote(b));
+}
+
+// One rendezvous of some lanes of a warp: open until every lane of its mask has arrived.
+struct warp_group {
+  op kind;
+  unsigned mask;
+  unsigned arrived = 0;
+  bool done = false;
+  Site site;
+  uint64_t value[32] = {};
+};
+
+enum class state { running, barrier, warp, exited };
+
+struct block {
+  std::mutex m;
+  std::condition_variable cv;
+  unsigned nthreads = 0;
+  unsigned exited = 0;
+  unsigned blocked = 0; // threads waiting at a barrier or warp operation that has not completed
+  unsigned bar_arrived = 0;
+  unsigned long bar_gen = 0;
+  Site bar_site{"", 0};
+  char bar_sync[2] = {0, 0}; // ThreadSanitizer edges of __syncthreads, alternating by generation
+  std::vector<state> where;
+  std::vector<Site> at;
+  std::vector<std::vector<std::shared_ptr<warp_group>>> open; // per warp
+  struct smem_deleter {
+    size_t align;
+    void operator()(unsigned char *p) const { ::operator delete[](p, std::align_val_t(align)); }
+  };
+  using smem = std::unique_ptr<unsigned char[], smem_deleter>;
+  std::vector<std::pair<const void *, smem>> statics;
+  smem dynamic{nullptr, smem_deleter{16}};
+  size_t shared_bytes = 0;
+  bool failed = false;
+  std::string message;
+  uint3 index{0, 0, 0};
+  dim3 dim;
+};
+
+struct thread_ctx {
+  block *b;
+  unsigned tid;
+};
+inline thread_local thread_ctx *current = nullptr;
+
+inline thread_ctx &ctx() {
+  if (!current) {
+    std::fprintf(stderr, "kvq cuda emu: a CUDA builtin was called outside a kernel launched by kvq_emu::launch\n");
+    std::abort();
+  }
+  return *current;
+}
+
+inline std::string thread_name(const block &b, unsigned tid) {
+  return "thread (" + std::to_string(tid % b.dim.x) + "," + std::to_string(tid / b.dim.x % b.dim.y) + "," +
+         std::to_string(tid / (b.dim.x * b.dim.y)) + ")";
+}
+
+// Where the threads of the block are: "N threads <state> (first: thread (x,y,z))", one line each.
+inline std::string describe(const block &b) {
+  std::map<std::string, std::pair<unsigned, unsigned>> groups; // what -> (count, first thread)
+  for (unsigned t = 0; t < b.nthreads; ++t) {
+    std::string what;
+    switch (b.where[t]) {
+    case state::running: what = "still running"; break;
+    case state::exited: what = "returned from the kernel"; break;
+    case state::barrier: what = "wait at __syncthreads at " + site_text(b.at[t]); break;
+    case state::warp: what = "wait at a warp operation at " + site_text(b.at[t]); break;
+    }
+    auto it = groups.find(what);
+    if (it == groups.end()) groups.emplace(what, std::make_pair(1u, t));
+    else ++it->second.first;
+  }
+  std::string s;
+  for (const auto &g : groups)
+    s += "\n  " + std::to_string(g.second.first) + " thread(s) " + g.first + " (first: " + thread_name(b, g.second.second) + ")";
+  return s;
+}
+
+// Records the launch's first failure (with the block's state) and wakes every waiting thread.
+inline void record_failure(block &b, const std::string &what) {
+  if (!b.failed) {
+    b.failed = true;
+    b.message = "block (" + std::to_string(b.index.x) + "," + std::to_string(b.index.y) + "," + std::to_string(b.index.z) +
+                "): " + what + describe(b);
+  }
+  b.cv.notify_all();
+}
+[[noreturn]] inline void fail(block &b, const std::string &what) {
+  record_failure(b, what);
+  throw aborted{};
+}
+
+// After a thread starts waiting: if every live thread now waits, none of them can ever go on.
+inline void check_deadlock(block &b) {
+  if (b.blocked > 0 && b.blocked == b.nthreads - b.exited)
+    fail(b, "deadlock: every thread that has not returned waits at a barrier or warp operation that cannot complete");
+}
+
+// Blocks this thread (lock held) at a barrier or warp operation until done() or the launch fails; a wait
+// past the timeout fails the launch. Another thread's completion marks it running again.
+template <class Done> void wait_at(block &b, std::unique_lock<std::mutex> &lk, unsigned tid, state where, Site s, const char *what, Done done) {
+  b.where[tid] = where;
+  b.at[tid] = s;
+  ++b.blocked;
+  check_deadlock(b);
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
+  while (!done()) {
+    if (b.failed) throw aborted{};
+    if (b.cv.wait_until(lk, deadline) == std::cv_status::timeout && !done() && !b.failed)
+      fail(b, "timeout: " + thread_name(b, tid) + " waited " + std::to_string(timeout().count()) + " ms at " + what + " at " +
+                  site_text(s) + " (a thread that never arrives: divergence, or a loop that does not end)");
+  }
+}
+
+// The last arrival completes a rendezvous: the `released` waiting threads run again (marked before
+// they wake, since other threads look at their state).
+template <class Waiting> void complete(block &b, unsigned released, Waiting waiting) {
+  b.blocked -= released;
+  for (unsigned t = 0; t < b.nthreads; ++t)
+    if (waiting(t)) b.where[t] = state::running;
+  b.cv.notify_all();
+}
+
+inline void syncthreads(Site s) {
+  thread_ctx &c = ctx();
+  block &b = *c.b;
+  internal_scope quiet;
+  std::unique_lock<std::mutex> lk(b.m);
+  if (b.failed) throw aborted{};
+  if (b.exited)
+    fail(b, "__syncthreads at " + site_text(s) + " reached by " + thread_name(b, c.tid) +
+                " after other threads of the block returned: every thread of a block must reach every __syncthreads "
+                "(a return before a barrier?)");
+  if (b.bar_arrived == 0) b.bar_site = s;
+  else if (!same_site(b.bar_site, s))
+    fail(b, thread_name(b, c.tid) + " waits at __syncthreads at " + site_text(s) + " while others wait at the one at " +
+                site_text(b.bar_site) + ": the threads of a block must meet at the same __syncthreads (divergent barrier)");
+  const unsigned long gen = b.bar_gen;
+  const void *edge = &b.bar_sync[gen & 1];
+  tsan_release(edge);
+  if (++b.bar_arrived == b.nthreads) {
+    b.bar_arrived = 0;
+    ++b.bar_gen;
+    complete(b, b.nthreads - 1, [&](unsigned t) { return b.where[t] == state::barrier; });
+  } else {
+    wait_at(b, lk, c.tid, state::barrier, s, "__syncthreads", [&] { return b.bar_gen != gen; });
+  }
+  tsan_acquire(edge);
+}
+
+// One warp operation: a rendezvous of the lanes named in mask, which must all call the same kind of
+// operation with the same mask. use(value) runs when all have arrived, with every lane's value.
+template <class Use> void warp_op(Site s, op kind, unsigned mask, uint64_t mine, Use use) {
+  thread_ctx &c = ctx();
+  block &b = *c.b;
+  internal_scope quiet;
+  std::unique_lock<std::mutex> lk(b.m);
+  if (b.failed) throw aborted{};
+  const unsigned lane = c.tid % 32, warp = c.tid / 32, bit = 1u << lane;
+  const unsigned lanes = std::min(32u, b.nthreads - warp * 32);
+  const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "0x%08x", mask);
+  const std::string call = std::string(op_name(kind)) + "(mask " + hex + ") at " + site_text(s) + " by " + thread_name(b, c.tid);
+  if (!(mask & bit)) fail(b, call + ": the mask does not name the calling lane " + std::to_string(lane));
+  if (mask & ~exist)
+    fail(b, call + ": the mask names lanes this warp does not have (the block has " + std::to_string(b.nthreads) + " threads)");
+  for (unsigned l = 0; l < 32; ++l) {
+    if (!(mask >> l & 1u) || l == lane) continue;
+    const state w = b.where[warp * 32 + l];
+    if (w == state::exited)
+      fail(b, call + ": lane " + std::to_string(l) + ", named in the mask, has returned from the kernel (divergent warp operation)");
+    if (w == state::barrier)
+      fail(b, call + ": lane " + std::to_string(l) + ", named in the mask, waits at __syncthreads at " + site_text(b.at[warp * 32 + l]));
+  }
+  // Lanes may be at different warp operations at once (disjoint masks; or a lane at its next operation
+  // while others finish the last one without it). A group that names this lane and that lanes of this
+  // call's mask already wait at can never complete: they wait for this lane, this lane for them.
+  auto &open = b.open[warp];
+  std::shared_ptr<warp_group> g;
+  for (auto &o : open) {
+    if ((o->mask & bit) && (o->arrived & mask) && !(o->mask == mask && same_kind(o->kind, kind))) {
+      std::snprintf(hex, sizeof hex, "0x%08x", o->mask);
+      fail(b, call + ": other lanes of the warp wait for this lane at " + op_name(o->kind) + "(mask " + hex + ") at " +
+                  site_text(o->site) + ": every lane named in a mask must call the same operation with the same mask (divergent warp operation)");
+    }
+    if (o->mask == mask && same_kind(o->kind, kind) && !(o->arrived & bit)) g = o;
+  }
+  if (!g) {
+    g = std::make_shared<warp_group>();
+    g->kind = kind;
+    g->mask = mask;
+    g->site = s;
+    open.push_back(g);
+  }
+  g->value[lane] = mine;
+  g->arrived |= bit;
+  if (kind == op::syncwarp) tsan_release(g.get());
+  if (g->arrived == mask) {
+    g->done = true;
+    open.erase(std::find(open.begin(), open.end(), g));
+    complete(b, static_cast<unsigned>(__builtin_popcount(mask)) - 1,
+             [&](unsigned t) { return t / 32 == warp && (mask >> (t % 32) & 1u); });
+  } else {
+    wait_at(b, lk, c.tid, state::warp, s, op_name(kind), [&] { return g->done; });
+  }
+  if (kind == op::syncwarp) tsan_acquire(g.get());
+  use(g->value);
+}
+
+// A thread's kernel returned (or was ended by a failure).
+inline void thread_exit(block &b, unsigned tid) {
+  internal_scope quiet;
+  std::lock_guard<std::mutex> lk(b.m);
+  b.where[tid] = state::exited;
+  ++b.exited;
+  if (b.failed) return;
+  if (b.bar_arrived > 0)
+    return record_failure(b, thread_name(b, tid) + " returned while other threads wait at __syncthreads at " + site_text(b.bar_site) +
+                                 ": every thread of a block must reach every __syncthreads (a return before a barrier?)");
+  for (auto &g : b.open[tid / 32])
+    if (g->mask >> (tid % 32) & 1u)
+      return record_failure(b, thread_name(b, tid) + " returned while named in the mask of " + op_name(g->kind) + " at " +
+                                   site_text(g->site) + " that other lanes wait at (divergent warp operation)");
+  if (b.blocked > 0 && b.blocked == b.nthreads - b.exited)
+    record_failure(b, "deadlock: every thread that has not returned waits at a barrier or warp operation that cannot complete");
+}
+
+inline void *new_smem(block &b, size_t bytes, size_t align, block::smem &out) {
+  if (b.shared_bytes + bytes > max_shared_bytes)
+    fail(b, "the block uses " + std::to_string(b.shared_bytes + bytes) + " bytes of shared memory, more than " +
+                std::to_string(max_shared_bytes));
+  align = std::max<size_t>(align, 16);
+  out = block::smem(static_cast<unsigned char *>(::operator new[](bytes, std::align_val_t(align))), block::smem_deleter{align});
+  std::memset(out.get(), 0xA5, bytes); // uninitialised shared memory holds garbage on the GPU too
+  b.shared_bytes += bytes;
+  return out.get();
+}
+
+// The block's storage of one KVQ_SHARED declaration (key: a static object at the declaration).
+inline void *block_shared(const void *key, size_t bytes, size_t align) {
+  block &b = *ctx().b;
+  internal_scope quiet;
+  std::lock_guard<std::mutex> lk(b.m);
+  if (b.failed) throw aborted{};
+  for (auto &e : b.statics)
+    if (e.first == key) return e.second.get();
+  b.statics.emplace_back(key, block::smem(nullptr, block::smem_deleter{16}));
+  return new_smem(b, bytes, align, b.statics.back().second);
+}
+
+// The block's dynamic shared memory (KVQ_DYNAMIC_SHARED): exactly the bytes the launch asked for.
+inline void *dynamic_shared() { return ctx().b->dynamic.get(); }
+
+struct start_arg {
+  block *b;
+  unsigned tid;
+  const std::function<void()> *body;
+};
+
+inline void *thread_main(void *p) {
+  const start_arg &a = *static_cast<start_arg *>(p);
+  thread_ctx c{a.b, a.tid};
+  current = &c;
+  const dim3 bd = a.b->dim;
+  threadIdx = make_uint3(a.tid % bd.x, a.tid / bd.x % bd.y, a.tid / (bd.x * bd.y));
+  blockIdx = a.b->index;
+  blockDim = bd;
+  try {
+    (*a.body)();
+  } catch (const aborted &) {
+  }
+  thread_exit(*a.b, a.tid);
+  current = nullptr;
+  return nullptr;
+}
+
+// Runs kernel(args...) on grid x block threads, the blocks one after another; dynamic_bytes of dynamic
+// shared memory per block. Returns the first failure instead of hanging or aborting. A thread that never
+// returns and never waits (an endless loop) still hangs the launch: the test's own timeout ends it.
+template <class... P, class... A>
+Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A &&...args) {
+  static_assert(sizeof...(P) == sizeof...(A), "kvq_emu::launch: wrong number of kernel arguments");
+  Result r;
+  const unsigned long long n = 1ull * blk.x * blk.y * blk.z;
+  if (n == 0 || n > 1024 || blk.x > 1024 || blk.y > 1024 || blk.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || dynamic_bytes > max_shared_bytes) {
+    r.ok = false;
+    r.message = "invalid launch configuration: grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+                std::to_string(grid.z) + "), block (" + std::to_string(blk.x) + "," + std::to_string(blk.y) + "," +
+                std::to_string(blk.z) + "), " + std::to_string(dynamic_bytes) + " bytes of dynamic shared memory";
+    return r;
+  }
+  const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  const std::function<void()> body = [&] {
+    gridDim = grid;
+    std::apply(kernel, params); // every thread gets its own copy of the arguments, as on the GPU
+  };
+  for (unsigned bz = 0; bz < grid.z && r.ok; ++bz)
+    for (unsigned by = 0; by < grid.y && r.ok; ++by)
+      for (unsigned bx = 0; bx < grid.x && r.ok; ++bx) {
+        block b;
+        b.nthreads = static_cast<unsigned>(n);
+        b.index = make_uint3(bx, by, bz);
+        b.dim = blk;
+        b.where.assign(n, state::running);
+        b.at.assign(n, Site{"", 0});
+        b.open.resize((n + 31) / 32);
+        b.dynamic = block::smem(static_cast<unsigned char *>(::operator new[](dynamic_bytes, std::align_val_t(16))),
+                                block::smem_deleter{16});
+        std::memset(b.dynamic.get(), 0xA5, dynamic_bytes);
+        b.shared_bytes = dynamic_bytes;
+        std::vector<start_arg> starts(n);
+        std::vector<pthread_t> threads;
+        threads.reserve(n);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 1u << 20);
+        for (unsigned t = 0; t < n; ++t) {
+          starts[t] = start_arg{&b, t, &body};
+          pthread_t th;
+          if (pthread_create(&th, &attr, thread_main, &starts[t]) != 0) {
+            std::lock_guard<std::mutex> lk(b.m);
+            record_failure(b, "cannot start the block's thread " + std::to_string(t));
+            for (unsigned u = t; u < n; ++u) b.where[u] = state::exited;
+            b.exited += static_cast<unsigned>(n) - t;
+            break;
+          }
+          threads.push_back(th);
+        }
+        pthread_attr_destroy(&attr);
+        for (pthread_t th : threads) pthread_join(th, nullptr);
+        if (b.failed) {
+          r.ok = false;
+          r.message = b.message;
+        }
+      }
+  return r;
+}
+
+inline Site site_of(const char *file, int line) { return Site{file, line}; }
+
+// A value as the bits a shuffle moves. NVIDIA's __half2 and __nv_bfloat162 have user-written copy
+// operations (not trivially copyable), but are plain 4 bytes: standard layout, trivially destructible.
+template <class T> constexpr bool shufflable = sizeof(T) <= 8 && std::is_standard_layout_v<T> && std::is_trivially_destructible_v<T>;
+template <class T> inline uint64_t to_bits(const T &v) {
+  static_assert(shufflable<T>, "a warp shuffle moves at most 8 bytes of a plain (standard-layout) type");
+  uint64_t u = 0;
+  std::memcpy(&u, static_cast<const void *>(&v), sizeof v);
+  return u;
+}
+template <class T> inline T from_bits(uint64_t u) {
+  T v{};
+  std::memcpy(static_cast<void *>(&v), &u, sizeof v);
+  return v;
+}
+
+// The warp operations, called through the macros below so that each knows its call site.
+struct at {
+  Site s;
+  void syncwarp(unsigned mask = 0xffffffffu) const {
+    warp_op(s, op::syncwarp, mask, 0, [](const uint64_t *) {});
+  }
+  // lane_of(lane, width): the lane whose value this lane reads (itself: its own value).
+  template <class T, class LaneOf> T shuffle(op kind, unsigned mask, T v, int width, LaneOf lane_of) const {
+    if (width <= 0 || width > 32 || (width & (width - 1))) {
+      block &b = *ctx().b;
+      internal_scope quiet;
+      std::lock_guard<std::mutex> lk(b.m);
+      fail(b, std::string(op_name(kind)) + " at " + site_text(s) + ": width " + std::to_string(width) + " is not a power of two from 1 to 32");
+    }
+    const unsigned lane = ctx().tid % 32;
+    const unsigned src = lane_of(lane, static_cast<unsigned>(width)) & 31u;
+    T r = v;
+    warp_op(s, kind, mask, to_bits(v), [&](const uint64_t *all) {
+      if (!(mask >> src & 1u)) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%08x", mask);
+        fail(*ctx().b, std::string(op_name(kind)) + "(mask " + hex + ") at " + site_text(s) + ": lane " + std::to_string(lane) +
+                           " reads lane " + std::to_string(src) + ", which the mask does not name (an undefined value)");
+      }
+      r = from_bits<T>(all[src]);
+    });
+    return r;
+  }
+  template <class T> T shfl_sync(unsigned mask, T v, int src, int width = warpSize) const {
+    return shuffle(op::shfl, mask, v, width,
+                   [&](unsigned lane, unsigned w) { return (lane & ~(w - 1)) + (static_cast<unsigned>(src) & (w - 1)); });
+  }
+  template <class T> T shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) const {
+    return shuffle(op::shfl_up, mask, v, width, [&](unsigned lane, unsigned w) { return lane % w >= delta ? lane - delta : lane; });
+  }
+  template <class T> T shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) const {
+    return shuffle(op::shfl_down, mask, v, width,
+                   [&](unsigned lane, unsigned w) { return lane % w + delta < w ? lane + delta : lane; });
+  }
+  // A lane that names a lane of a later group of width lanes reads its own value (CUDA's rule).
+  template <class T> T shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) const {
+    return shuffle(op::shfl_xor, mask, v, width, [&](unsigned lane, unsigned w) {
+      const unsigned src = (lane ^ static_cast<unsigned>(lane_mask)) & 31u;
+      return src >= (lane & ~(w - 1)) + w ? lane : src;
+    });
+  }
+  unsigned vote(op kind, unsigned mask, int predicate) const {
+    unsigned r = 0;
+    warp_op(s, kind, mask, predicate != 0, [&](const uint64_t *all) {
+      for (unsigned l = 0; l < 32; ++l)
+        if ((mask >> l & 1u) && all[l]) r |= 1u << l;
+    });
+    return r;
+  }
+  unsigned ballot_sync(unsigned mask, int predicate) const { return vote(op::ballot, mask, predicate); }
+  int any_sync(unsigned mask, int predicate) const { return vote(op::any, mask, predicate) != 0; }
+  int all_sync(unsigned mask, int predicate) const { return vote(op::all, mask, predicate) == mask; }
+};
+
+// Serializes nothing; under ThreadSanitizer it orders fences in the order they run (see __threadfence).
+inline std::atomic<unsigned> fence_word{0};
+
+} // namespace kvq_emu
+
+#define KVQ_CUDA_EMU_SITE ::kvq_emu::site_of(__FILE__, __LINE__)
+#define __syncthreads() ::kvq_emu::syncthreads(KVQ_CUDA_EMU_SITE)
+#define __syncwarp(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.syncwarp(__VA_ARGS__)
+#define __shfl_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.shfl_sync(__VA_ARGS__)
+#define __shfl_up_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.shfl_up_sync(__VA_ARGS__)
+#define __shfl_down_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.shfl_down_sync(__VA_ARGS__)
+#define __shfl_xor_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.shfl_xor_sync(__VA_ARGS__)
+#define __ballot_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.ballot_sync(__VA_ARGS__)
+#define __any_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.any_sync(__VA_ARGS__)
+#define __all_sync(...) ::kvq_emu::at{KVQ_CUDA_EMU_SITE}.all_sync(__VA_ARGS__)
+
+// Shared memory as kernels declare it through kernel_lang.cuh: one block storage per declaration.
+#define KVQ_CUDA_EMU_SHARED(type, name, count)                                                                   \
+  static char kvq_emu_shared_key_##name;                                                                         \
+  type(&name)[count] = *static_cast<type(*)[count]>(                                                             \
+      ::kvq_emu::block_shared(&kvq_emu_shared_key_##name, sizeof(type[count]), alignof(type)))
+#define KVQ_CUDA_EMU_SHARED_2D(type, name, rows, cols)                                                           \
+  static char kvq_emu_shared_key_##name;                                                                         \
+  type(&name)[rows][cols] = *static_cast<type(*)[rows][cols]>(                                                   \
+      ::kvq_emu::block_shared(&kvq_emu_shared_key_##name, sizeof(type[rows][cols]), alignof(type)))
+#define KVQ_CUDA_EMU_DYNAMIC_SHARED(type, name) type *const name = static_cast<type *>(::kvq_emu::dynamic_shared())
+
+// Atomics: relaxed, as CUDA's plain atomics are (ThreadSanitizer sees no ordering through them).
+#define KVQ_CUDA_EMU_ATOMIC_INT(T)                                                                               \
+  inline T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }                           \
+  inline T atomicSub(T *p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }                           \
+  inline T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }                             \
+  inline T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }                           \
+  inline T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, __ATOMIC_RELAXED); }                           \
+  inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }                         \
+  inline T atomicCAS(T *p, T compare, T v) {                                                                     \
+    __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);                      \
+    return compare;                                                                                              \
+  }                                                                                                              \
+  inline T atomicMax(T *p, T v) {                                                                                \
+    T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                                \
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {     \
+    }                                                                                                            \
+    return old;                                                                                                  \
+  }                                                                                                              \
+  inline T atomicMin(T *p, T v) {                                                                                \
+    T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                                \
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {     \
+    }                                                                                                            \
+    return old;                                                                                                  \
+  }
+KVQ_CUDA_EMU_ATOMIC_INT(int)
+KVQ_CUDA_EMU_ATOMIC_INT(unsigned int)
+KVQ_CUDA_EMU_ATOMIC_INT(unsigned long long)
+KVQ_CUDA_EMU_ATOMIC_INT(long long)
+#undef KVQ_CUDA_EMU_ATOMIC_INT
+
+// Floating-point atomics: a compare-and-swap loop on the whole value (each add rounded once, as on
+// the GPU; the order of the adds, and so the rounding of a sum, depends on the schedule there too).
+#define KVQ_CUDA_EMU_ATOMIC_FLOAT(T)                                                                             \
+  inline T atomicAdd(T *p, T v) {                                                                                \
+    T old, sum;                                                                                                  \
+    __atomic_load(p, &old, __ATOMIC_RELAXED);                                                                    \
+    do {                                                                                                         \
+      sum = old + v;                                                                                             \
+    } while (!__atomic_compare_exchange(p, &old, &sum, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));               \
+    return old;                                                                                                  \
+  }                                                                                                              \
+  inline T atomicExch(T *p, T v) {                                                                               \
+    T old;                                                                                                       \
+    __atomic_exchange(p, &v, &old, __ATOMIC_RELAXED);                                                            \
+    return old;                                                                                                  \
+  }
+KVQ_CUDA_EMU_ATOMIC_FLOAT(float)
+KVQ_CUDA_EMU_ATOMIC_FLOAT(double)
+#undef KVQ_CUDA_EMU_ATOMIC_FLOAT
+
+// __threadfence: a sequentially consistent read-modify-write of one word (a full fence on x86-64;
+// ThreadSanitizer, which does not model fences, sees fences ordered in the order they run).
+inline void __threadfence() { kvq_emu::fence_word.fetch_add(0, std::memory_order_seq_cst); }
+inline void __threadfence_block() { __threadfence(); }
+inline void __nanosleep(unsigned ns) { std::this_thread::sleep_for(std::chrono::nanoseconds(ns)); }
+template <class T> inline T __ldg(const T *p) { return *p; }
+
+// Arithmetic with a named rounding: the host's IEEE operations, each rounded on its own (build the
+// emulated kernels with -ffp-contract=off, as all kvq code is, so that no a*b+c is fused).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+// The fast approximate intrinsics: here the correctly rounded host functions. The GPU's results
+// differ by the error CUDA documents for each; compare them with a tolerance that covers it.
+inline float __expf(float x) { return std::exp(x); }
+inline float __exp10f(float x) { return std::pow(10.0f, x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __log10f(float x) { return std::log10(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __tanf(float x) { return std::tan(x); }
+inline float __powf(float x, float y) { return std::pow(x, y); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); } // NaN -> 0, as on the GPU
+// Bit casts.
+inline int __float_as_int(float f) { return kvq_emu::from_bits<int>(kvq_emu::to_bits(f)); }
+inline unsigned int __float_as_uint(float f) { return kvq_emu::from_bits<unsigned int>(kvq_emu::to_bits(f)); }
+inline float __int_as_float(int i) { return kvq_emu::from_bits<float>(kvq_emu::to_bits(i)); }
+inline float __uint_as_float(unsigned int u) { return kvq_emu::from_bits<float>(kvq_emu::to_bits(u)); }
+inline long long __double_as_longlong(double d) { return kvq_emu::from_bits<long long>(kvq_emu::to_bits(d)); }
+inline double __longlong_as_double(long long i) { return kvq_emu::from_bits<double>(kvq_emu::to_bits(i)); }
+// Conversions: the GPU saturates out-of-range values and converts NaN to 0 (no undefined behaviour).
+namespace kvq_emu {
+template <class I> inline I float_to_int(double r) {
+  if (std::isnan(r)) return 0;
+  if (r <= static_cast<double>(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+  if (r >= static_cast<double>(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+  return static_cast<I>(r);
+}
+} // namespace kvq_emu
+inline int __float2int_rn(float x) { return kvq_emu::float_to_int<int>(std::nearbyint(static_cast<double>(x))); }
+inline int __float2int_rz(float x) { return kvq_emu::float_to_int<int>(std::trunc(static_cast<double>(x))); }
+inline int __float2int_rd(float x) { return kvq_emu::float_to_int<int>(std::floor(static_cast<double>(x))); }
+inline int __float2int_ru(float x) { return kvq_emu::float_to_int<int>(std::ceil(static_cast<double>(x))); }
+inline unsigned int __float2uint_rn(float x) { return kvq_emu::float_to_int<unsigned int>(std::nearbyint(static_cast<double>(x))); }
+inline unsigned int __float2uint_rz(float x) { return kvq_emu::float_to_int<unsigned int>(std::trunc(static_cast<double>(x))); }
+inline float __int2float_rn(int i) { return static_cast<float>(i); }
+inline float __uint2float_rn(unsigned int u) { return static_cast<float>(u); }
+// Integer intrinsics.
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz(static_cast<unsigned int>(x)) : 32; }
+inline int __clzll(long long x) { return x ? __builtin_clzll(static_cast<unsigned long long>(x)) : 64; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned int __brev(unsigned int x) {
+  unsigned int r = 0;
+  for (int i = 0; i < 32; ++i) r |= (x >> i & 1u) << (31 - i);
+  return r;
+}
+inline unsigned int __umulhi(unsigned int a, unsigned int b) { return static_cast<unsigned int>((1ull * a * b) >> 32); }
+inline int __mulhi(int a, int b) { return static_cast<int>((1ll * a * b) >> 32); }
+// CUDA's overloaded min and max of device code.
+#define KVQ_CUDA_EMU_MINMAX(T)                                                                                   \
+  inline T min(T a, T b) { return b < a ? b : a; }                                                               \
+  inline T max(T a, T b) { return a < b ? b : a; }
+KVQ_CUDA_EMU_MINMAX(int)
+KVQ_CUDA_EMU_MINMAX(unsigned int)
+KVQ_CUDA_EMU_MINMAX(long long)
+KVQ_CUDA_EMU_MINMAX(unsigned long long)
+#undef KVQ_CUDA_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+
+#endif // KVQ_BACKENDS_CUDA_EMU_CUDA_EMU_H

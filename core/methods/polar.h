@@ -1,0 +1,268 @@
+/*
+ * PolarQuant (Han, Kacham, Karbasi, Mirrokni, Zandieh, ../shared/papers/001 and
+ * ../shared/design/polarquant-math.md):
+ *   1. precondition x <- R x (a random orthogonal matrix, or a randomized Hadamard transform);
+ *   2. recursive polar transform over blocks of 2^L coordinates: level 1 angles of coordinate pairs
+ *      in [0, 2 pi), level l >= 2 angles atan(r_right / r_left) in [0, pi/2], one radius per block;
+ *   3. each angle quantized with its level's codebook, the radius kept in fp16.
+ * Decisions follow core/quantize_math.h (nearest centroid by dot product at level 1, boundary
+ * comparisons of squared radii above), so no atan2, sqrt or division decides a code. Keys are scored
+ * against the rotated query R q (the prepared query); values are summed in the rotated space and
+ * rotated back once.
+ *
+ * fixed0: the dense rotation (d x d, row-major) or the d signs of the Hadamard form; fixed1: the
+ * codebook tables (core/layout.h), one per kv head when learned online; `tables` below is the first
+ * element of the tables of the block's kv head (kvq_polar_tables). Work unit: one token. Arguments as
+ * in core/methods/exact.h; L levels, bits the packed level bits, rotation a kvq_rotation value.
+ *
+ * Decoding comes in two forms that give the same floats bit for bit (tests/test_polar.c): a whole
+ * token top down (kvq_polar_decode_token: every level splits each sub-block's radius, for the CPU)
+ * and one coordinate (kvq_polar_decode_coord, for a GPU thread): both multiply the block radius by
+ * the level L factor first and the level 1 factor last, each product rounded on its own.
+ *
+ * On GPUs, the loops over d x d entries take four columns per trip and the codebook searches two
+ * candidates, for lavapipe's loop limit (docs/VULKAN.md).
+ */
+#ifndef KVQ_CORE_METHODS_POLAR_H
+#define KVQ_CORE_METHODS_POLAR_H
+
+#include "core/halfconv.h"
+#include "core/layout.h"
+#include "core/methods/io.h"
+#include "core/quantize_math.h"
+
+/* The side's fixed arrays (docs/FORMAT.md): 0 the rotation, dense R (d x d, row-major) or the d signs
+ * of the Hadamard form; 1 the codebook tables (core/layout.h), one set per kv head when learned. */
+#define KVQ_POLAR_ROTATION(i) KVQ_FIXED0(i)
+#define KVQ_POLAR_TABLE(i) KVQ_FIXED1(i)
+
+
+/* The first element in fixed1 of the tables of kv head h, and of level l's: 2^b (cos, sin)
+ * centroids, then 2^b (cos^2, sin^2) boundaries. */
+KVQ_SHARED_FN kvq_u32 kvq_polar_tables(kvq_u32 h, kvq_u32 codebook, kvq_u32 L, kvq_u32 bits) {
+  return codebook == KVQ_LAYOUT_CODEBOOK_ONLINE ? h * kvq_polar_table_floats(L, bits) : 0u;
+}
+KVQ_SHARED_FN kvq_u32 kvq_polar_level_table(kvq_u32 tables, kvq_u32 bits, kvq_u32 l) {
+  return tables + kvq_polar_table_level_offset(bits, l);
+}
+
+/* ---- rotations ------------------------------------------------------------------------------- */
+
+/* The in-place Walsh-Hadamard butterflies in docs/FORMAT.md's order (for len = 1, 2, .., d/2, for
+ * each block of 2 len, for j in its first half: a = z[j], b = z[j + len]; z[j] = a + b;
+ * z[j + len] = a - b), each sum rounded on its own. */
+KVQ_SHARED_FN void kvq_polar_butterflies(KVQ_INOUT kvq_f32 z[KVQ_MAX_HEAD_DIM], kvq_u32 d) {
+  for (kvq_u32 len = 1u; len < d; len <<= 1u)
+    for (kvq_u32 i = 0u; i < d; i += 2u * len)
+      for (kvq_u32 j = i; j < i + len; j++) {
+        KVQ_PRECISE kvq_f32 a = z[j];
+        KVQ_PRECISE kvq_f32 b = z[j + len];
+        z[j] = KVQ_FADD(a, b);
+        z[j + len] = KVQ_FSUB(a, b);
+      }
+}
+
+KVQ_SHARED_FN kvq_f32 kvq_polar_row_step(KVQ_IO_PARAM kvq_f32 p, kvq_u32 at, kvq_f32 x) {
+  KVQ_PRECISE kvq_f32 next = KVQ_FADD(p, KVQ_FMUL(KVQ_POLAR_ROTATION(at), x));
+  return next;
+}
+
+/* y = R x for the input at element x (core/quantize_math.h's order): dense y_i = sum_c R[i][c] x_c,
+ * c increasing, each product and sum rounded; Hadamard: the signs, the butterflies, the scale. */
+KVQ_SHARED_FN void kvq_polar_rotate(KVQ_IO_PARAM kvq_u32 x, kvq_u32 d, kvq_u32 rotation,
+                                    KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
+  kvq_f32 v[KVQ_MAX_HEAD_DIM]; /* the input, read (and converted) once */
+  for (kvq_u32 c = 0u; c < d; c++) v[c] = KVQ_IN(x + c);
+  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
+    for (kvq_u32 i = 0u; i < d; i++) {
+      KVQ_PRECISE kvq_f32 p = 0.0f;
+      for (kvq_u32 c = 0u; c < d; c += 4u) { /* d is a multiple of 16 */
+        p = kvq_polar_row_step(KVQ_IO p, i * d + c, v[c]);
+        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 1u, v[c + 1u]);
+        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 2u, v[c + 2u]);
+        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 3u, v[c + 3u]);
+      }
+      y[i] = p;
+    }
+    return;
+  }
+  for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(KVQ_POLAR_ROTATION(c), v[c]); /* the signs: exact */
+  kvq_polar_butterflies(y, d);
+  kvq_f32 scale = kvq_hadamard_scale(d);
+  for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
+}
+
+/* x = R^T y: the columns of the dense matrix (summed in kvq_acc), or signs * (H y) * scale (H is
+ * symmetric). Only class-3 results come from here. */
+KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
+                                      KVQ_OUT kvq_f32 x[KVQ_MAX_HEAD_DIM]) {
+  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
+    for (kvq_u32 c = 0u; c < d; c++) {
+      kvq_acc sum = KVQ_ACC(0.0f);
+      for (kvq_u32 i = 0u; i < d; i += 4u) {
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
+      }
+      x[c] = KVQ_F32(sum);
+    }
+    return;
+  }
+  kvq_f32 z[KVQ_MAX_HEAD_DIM];
+  for (kvq_u32 c = 0u; c < d; c++) z[c] = y[c];
+  kvq_polar_butterflies(z, d);
+  kvq_f32 scale = kvq_hadamard_scale(d);
+  for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_POLAR_ROTATION(c) * (z[c] * scale);
+}
+
+/* ---- QUANTIZE --------------------------------------------------------------------------------- */
+
+/* Level 1: the centroid with the largest dot product with the pair (px, py); strictly greater wins,
+ * so ties keep the lower index. Two candidates per trip. */
+KVQ_SHARED_FN kvq_u32 kvq_polar_nearest(KVQ_IO_PARAM kvq_f32 px, kvq_f32 py, kvq_u32 table, kvq_u32 K) {
+  kvq_f32 best = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table), KVQ_POLAR_TABLE(table + 1u));
+  kvq_u32 code = 0u;
+  for (kvq_u32 j = 1u; j < K; j += 2u) {
+    kvq_f32 dot = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table + 2u * j), KVQ_POLAR_TABLE(table + 2u * j + 1u));
+    if (dot > best) {
+      best = dot;
+      code = j;
+    }
+    if (j + 1u < K) {
+      dot = kvq_polar_pair_dot(px, py, KVQ_POLAR_TABLE(table + 2u * j + 2u), KVQ_POLAR_TABLE(table + 2u * j + 3u));
+      if (dot > best) {
+        best = dot;
+        code = j + 1u;
+      }
+    }
+  }
+  return code;
+}
+
+/* Levels >= 2: how many of the 2^b - 1 boundaries the angle between the halves' squared radii s_a,
+ * s_b is at or past, two per trip. */
+KVQ_SHARED_FN kvq_u32 kvq_polar_boundaries_passed(KVQ_IO_PARAM kvq_f32 s_a, kvq_f32 s_b, kvq_u32 table, kvq_u32 K) {
+  kvq_u32 boundaries = table + 2u * K, code = 0u;
+  for (kvq_u32 j = 0u; j + 1u < K; j += 2u) {
+    code += kvq_polar_past(s_a, s_b, KVQ_POLAR_TABLE(boundaries + 2u * j), KVQ_POLAR_TABLE(boundaries + 2u * j + 1u));
+    if (j + 2u < K)
+      code += kvq_polar_past(s_a, s_b, KVQ_POLAR_TABLE(boundaries + 2u * j + 2u), KVQ_POLAR_TABLE(boundaries + 2u * j + 3u));
+  }
+  return code;
+}
+
+/* Token t: rotated, then level by level its angle codes and the squared radii of its sub-blocks
+ * (angle a of a level reads entries 2a and 2a + 1 and writes entry a, so one array serves in place),
+ * then the fp16 block radii (kvq_sqrt: 1 fp16 ulp apart on GLSL at worst, class 2). */
+KVQ_SHARED_FN void kvq_polar_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 x, kvq_u32 stride, kvq_u32 P,
+                                         kvq_u32 d, kvq_u32 L, kvq_u32 bits, kvq_u32 rotation, kvq_u32 tables) {
+  KVQ_PRECISE kvq_f32 v[KVQ_MAX_HEAD_DIM];
+  kvq_polar_rotate(KVQ_IO x + t * stride, d, rotation, v);
+  for (kvq_u32 l = 1u; l <= L; l++) {
+    kvq_u32 b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l);
+    kvq_u32 table = kvq_polar_level_table(tables, bits, l);
+    kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
+    for (kvq_u32 a = 0u; a < angles; a++) {
+      kvq_f32 first = v[2u * a], second = v[2u * a + 1u];
+      if (l == 1u) {
+        kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_nearest(KVQ_IO first, second, table, K));
+        v[a] = kvq_polar_pair_square(first, second);
+      } else {
+        kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_boundaries_passed(KVQ_IO first, second, table, K));
+        v[a] = KVQ_FADD(first, second);
+      }
+    }
+  }
+  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits), blocks = d >> L;
+  for (kvq_u32 k = 0u; k < blocks; k++) kvq_io_put_u16(KVQ_IO radii + 2u * (t * blocks + k), kvq_f32_to_f16_bits(kvq_sqrt(v[k])));
+}
+
+/* ---- decoding (in the rotated space) ----------------------------------------------------------- */
+
+/* Rotated coordinate i of token t: the block radius times the factors of levels L, L - 1, .., 1 in
+ * that order, each product rounded on its own (as kvq_polar_decode_token computes it); the factor of
+ * level l is the cos (first half) or sin (second half) of the centroid coding the level-l sub-block
+ * that holds i. The levels' codes follow each other, then the radii (core/layout.h), and so do the
+ * levels' tables: one pass up finds level L's, the way down steps back (2L loop trips in all). */
+KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 i, kvq_u32 P, kvq_u32 d,
+                                             kvq_u32 L, kvq_u32 bits, kvq_u32 tables) {
+  kvq_u32 codes = block, table = tables;
+  for (kvq_u32 l = 1u; l < L; l++) {
+    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
+    table += 4u << kvq_polar_level_bits(bits, l);
+  }
+  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u;
+  KVQ_PRECISE kvq_f32 y = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * (t * (d >> L) + (i >> L))));
+  for (kvq_u32 l = L; l >= 1u; l--) {
+    kvq_u32 b = kvq_polar_level_bits(bits, l);
+    kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (i >> l), b);
+    y = KVQ_FMUL(y, KVQ_POLAR_TABLE(table + 2u * code + ((i >> (l - 1u)) & 1u)));
+    if (l > 1u) {
+      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
+      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
+    }
+  }
+  return y;
+}
+
+/* Token t whole, top down: from each block radius, every level splits each sub-block's radius r
+ * into (r cos, r sin) of its code's centroid. Sub-block a of a level writes entries 2a and 2a + 1,
+ * so going through a downwards one array serves in place. */
+KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 L,
+                                          kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
+  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits) + 2u * t * (d >> L);
+  for (kvq_u32 k = 0u; k < (d >> L); k++) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * k));
+  for (kvq_u32 l = L; l >= 1u; l--) {
+    kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l);
+    kvq_u32 table = kvq_polar_level_table(tables, bits, l);
+    kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
+    for (kvq_u32 a = angles; a > 0u; a--) {
+      kvq_f32 r = y[a - 1u];
+      kvq_u32 code = kvq_io_code(KVQ_IO codes, t * angles + a - 1u, b);
+      y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
+      y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
+    }
+  }
+}
+
+/* Channel c of the unrotated token t (one GPU thread's DEQUANTIZE): (R^T y)_c = sum_i R[i][c] y_i,
+ * or signs_c * scale * sum_i H[c][i] y_i with H's entries (-1)^popcount(i & c). */
+KVQ_SHARED_FN kvq_u32 kvq_polar_parity(kvq_u32 u) {
+  u ^= u >> 16u;
+  u ^= u >> 8u;
+  u ^= u >> 4u;
+  u ^= u >> 2u;
+  u ^= u >> 1u;
+  return u & 1u;
+}
+KVQ_SHARED_FN kvq_f32 kvq_polar_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c, kvq_u32 P, kvq_u32 d, kvq_u32 L,
+                                       kvq_u32 bits, kvq_u32 rotation, kvq_u32 tables) {
+  kvq_acc sum = KVQ_ACC(0.0f);
+  for (kvq_u32 i = 0u; i < d; i++) {
+    kvq_acc y = KVQ_ACC(kvq_polar_decode_coord(KVQ_IO block, t, i, P, d, L, bits, tables));
+    if (rotation == KVQ_LAYOUT_ROTATION_DENSE) sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * y;
+    else sum += kvq_polar_parity(i & c) == 0u ? y : -y;
+  }
+  return rotation == KVQ_LAYOUT_ROTATION_DENSE ? KVQ_F32(sum) : KVQ_POLAR_ROTATION(c) * (KVQ_F32(sum) * kvq_hadamard_scale(d));
+}
+
+/* ---- SCORE ------------------------------------------------------------------------------------ */
+
+/* q.k for a decoded rotated key y against the prepared query R q at prepared element p. */
+KVQ_SHARED_FN kvq_acc kvq_polar_dot(KVQ_IO_PARAM kvq_u32 p, const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d) {
+  kvq_acc dot = KVQ_ACC(0.0f);
+  for (kvq_u32 i = 0u; i < d; i++) dot += KVQ_ACC(KVQ_PREPARED(p + i)) * KVQ_ACC(y[i]);
+  return dot;
+}
+
+/* The same, decoding key token t coordinate by coordinate (no array of the token). */
+KVQ_SHARED_FN kvq_acc kvq_polar_score(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 p, kvq_u32 P, kvq_u32 d, kvq_u32 L,
+                                      kvq_u32 bits, kvq_u32 tables) {
+  kvq_acc dot = KVQ_ACC(0.0f);
+  for (kvq_u32 i = 0u; i < d; i++)
+    dot += KVQ_ACC(KVQ_PREPARED(p + i)) * KVQ_ACC(kvq_polar_decode_coord(KVQ_IO block, t, i, P, d, L, bits, tables));
+  return dot;
+}
+
+#endif /* KVQ_CORE_METHODS_POLAR_H */
