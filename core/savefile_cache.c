@@ -365,19 +365,16 @@ kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size
   }
   if (st == KVQ_OK && !kvq_section_finished(&r)) st = bad(ctx, "window section has the wrong length");
   if (st == KVQ_OK && file.pos != file.size) st = bad(ctx, "bytes after the last section");
-  if (st != KVQ_OK) goto fail;
-  if ((st = be->ops->finish(be)) != KVQ_OK) {
-    st = kvq_fail_backend(ctx, st, "loading");
-    goto fail;
-  }
+  if (st == KVQ_OK && (st = be->ops->finish(be)) != KVQ_OK) st = kvq_fail_backend(ctx, st, "loading");
+fail:
   free(page_owner);
+  if (st != KVQ_OK) { /* nothing of a refused file stays */
+    kvq_cache_destroy(cache);
+    return st;
+  }
   kvq_clear_error(ctx);
   *out = cache;
   return KVQ_OK;
-fail:
-  free(page_owner);
-  kvq_cache_destroy(cache);
-  return st;
 }
 
 kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {
