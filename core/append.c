@@ -230,6 +230,19 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, packed[s], count,
                           s ? "kvq_append values" : "kvq_append keys", n);
   }
+  if (in_place) { /* both sides' new tokens, gathered in the input dtype into one device buffer */
+    kvq_buffer *tokens = NULL;
+    ctx->checks_what = "kvq_append";
+    st = kvq_scratch(cache, KVQ_SCRATCH_TOKENS, 2 * token_bytes * count, &tokens);
+    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+      sources[s] = (token_source){NULL, tokens, (uint64_t)s * token_bytes * count};
+      st = kvq_tensor_gather_rows(ctx, tensors[s], 0, count, tokens, sources[s].offset, cache->config.input_dtype);
+    }
+    /* Synchronously, a non-finite element refuses the append before anything changes, as for host
+     * tensors: the gather's check word is read now (a submission of its own). Asynchronously the
+     * check is reported by kvq_context_wait (kvq.h). */
+    if (st == KVQ_OK && !ctx->async) st = kvq_device_checks_read(ctx);
+  }
   if (st != KVQ_OK) goto done;
   /* The policy runs once per decoding step: before the step's first append, when every layer
    * holds the same tokens. It may free pages this append then uses, so it is planned first and
@@ -257,15 +270,6 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   const kvq_tracked tracked_before = seq->tracked;
   kvq_tracked_extend(seq, n_new);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
-  if (in_place) { /* both sides' new tokens, gathered in the input dtype into one device buffer */
-    kvq_buffer *tokens = NULL;
-    ctx->checks_what = "kvq_append";
-    st = kvq_scratch(cache, KVQ_SCRATCH_TOKENS, 2 * token_bytes * count, &tokens);
-    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
-      sources[s] = (token_source){NULL, tokens, (uint64_t)s * token_bytes * count};
-      st = kvq_tensor_gather_rows(ctx, tensors[s], 0, count, tokens, sources[s].offset, cache->config.input_dtype);
-    }
-  }
   const uint32_t chunk = cache->staging_pages * P;
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     for (uint32_t from = F; from < F_new && st == KVQ_OK; from += chunk) {

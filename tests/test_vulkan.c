@@ -550,7 +550,9 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
  * The decode loop of a runtime that keeps everything on its device: keys, values and queries in its
  * VkBuffers (fp16 keys and values, fp32 queries), each step's output written into row t of an fp32
  * VkBuffer, counted with the backend's counters against docs/VULKAN.md ("What each call moves"):
- *   - every kvq_append and kvq_attention is exactly one queue submission;
+ *   - every kvq_attention is exactly one queue submission, and so is every asynchronous kvq_append; a
+ *     synchronous kvq_append is two: the first reads the finite-value check of the device keys and
+ *     values back before the append changes anything (as host tensors are checked first);
  *   - nothing comes back to the host but the 4-byte check word, once per synchronous call (nothing
  *     at all in the asynchronous mode);
  *   - an append moves 64 bytes of conversion metadata per side, and 16 per side when it quantizes a
@@ -587,7 +589,7 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
     /* docs/VULKAN.md, "What each call moves" */
     const int quantizes = t + 1 - ring_start >= (uint32_t)(DL_W + DL_P);
     if (quantizes) ring_start += DL_P;
-    cr_assert_eq(a.submissions, 1u, "append %u: %llu submissions", t, (unsigned long long)a.submissions);
+    cr_assert_eq(a.submissions, async ? 1u : 2u, "append %u: %llu submissions", t, (unsigned long long)a.submissions);
     cr_assert_eq(s.submissions, 1u, "attention %u: %llu submissions", t, (unsigned long long)s.submissions);
     cr_assert_eq(a.bytes_to_host, async ? 0u : 4u, "append %u read back %llu bytes", t, (unsigned long long)a.bytes_to_host);
     cr_assert_eq(s.bytes_to_host, async ? 0u : 4u, "attention %u read back %llu bytes", t, (unsigned long long)s.bytes_to_host);
@@ -609,7 +611,8 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
     cr_assert_leq(waits, 2u * DL_N - 1, "asynchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
     KVQ_CHECK(ctx, kvq_context_wait(ctx));
   } else {
-    cr_assert_eq(waits, 2u * DL_N, "synchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
+    cr_assert_eq(waits, 3u * DL_N, "synchronous calls waited %llu times in %d calls (an append twice)", (unsigned long long)waits,
+                 2 * DL_N);
   }
   KVQ_CHECK(ctx, kvq_context_wait(ctx)); /* nothing in flight: returns at once */
   kvq_cache_destroy(cache);
@@ -648,8 +651,8 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) {
  * The finite-value checks of device tensors run on the device (docs/VULKAN.md): a non-finite query
  * makes kvq_attention fail with KVQ_ERROR_NON_FINITE and leaves the output untouched, synchronously
  * from the call, asynchronously from kvq_context_wait; a clean call afterwards succeeds and writes.
- * A non-finite appended key is reported by kvq_append (the append itself takes place, the element
- * stored as 0: what differs from host tensors, documented). The CPU backend accepts the mode and
+ * A non-finite appended device key makes a synchronous kvq_append fail with KVQ_ERROR_NON_FINITE
+ * before it changes anything, as host tensors do (the sequence keeps its tokens). The CPU backend accepts the mode and
  * its wait returns at once.
  */
 Test(vulkan, device_checks_report_non_finite_values) {
@@ -693,8 +696,20 @@ Test(vulkan, device_checks_report_non_finite_values) {
   k[3] = INFINITY;
   runtime_buffer kb = runtime_buffer_make(&r, k, 4 * HKV * D), vb = runtime_buffer_make(&r, v, 4 * HKV * D);
   kvq_tensor kt = device_tensor(&kb, 0, KVQ_DTYPE_F32, kshape, NULL), vt = device_tensor(&vb, 0, KVQ_DTYPE_F32, kshape, NULL);
+  kvq_sequence_info before, after;
+  KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &before));
   cr_assert_eq(kvq_append(cache, seq, 0, &kt, &vt), KVQ_ERROR_NON_FINITE);
   cr_assert(strstr(kvq_context_last_error(ctx), "kvq_append"), "%s", kvq_context_last_error(ctx));
+  KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &after));
+  cr_assert(before.tokens == after.tokens && before.quantized_tokens == after.quantized_tokens && before.pages == after.pages &&
+                before.kept_tokens == after.kept_tokens,
+            "a refused append changed the sequence (%llu -> %llu tokens)", (unsigned long long)before.tokens,
+            (unsigned long long)after.tokens);
+  k[3] = 0.25f; /* the same tokens, clean, append */
+  memcpy(kb.mapped, k, 4 * HKV * D);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+  KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &after));
+  cr_assert_eq(after.tokens, before.tokens + 1, "the clean append took place");
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
   kvq_context *cpu = th_cpu_context();

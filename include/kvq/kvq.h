@@ -266,7 +266,9 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * validation runs) is returned by kvq_context_wait, or by the next call that waits for it, with
  * kvq_context_last_error saying what failed. The checks of device tensors that run on the device
  * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, an output that overflows) are returned by
- * kvq_context_wait only; until then later calls write no device outputs. Argument errors, capacity
+ * kvq_context_wait only, an append with a non-finite device key or value having then taken place with
+ * the element stored as 0 (a synchronous append refuses it first); until the wait later calls write
+ * no device outputs. Argument errors, capacity
  * and the finite-value checks of host data are still returned by the call itself.
  *
  * kvq_context_set_async returns KVQ_ERROR_INVALID_ARGUMENT for a NULL context; turning the mode off
