@@ -11,6 +11,8 @@
  *   decoded      tokens x kv_heads x head_dim fp32: kvq_dequantize of the same tokens
  *   errors       pages x page_size x kv_heads fp32: the CPU's QUANTIZE errors of the same pages
  *                (the backend's quantize job run again on them; entries past a page's valid tokens 0)
+ *   whole_pages  pages x page_size x kv_heads x head_dim fp32: the backend's dequantize job of those
+ *                pages, every token of each (past the valid count: decoded from the zero padding)
  */
 #ifndef KVQ_TESTS_CUDA_KERNELS_FIXTURE_H
 #define KVQ_TESTS_CUDA_KERNELS_FIXTURE_H

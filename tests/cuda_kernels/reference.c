@@ -50,17 +50,21 @@ static void put_element(uint8_t *p, kvq_dtype dtype, size_t i, float v) {
 static int write_all(FILE *f, const void *p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes ? 0 : 1; }
 
 /* The backend's QUANTIZE of the same tokens, with errors, into fresh buffers: its pages must be the
- * cache's, its errors are the reference. */
-static int cpu_errors(kvq_cache *cache, int side, const uint8_t *input, size_t input_bytes, uint32_t pages,
-                      const uint8_t *expected_pages, float *errors) {
+ * cache's, its errors are the reference; then its DEQUANTIZE of those whole pages. */
+static int cpu_jobs(kvq_cache *cache, int side, const uint8_t *input, size_t input_bytes, uint32_t pages,
+                    const uint8_t *expected_pages, float *errors, float *whole_pages) {
   kvq_backend *be = cache->ctx->backend;
   const kvq_side_desc *desc = &cache->storage[0].side[side];
   const uint64_t pb = desc->layout.page_bytes, token_bytes = input_bytes / TOKENS;
-  kvq_buffer *src = NULL, *dst = NULL, *err = NULL;
+  const uint64_t out_bytes = (uint64_t)pages * P * HKV * D * 4;
+  kvq_buffer *src = NULL, *dst = NULL, *err = NULL, *out = NULL;
+  uint32_t slots[8];
   kvq_quantize_item items[8];
   int bad = be->ops->buffer_create(be, input_bytes, &src) != KVQ_OK || be->ops->buffer_create(be, pages * pb, &dst) != KVQ_OK ||
-            be->ops->buffer_create(be, (uint64_t)pages * P * HKV * 4, &err) != KVQ_OK;
+            be->ops->buffer_create(be, (uint64_t)pages * P * HKV * 4, &err) != KVQ_OK ||
+            be->ops->buffer_create(be, out_bytes, &out) != KVQ_OK;
   if (!bad) bad = be->ops->buffer_write(be, src, 0, input, input_bytes) != KVQ_OK;
+  for (uint32_t e = 0; e < pages; e++) slots[e] = e;
   for (uint32_t e = 0; e < pages; e++)
     items[e] = (kvq_quantize_item){.src = src, .src_offset = e * P * token_bytes, .dst_offset = e * pb,
                                    .tokens = TOKENS - e * P < P ? TOKENS - e * P : P};
@@ -69,10 +73,13 @@ static int cpu_errors(kvq_cache *cache, int side, const uint8_t *input, size_t i
   uint8_t *check = malloc(pages * pb);
   if (!bad) bad = !check || be->ops->buffer_read(be, dst, 0, check, pages * pb) != KVQ_OK || memcmp(check, expected_pages, pages * pb) != 0;
   if (!bad) bad = be->ops->buffer_read(be, err, 0, errors, (uint64_t)pages * P * HKV * 4) != KVQ_OK;
+  kvq_job_dequantize whole = {.side = desc, .pages = dst, .count = pages, .slots = slots, .out = out};
+  if (!bad) bad = be->ops->dequantize(be, &whole) != KVQ_OK || be->ops->buffer_read(be, out, 0, whole_pages, out_bytes) != KVQ_OK;
   free(check);
   if (src) be->ops->buffer_destroy(be, src);
   if (dst) be->ops->buffer_destroy(be, dst);
   if (err) be->ops->buffer_destroy(be, err);
+  if (out) be->ops->buffer_destroy(be, out);
   return bad;
 }
 
@@ -90,8 +97,8 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   uint8_t *k = malloc(n * esize), *v = malloc(n * esize);
   float *calibration = malloc(sizeof(float) * CALIBRATION * HKV * D * 2), *decoded = malloc(sizeof(float) * n * 2);
   uint8_t *pages = malloc(8 * (size_t)KVQ_MAX_HEAD_BYTES * HKV);
-  float *errors = malloc(sizeof(float) * 8 * P * HKV);
-  if (!k || !v || !calibration || !decoded || !pages || !errors) bad = fail("out of memory", NULL);
+  float *errors = malloc(sizeof(float) * 8 * P * HKV), *whole_pages = malloc(sizeof(float) * 8 * P * HKV * D);
+  if (!k || !v || !calibration || !decoded || !pages || !errors || !whole_pages) bad = fail("out of memory", NULL);
   if (!bad && kvq_cache_create(ctx, &config, &cache) != KVQ_OK) bad = fail("kvq_cache_create", ctx);
   if (!bad && cache->storage[0].learned[0] + cache->storage[0].learned[1] < 2) { /* learn from calibration tokens */
     for (size_t i = 0; i < (size_t)CALIBRATION * HKV * D * 2; i++) calibration[i] = value_at((uint32_t)i, seed + 7u);
@@ -128,7 +135,7 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     }
     memset(errors, 0, sizeof(float) * 8 * P * HKV);
     if (s->page_bytes != (uint64_t)s->head_bytes * HKV || c.pages != (TOKENS + P - 1) / P ||
-        cpu_errors(cache, side, side == 0 ? k : v, n * esize, c.pages, pages, errors)) {
+        cpu_jobs(cache, side, side == 0 ? k : v, n * esize, c.pages, pages, errors, whole_pages)) {
       bad = fail("the CPU backend's quantize job (pages or errors)", ctx);
       break;
     }
@@ -137,12 +144,13 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
       bad = c.fixed_floats[j] != 0 && write_all(f, cache->storage[0].fixed_host[side][j], sizeof(float) * c.fixed_floats[j]);
     if (!bad)
       bad = write_all(f, pages, (size_t)c.pages * c.page_bytes) || write_all(f, decoded + side * n, sizeof(float) * n) ||
-            write_all(f, errors, sizeof(float) * c.pages * P * HKV);
+            write_all(f, errors, sizeof(float) * c.pages * P * HKV) ||
+            write_all(f, whole_pages, sizeof(float) * c.pages * P * HKV * D);
     if (bad) fail("writing the fixture", NULL);
   }
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
-  free(k), free(v), free(calibration), free(decoded), free(pages), free(errors);
+  free(k), free(v), free(calibration), free(decoded), free(pages), free(errors), free(whole_pages);
   return bad;
 }
 

@@ -24,7 +24,7 @@ struct fixture_case {
   kvq_fixture_case c;
   kvq_cuda_side side;
   std::vector<unsigned char> input, pages;
-  std::vector<float> fixed[2], decoded, errors;
+  std::vector<float> fixed[2], decoded, errors, whole_pages;
 };
 
 template <class T> static bool read_into(FILE *f, std::vector<T> &v, size_t count) {
@@ -45,7 +45,8 @@ static bool read_case(FILE *f, fixture_case &fc) {
   return read_into(f, fc.input, elements * (c.input_dtype == KVQ_LAYOUT_F32 ? 4u : 2u)) && read_into(f, fc.fixed[0], c.fixed_floats[0]) &&
          read_into(f, fc.fixed[1], c.fixed_floats[1]) && read_into(f, fc.pages, static_cast<size_t>(c.pages) * c.page_bytes) &&
          read_into(f, fc.decoded, elements) &&
-         read_into(f, fc.errors, static_cast<size_t>(c.pages) * fc.side.page_size * fc.side.kv_heads);
+         read_into(f, fc.errors, static_cast<size_t>(c.pages) * fc.side.page_size * fc.side.kv_heads) &&
+         read_into(f, fc.whole_pages, static_cast<size_t>(c.pages) * fc.side.page_size * fc.side.kv_heads * fc.side.head_dim);
 }
 
 static const float *fixed_or_null(const std::vector<float> &v) { return v.empty() ? nullptr : v.data(); }
@@ -107,11 +108,17 @@ static void test_case(const fixture_case &fc) {
   r = kvq_emu::launch(kvq_cuda_dequantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_DEQUANTIZE_THREADS), kvq_cuda_dequantize_shared_bytes(s), s,
                       slots.data(), cpu_pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), out.data());
   const difference o = compare(out.data(), fc.decoded.data(), fc.decoded.size()); // the valid tokens lead
+  const difference w = compare(out.data(), fc.whole_pages.data(), out.size());
   const bool exact = !sums_in_acc(s);
-  if (!exact) std::printf("# %s: largest relative difference from the CPU: errors %.3g, DEQUANTIZE %.3g\n", name.c_str(), e.worst, o.worst);
-  check(r.ok && (exact ? o.first == SIZE_MAX : o.worst <= 1e-5),
-        name + ": DEQUANTIZE gives the CPU's kvq_dequantize" + (exact ? " bit for bit" : " within 1e-5 (float sums, CPU double)"),
+  if (!exact)
+    std::printf("# %s: largest relative difference from the CPU: errors %.3g, DEQUANTIZE %.3g\n", name.c_str(), e.worst,
+                std::max(o.worst, w.worst));
+  const std::string how = exact ? " bit for bit" : " within 1e-5 (float sums, CPU double)";
+  check(r.ok && (exact ? o.first == SIZE_MAX : o.worst <= 1e-5), name + ": DEQUANTIZE gives the CPU's kvq_dequantize" + how,
         r.ok ? "largest relative difference " + std::to_string(o.worst) + ", first differing value " + std::to_string(o.first) : r.message);
+  check(r.ok && (exact ? w.first == SIZE_MAX : w.worst <= 1e-5),
+        name + ": DEQUANTIZE gives the CPU backend's whole pages (tokens past the valid count too)" + how,
+        r.ok ? "largest relative difference " + std::to_string(w.worst) + ", first differing value " + std::to_string(w.first) : r.message);
 }
 
 int main(int argc, char **argv) {
