@@ -77,22 +77,30 @@ static void test_case(const fixture_case &fc) {
   const std::string name = c.name;
   const unsigned P = s.page_size, hkv = s.kv_heads, d = s.head_dim;
 
-  // QUANTIZE every page in one launch, into a pool full of garbage (the kernel zeroes what it encodes).
+  // QUANTIZE every page in one launch, into a pool full of garbage (the kernel zeroes what it encodes),
+  // item e at slot pages - e: slot 0 must keep its garbage, and each item must land on its own slot.
+  const size_t page_words = c.page_bytes / 4u;
   std::vector<unsigned> items;
   for (unsigned e = 0; e < c.pages; e++)
-    items.insert(items.end(), {e * P * hkv * d, e * c.page_bytes, std::min(P, c.tokens - e * P)});
-  std::vector<unsigned> pool(static_cast<size_t>(c.pages) * c.page_bytes / 4u, 0xa5a5a5a5u);
+    items.insert(items.end(), {e * P * hkv * d, (c.pages - e) * c.page_bytes, std::min(P, c.tokens - e * P)});
+  std::vector<unsigned> pool((c.pages + 1u) * page_words, 0xa5a5a5a5u);
   std::vector<float> errors(fc.errors.size(), 0.0f);
   kvq_emu::Result r = kvq_emu::launch(kvq_cuda_quantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_QUANTIZE_THREADS),
                                       kvq_cuda_quantize_shared_bytes(s), s, items.data(), static_cast<const void *>(fc.input.data()),
                                       c.input_dtype, pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), errors.data());
   std::string detail = r.message;
-  size_t first = 0;
-  while (r.ok && first < fc.pages.size() && reinterpret_cast<const unsigned char *>(pool.data())[first] == fc.pages[first]) first++;
+  size_t first = fc.pages.size();
+  for (size_t b = 0; r.ok && b < fc.pages.size() && first == fc.pages.size(); b++) {
+    const size_t slot = c.pages - b / c.page_bytes;
+    if (reinterpret_cast<const unsigned char *>(pool.data())[slot * c.page_bytes + b % c.page_bytes] != fc.pages[b]) first = b;
+  }
   if (r.ok && first < fc.pages.size())
     detail = "first different byte " + std::to_string(first) + " (page " + std::to_string(first / c.page_bytes) + ", kv head " +
              std::to_string(first % c.page_bytes / c.head_bytes) + ", byte " + std::to_string(first % c.head_bytes) + " of the head block)";
-  check(r.ok && first == fc.pages.size(), name + ": QUANTIZE gives the CPU's pages byte for byte", detail);
+  bool untouched = true;
+  for (size_t w = 0; w < page_words; w++) untouched = untouched && pool[w] == 0xa5a5a5a5u;
+  if (r.ok && !untouched) detail = "slot 0, which no item names, was written";
+  check(r.ok && first == fc.pages.size() && untouched, name + ": QUANTIZE gives the CPU's pages byte for byte, at the items' offsets", detail);
 
   const difference e = compare(errors.data(), fc.errors.data(), errors.size());
   const bool errors_exact = !sums_in_acc(s);
@@ -100,10 +108,13 @@ static void test_case(const fixture_case &fc) {
         name + ": QUANTIZE's per-token errors are the CPU's" + (errors_exact ? " bit for bit" : " within 1e-5"),
         "largest relative difference " + std::to_string(e.worst) + ", first differing entry " + std::to_string(e.first));
 
-  // DEQUANTIZE the CPU's pages (so that this check stands apart from QUANTIZE's), all in one launch.
-  std::vector<unsigned> cpu_pool(fc.pages.size() / 4u), slots;
-  std::memcpy(cpu_pool.data(), fc.pages.data(), fc.pages.size());
-  for (unsigned e = 0; e < c.pages; e++) slots.push_back(e);
+  // DEQUANTIZE the CPU's pages (so that this check stands apart from QUANTIZE's), all in one launch,
+  // page e at slot pages - e of a pool whose slot 0 holds garbage.
+  std::vector<unsigned> cpu_pool((c.pages + 1u) * page_words, 0xa5a5a5a5u), slots;
+  for (unsigned e = 0; e < c.pages; e++) {
+    std::memcpy(cpu_pool.data() + (c.pages - e) * page_words, fc.pages.data() + static_cast<size_t>(e) * c.page_bytes, c.page_bytes);
+    slots.push_back(c.pages - e);
+  }
   std::vector<float> out(static_cast<size_t>(c.pages) * P * hkv * d, -1.0f);
   r = kvq_emu::launch(kvq_cuda_dequantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_DEQUANTIZE_THREADS), kvq_cuda_dequantize_shared_bytes(s), s,
                       slots.data(), cpu_pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), out.data());
