@@ -62,14 +62,16 @@ typedef float kvq_f32;
 #define KVQ_U32(x) ((kvq_u32)(x))
 #define KVQ_F32(x) ((kvq_f32)(x))
 #define KVQ_PRECISE
-#if defined(__CUDACC__)
+/* CUDA: nvcc, and the host C++ compiler building a kernel against kvq's emulation of CUDA
+ * (backends/cuda/emu/cuda_emu.h), so that emulated kernels accumulate in float as the GPU does. */
+#if defined(__CUDACC__) || defined(KVQ_CUDA_EMU)
 #define KVQ_LANG_CUDA 1
 #if defined(__CUDA_ARCH__)
 /* nvcc contracts a*b+c into FMA by default; the _rn intrinsics are never contracted. */
 #define KVQ_FMUL(a, b) __fmul_rn((a), (b))
 #define KVQ_FADD(a, b) __fadd_rn((a), (b))
 #define KVQ_FSUB(a, b) __fsub_rn((a), (b))
-#else /* host side of a .cu file: built with -ffp-contract=off like all kvq C code */
+#else /* host side of a .cu file, or the emulator: built with -ffp-contract=off like all kvq C code */
 #define KVQ_FMUL(a, b) ((a) * (b))
 #define KVQ_FADD(a, b) ((a) + (b))
 #define KVQ_FSUB(a, b) ((a) - (b))

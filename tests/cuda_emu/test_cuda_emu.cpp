@@ -5,6 +5,7 @@
 // The bugs that only a sanitizer catches are run by cuda_emu_bugs.cpp (sanitizer_bugs.sh).
 #include "emu_bugs.cuh"
 #include "emu_kernels.cuh"
+#include "tap.h"
 
 #include "core/halfconv.h"
 
@@ -12,21 +13,6 @@
 #include <cstdio>
 #include <string>
 #include <vector>
-
-static int test_number = 0;
-static int failures = 0;
-
-static void check(bool ok, const std::string &what, const std::string &detail = "") {
-  ++test_number;
-  std::printf("%s %d - %s\n", ok ? "ok" : "not ok", test_number, what.c_str());
-  if (!ok) {
-    ++failures;
-    std::string d = detail;
-    for (size_t p = 0; (p = d.find('\n', p)) != std::string::npos; p += 3) d.replace(p, 1, "\n# ");
-    if (!d.empty()) std::printf("# %s\n", d.c_str());
-  }
-  std::fflush(stdout);
-}
 
 static void test_block_sum_128() {
   const int blocks = 8, n = 1000;
@@ -203,5 +189,5 @@ int main() {
   test_half();
   test_bugs();
   test_block_sum_exact<256>(3, 5000, 0.25f, "the emulator runs kernels again after the failed launches");
-  return failures ? 1 : 0;
+  return tap_failures ? 1 : 0;
 }

@@ -1,0 +1,148 @@
+// The CUDA backend's QUANTIZE and DEQUANTIZE kernels (backends/cuda/kernels/) run on kvq's CUDA
+// emulation against the CPU backend: for every case of the fixture (fixture.h, written by
+// reference.c), the emulated QUANTIZE of the same tokens with the same fixed arrays must give the
+// CPU's pages byte for byte and its per-token errors; the emulated DEQUANTIZE of those pages the CPU's
+// kvq_dequantize, bit for bit where the decode sums nothing in kvq_acc (float on GPUs, double on the
+// CPU: core/shared_lang.h), within a stated bound where it does (QJL; PolarQuant's dense rotation).
+// A plain TAP program, run plain, under ThreadSanitizer and under ASan + UBSan (meson.build).
+// usage: test_cuda_kernels FIXTURE
+#include "../cuda_emu/tap.h"
+#include "backends/cuda/kernels/dequantize.cuh"
+#include "backends/cuda/kernels/quantize.cuh"
+#include "fixture.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static_assert(KVQ_FIXTURE_SIDE_FIELDS == KVQ_SIDE_FIELD_COUNT, "fixture.h: the side fields");
+
+struct fixture_case {
+  kvq_fixture_case c;
+  kvq_cuda_side side;
+  std::vector<unsigned char> input, pages;
+  std::vector<float> fixed[2], decoded, errors, whole_pages;
+};
+
+template <class T> static bool read_into(FILE *f, std::vector<T> &v, size_t count) {
+  v.resize(count);
+  return count == 0 || std::fread(v.data(), sizeof(T), count, f) == count;
+}
+
+static bool read_case(FILE *f, fixture_case &fc) {
+  if (std::fread(&fc.c, sizeof fc.c, 1, f) != 1) return false;
+  const kvq_fixture_case &c = fc.c;
+  unsigned at = 0;
+#define KVQ_TEST_FIELD(name) fc.side.name = c.side[at++];
+  KVQ_SIDE_FIELDS(KVQ_TEST_FIELD)
+#undef KVQ_TEST_FIELD
+  fc.side.head_bytes = c.head_bytes;
+  fc.side.qjl_constant = c.qjl_constant;
+  const size_t elements = static_cast<size_t>(c.tokens) * fc.side.kv_heads * fc.side.head_dim;
+  return read_into(f, fc.input, elements * (c.input_dtype == KVQ_LAYOUT_F32 ? 4u : 2u)) && read_into(f, fc.fixed[0], c.fixed_floats[0]) &&
+         read_into(f, fc.fixed[1], c.fixed_floats[1]) && read_into(f, fc.pages, static_cast<size_t>(c.pages) * c.page_bytes) &&
+         read_into(f, fc.decoded, elements) &&
+         read_into(f, fc.errors, static_cast<size_t>(c.pages) * fc.side.page_size * fc.side.kv_heads) &&
+         read_into(f, fc.whole_pages, static_cast<size_t>(c.pages) * fc.side.page_size * fc.side.kv_heads * fc.side.head_dim);
+}
+
+static const float *fixed_or_null(const std::vector<float> &v) { return v.empty() ? nullptr : v.data(); }
+
+// Whether DEQUANTIZE sums in kvq_acc (core/methods: QJL's reconstruction, PolarQuant's dense rotation
+// back): then the GPU's float sum and the CPU's double sum may differ in the last bits.
+static bool sums_in_acc(const kvq_cuda_side &s) {
+  return s.method == KVQ_LAYOUT_QJL || (s.method == KVQ_LAYOUT_POLAR && s.rotation == KVQ_LAYOUT_ROTATION_DENSE);
+}
+
+// Largest |a - b| / (1 + |b|), and the first index that differs at all.
+struct difference {
+  double worst = 0.0;
+  size_t first = SIZE_MAX;
+};
+static difference compare(const float *a, const float *b, size_t n) {
+  difference d;
+  for (size_t i = 0; i < n; i++) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && d.first == SIZE_MAX) d.first = i;
+    d.worst = std::max(d.worst, std::fabs(static_cast<double>(a[i]) - b[i]) / (1.0 + std::fabs(static_cast<double>(b[i]))));
+  }
+  return d;
+}
+
+static void test_case(const fixture_case &fc) {
+  const kvq_fixture_case &c = fc.c;
+  const kvq_cuda_side &s = fc.side;
+  const std::string name = c.name;
+  const unsigned P = s.page_size, hkv = s.kv_heads, d = s.head_dim;
+
+  // QUANTIZE every page in one launch, into a pool full of garbage (the kernel zeroes what it encodes),
+  // item e at slot pages - e: slot 0 must keep its garbage, and each item must land on its own slot.
+  const size_t page_words = c.page_bytes / 4u;
+  std::vector<unsigned> items;
+  for (unsigned e = 0; e < c.pages; e++)
+    items.insert(items.end(), {e * P * hkv * d, (c.pages - e) * c.page_bytes, std::min(P, c.tokens - e * P)});
+  std::vector<unsigned> pool((c.pages + 1u) * page_words, 0xa5a5a5a5u);
+  std::vector<float> errors(fc.errors.size(), 0.0f);
+  kvq_emu::Result r = kvq_emu::launch(kvq_cuda_quantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_QUANTIZE_THREADS),
+                                      kvq_cuda_quantize_shared_bytes(s), s, items.data(), static_cast<const void *>(fc.input.data()),
+                                      c.input_dtype, pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), errors.data());
+  std::string detail = r.message;
+  size_t first = fc.pages.size();
+  for (size_t b = 0; r.ok && b < fc.pages.size() && first == fc.pages.size(); b++) {
+    const size_t slot = c.pages - b / c.page_bytes;
+    if (reinterpret_cast<const unsigned char *>(pool.data())[slot * c.page_bytes + b % c.page_bytes] != fc.pages[b]) first = b;
+  }
+  if (r.ok && first < fc.pages.size())
+    detail = "first different byte " + std::to_string(first) + " (page " + std::to_string(first / c.page_bytes) + ", kv head " +
+             std::to_string(first % c.page_bytes / c.head_bytes) + ", byte " + std::to_string(first % c.head_bytes) + " of the head block)";
+  bool untouched = true;
+  for (size_t w = 0; w < page_words; w++) untouched = untouched && pool[w] == 0xa5a5a5a5u;
+  if (r.ok && !untouched) detail = "slot 0, which no item names, was written";
+  check(r.ok && first == fc.pages.size() && untouched, name + ": QUANTIZE gives the CPU's pages byte for byte, at the items' offsets", detail);
+
+  const difference e = compare(errors.data(), fc.errors.data(), errors.size());
+  const bool errors_exact = !sums_in_acc(s);
+  check(r.ok && (errors_exact ? e.first == SIZE_MAX : e.worst <= 1e-5),
+        name + ": QUANTIZE's per-token errors are the CPU's" + (errors_exact ? " bit for bit" : " within 1e-5"),
+        "largest relative difference " + std::to_string(e.worst) + ", first differing entry " + std::to_string(e.first));
+
+  // DEQUANTIZE the CPU's pages (so that this check stands apart from QUANTIZE's), all in one launch,
+  // page e at slot pages - e of a pool whose slot 0 holds garbage.
+  std::vector<unsigned> cpu_pool((c.pages + 1u) * page_words, 0xa5a5a5a5u), slots;
+  for (unsigned e = 0; e < c.pages; e++) {
+    std::memcpy(cpu_pool.data() + (c.pages - e) * page_words, fc.pages.data() + static_cast<size_t>(e) * c.page_bytes, c.page_bytes);
+    slots.push_back(c.pages - e);
+  }
+  std::vector<float> out(static_cast<size_t>(c.pages) * P * hkv * d, -1.0f);
+  r = kvq_emu::launch(kvq_cuda_dequantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_DEQUANTIZE_THREADS), kvq_cuda_dequantize_shared_bytes(s), s,
+                      slots.data(), cpu_pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), out.data());
+  const difference o = compare(out.data(), fc.decoded.data(), fc.decoded.size()); // the valid tokens lead
+  const difference w = compare(out.data(), fc.whole_pages.data(), out.size());
+  const bool exact = !sums_in_acc(s);
+  if (!exact)
+    std::printf("# %s: largest relative difference from the CPU: errors %.3g, DEQUANTIZE %.3g\n", name.c_str(), e.worst,
+                std::max(o.worst, w.worst));
+  const std::string how = exact ? " bit for bit" : " within 1e-5 (float sums, CPU double)";
+  check(r.ok && (exact ? o.first == SIZE_MAX : o.worst <= 1e-5), name + ": DEQUANTIZE gives the CPU's kvq_dequantize" + how,
+        r.ok ? "largest relative difference " + std::to_string(o.worst) + ", first differing value " + std::to_string(o.first) : r.message);
+  check(r.ok && (exact ? w.first == SIZE_MAX : w.worst <= 1e-5),
+        name + ": DEQUANTIZE gives the CPU backend's whole pages (tokens past the valid count too)" + how,
+        r.ok ? "largest relative difference " + std::to_string(w.worst) + ", first differing value " + std::to_string(w.first) : r.message);
+}
+
+int main(int argc, char **argv) {
+  FILE *f = argc == 2 ? std::fopen(argv[1], "rb") : nullptr;
+  if (!f) {
+    std::printf("1..1\nnot ok 1 - cannot read the fixture %s\n", argc == 2 ? argv[1] : "(usage: test_cuda_kernels FIXTURE)");
+    return 1;
+  }
+  unsigned cases = 0;
+  for (fixture_case fc; read_case(f, fc); cases++) test_case(fc);
+  const bool complete = std::feof(f) != 0;
+  std::fclose(f);
+  check(complete && cases == 14, "the fixture holds the 14 cases (7 caches, both sides), read to its end");
+  std::printf("1..%d\n", tap_number);
+  return tap_failures ? 1 : 0;
+}
