@@ -181,9 +181,7 @@ fail:
   return st;
 }
 
-kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
-  if (out) *out = NULL;
-  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status create_call(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
   if (!out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_create: out is NULL");
   kvq_status st = kvq_config_validate(config, ctx->error, sizeof ctx->error);
   if (st != KVQ_OK) return st;
@@ -202,6 +200,13 @@ kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kv
   }
   *out = cache;
   return KVQ_OK;
+}
+
+kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
+  if (out) *out = NULL;
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(ctx); /* the uploads of matrices and codebooks: one submission */
+  return kvq_call_end_waiting(ctx, create_call(ctx, config, out));
 }
 
 void kvq_cache_destroy(kvq_cache *cache) {

@@ -118,10 +118,11 @@ void kvq_call_begin(kvq_context *ctx) {
   if (ctx->backend->ops->defer) ctx->backend->ops->defer(ctx->backend);
 }
 
-kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) {
+/* Ends a call: submits what it recorded, waiting for it unless `wait` is 0. */
+static kvq_status call_end(kvq_context *ctx, kvq_status status, int wait) {
   kvq_backend *be = ctx->backend;
   /* checks of device tensors: read now (the call's one submission and wait), or when waited for */
-  if (ctx->checks_recorded && !ctx->async) {
+  if (ctx->checks_recorded && wait) {
     const kvq_status checked = kvq_device_checks_read(ctx);
     if (status == KVQ_OK) status = checked;
   } else if (ctx->checks_recorded) {
@@ -129,10 +130,14 @@ kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) {
     ctx->checks_pending = 1;
   }
   if (!be->ops->end_deferred) return status;
-  const kvq_status ended = be->ops->end_deferred(be, !ctx->async);
+  const kvq_status ended = be->ops->end_deferred(be, wait);
   if (status != KVQ_OK) return status;
   return ended == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, ended, "submitting the call's work");
 }
+
+kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) { return call_end(ctx, status, !ctx->async); }
+
+kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status) { return call_end(ctx, status, 1); }
 
 kvq_status kvq_context_wait(kvq_context *ctx) {
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;

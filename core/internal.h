@@ -45,6 +45,9 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
  * submission's failure when `status` is KVQ_OK). */
 void kvq_call_begin(kvq_context *ctx);
 kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
+/* The same for calls that are synchronous in every mode (creating and loading caches, loading
+ * codebooks): their one submission is waited for before they return. */
+kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status);
 
 /* Frees a context once it was destroyed and its last cache is gone. */
 void kvq_context_release(kvq_context *ctx);

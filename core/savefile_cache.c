@@ -241,9 +241,7 @@ static kvq_status load_pages(kvq_cache *cache, kvq_reader *r, const uint8_t *pag
   return st;
 }
 
-kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
-  if (out) *out = NULL;
-  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status load_call(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
   if (!buffer || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: buffer or out is NULL");
   ctx->load_work = (kvq_load_work){0, 0};
   uint32_t flags, sections;
@@ -375,6 +373,13 @@ fail:
   kvq_clear_error(ctx);
   *out = cache;
   return KVQ_OK;
+}
+
+kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
+  if (out) *out = NULL;
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(ctx); /* every upload of the file's contents: one submission */
+  return kvq_call_end_waiting(ctx, load_call(ctx, buffer, size, out));
 }
 
 kvq_status kvq_cache_load(kvq_context *ctx, const char *path, kvq_cache **out) {

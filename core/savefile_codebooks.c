@@ -78,8 +78,7 @@ static kvq_status busy_layer_keeps_codebooks(kvq_cache *cache, uint32_t l, int s
   return KVQ_OK;
 }
 
-kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, size_t size) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status codebooks_load_call(kvq_cache *cache, const void *buffer, size_t size) {
   kvq_context *ctx = cache->ctx;
   if (!buffer) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_codebooks_load: buffer is NULL");
   ctx->load_work = (kvq_load_work){0, 0};
@@ -150,6 +149,12 @@ kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, 
   free(ready);
   if (st == KVQ_OK) kvq_clear_error(ctx);
   return st;
+}
+
+kvq_status kvq_codebooks_load_from_memory(kvq_cache *cache, const void *buffer, size_t size) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_call_begin(cache->ctx); /* the codebooks' uploads: one submission */
+  return kvq_call_end_waiting(cache->ctx, codebooks_load_call(cache, buffer, size));
 }
 
 kvq_status kvq_codebooks_load(kvq_cache *cache, const char *path) {

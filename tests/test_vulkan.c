@@ -264,6 +264,45 @@ static kvq_backend_stats counted(kvq_context *ctx) {
 }
 
 /*
+ * Creating a cache, loading one and loading codebooks each upload their matrices, codebooks, pages
+ * and windows in one queue submission (docs/VULKAN.md), not one per buffer: a cache with QJL keys
+ * (sketch and outlier sketch) and PolarQuant values (rotation and tables) over two layers has eight
+ * fixed arrays and, loaded, pages and windows besides.
+ */
+Test(vulkan, create_and_load_are_one_submission_each) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  enum { HQ = 4, HKV = 2, D = 64, N = 40 };
+  kvq_method_config qjl = kvq_method_defaults(KVQ_METHOD_QJL, D), polar = kvq_method_defaults(KVQ_METHOD_POLAR, D);
+  kvq_layer_config layers[2] = {th_layer(HQ, HKV, D, qjl, polar), th_layer(HQ, HKV, D, qjl, polar)};
+  kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F32, 16, 16, 16, 1, 7);
+  (void)counted(ctx);
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  kvq_backend_stats s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "kvq_cache_create: %llu submissions", (unsigned long long)s.submissions);
+  static float k[N * HKV * D], v[N * HKV * D], q[HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, HQ * D);
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  for (uint32_t l = 0; l < 2; l++) th_append(ctx, cache, seq, l, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+  uint64_t bytes = 0;
+  KVQ_CHECK(ctx, kvq_cache_save_size(cache, &bytes));
+  uint8_t *image = malloc((size_t)bytes);
+  size_t written = 0;
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, &written));
+  (void)counted(ctx);
+  kvq_cache *loaded = NULL;
+  KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, written, &loaded));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "kvq_cache_load: %llu submissions", (unsigned long long)s.submissions);
+  free(image);
+  kvq_cache_destroy(loaded);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+/*
  * A decode loop with host tensors (docs/VULKAN.md, "What each call moves"): every kvq_append is one
  * submission that moves its tokens to the device (plus 16 bytes of metadata per side when a page is
  * quantized) and nothing back; every kvq_attention of one query is one submission, waited for once,
