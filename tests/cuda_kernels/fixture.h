@@ -16,6 +16,8 @@
  *   queries      query_rows x head_dim fp32: query rows, row r of query head r % query_heads
  *   prepared     query_rows x prepared_floats fp32: the CPU backend's PREPARE_QUERY of those rows
  *                against this side's layout and fixed arrays (values sides too: the math is the same)
+ *   dots         query_rows x tokens fp32: SCORE's q.k of those rows against the pages' tokens before
+ *                scaling, as the CPU backend computes them (the method's dot_page, else decode and dot)
  */
 #ifndef KVQ_TESTS_CUDA_KERNELS_FIXTURE_H
 #define KVQ_TESTS_CUDA_KERNELS_FIXTURE_H

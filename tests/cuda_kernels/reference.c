@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cpu/cpu.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
 #include "fixture.h"
@@ -101,6 +102,32 @@ static int cpu_prepare(kvq_cache *cache, int side, const float *queries, float *
   return bad;
 }
 
+/* SCORE's dots as the CPU backend computes them before scaling (backends/cpu/cpu_attention.c): the
+ * method's dot_page where it has one, else the decoded key dotted with q in double; dots[r][t]. */
+static void cpu_dots(const kvq_side_desc *desc, const uint8_t *pages, uint32_t page_count, const float *queries,
+                     const float *prepared, uint32_t pf, float *dots) {
+  const kvq_side_layout *s = &desc->layout;
+  const cpu_method *method = kvq_cpu_method(s->method);
+  cpu_head head = kvq_cpu_head(desc);
+  double part[P];
+  float key[D];
+  for (uint32_t r = 0; r < QUERY_ROWS; r++) {
+    head.kv_head = r % HQ / (HQ / HKV);
+    for (uint32_t e = 0; e < page_count; e++) {
+      const uint8_t *block = pages + (size_t)e * s->page_bytes + (size_t)head.kv_head * s->head_bytes;
+      const uint32_t count = TOKENS - e * P < P ? TOKENS - e * P : P;
+      if (method->dot_page) method->dot_page(&head, block, count, queries + r * D, prepared + (size_t)r * pf, part);
+      else
+        for (uint32_t t = 0; t < count; t++) {
+          method->decode(&head, block, t, key);
+          part[t] = 0.0;
+          for (uint32_t c = 0; c < D; c++) part[t] += (double)queries[r * D + c] * key[c];
+        }
+      for (uint32_t t = 0; t < count; t++) dots[r * TOKENS + e * P + t] = (float)part[t];
+    }
+  }
+}
+
 static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = KVQ_BACKEND_CPU;
@@ -169,7 +196,11 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     for (uint32_t i = 0; i < QUERY_ROWS * D; i++) queries[i] = value_at(i, seed + 11u);
     if (!bad && (!prepared || c.prepared_floats > MAX_PREPARED || (c.prepared_floats && cpu_prepare(cache, side, queries, prepared, c.prepared_floats))))
       bad = fail("the CPU backend's query preparation", ctx);
-    if (!bad) bad = write_all(f, queries, sizeof queries) || write_all(f, prepared, sizeof(float) * QUERY_ROWS * c.prepared_floats);
+    float dots[QUERY_ROWS * TOKENS];
+    if (!bad) cpu_dots(desc, pages, c.pages, queries, prepared, c.prepared_floats, dots);
+    if (!bad)
+      bad = write_all(f, queries, sizeof queries) || write_all(f, prepared, sizeof(float) * QUERY_ROWS * c.prepared_floats) ||
+            write_all(f, dots, sizeof dots);
     free(prepared);
     if (bad) fail("writing the fixture", NULL);
   }
