@@ -1,9 +1,12 @@
-// The CUDA backend's QUANTIZE and DEQUANTIZE kernels (backends/cuda/kernels/) run on kvq's CUDA
+// The CUDA backend's kernels (backends/cuda/kernels/: QUANTIZE, DEQUANTIZE, PREPARE_QUERY, SCORE's
+// key dots) run on kvq's CUDA
 // emulation against the CPU backend: for every case of the fixture (fixture.h, written by
 // reference.c), the emulated QUANTIZE of the same tokens with the same fixed arrays must give the
 // CPU's pages byte for byte and its per-token errors; the emulated DEQUANTIZE of those pages the CPU's
 // kvq_dequantize, bit for bit where the decode sums nothing in kvq_acc (float on GPUs, double on the
-// CPU: core/shared_lang.h), within a stated bound where it does (QJL; PolarQuant's dense rotation).
+// CPU: core/shared_lang.h), within a stated bound where it does (QJL; PolarQuant's dense rotation);
+// PREPARE_QUERY of a few query rows and the key dots of those rows the CPU backend's (test_prepare,
+// test_dots: bit for bit, or within the bound derived there).
 // A plain TAP program, run plain, under ThreadSanitizer and under ASan + UBSan (meson.build).
 // usage: test_cuda_kernels FIXTURE
 #include "../cuda_emu/tap.h"
