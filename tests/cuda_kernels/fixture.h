@@ -13,6 +13,11 @@
  *                (the backend's quantize job run again on them; entries past a page's valid tokens 0)
  *   whole_pages  pages x page_size x kv_heads x head_dim fp32: the backend's dequantize job of those
  *                pages, every token of each (past the valid count: decoded from the zero padding)
+ *   queries      query_rows x head_dim fp32: query rows, row r of query head r % query_heads
+ *   prepared     query_rows x prepared_floats fp32: the CPU backend's PREPARE_QUERY of those rows
+ *                against this side's layout and fixed arrays (values sides too: the math is the same)
+ *   dots         query_rows x tokens fp32: SCORE's q.k of those rows against the pages' tokens before
+ *                scaling, as the CPU backend computes them (the method's dot_page, else decode and dot)
  */
 #ifndef KVQ_TESTS_CUDA_KERNELS_FIXTURE_H
 #define KVQ_TESTS_CUDA_KERNELS_FIXTURE_H
@@ -29,6 +34,8 @@ typedef struct kvq_fixture_case {
   uint32_t input_dtype; /* KVQ_LAYOUT_F32, F16 or BF16 */
   uint32_t tokens, pages;
   uint32_t fixed_floats[2];
+  uint32_t query_rows, query_heads; /* rows [position][query head] */
+  uint32_t prepared_floats;         /* per query row (core/config.c's kvq_prepared_floats; 0: none) */
 } kvq_fixture_case;
 
 #endif

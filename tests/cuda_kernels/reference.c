@@ -8,13 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cpu/cpu.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
 #include "fixture.h"
 
 _Static_assert(KVQ_FIXTURE_SIDE_FIELDS == KVQ_SIDE_FIELD_COUNT, "fixture.h: the side fields");
 
-enum { HKV = 2, HQ = 4, D = 64, P = 32, TOKENS = 80, CALIBRATION = 256 };
+enum { HKV = 2, HQ = 4, D = 64, P = 32, TOKENS = 80, CALIBRATION = 256, QUERY_ROWS = 2 * HQ };
+
+/* Prepared floats per query row, at most (CQ c=2 b=8: 32 groups x 256 entries). */
+#define MAX_PREPARED (D / 2 * 256)
 
 typedef struct spec {
   const char *name;
@@ -83,6 +87,47 @@ static int cpu_jobs(kvq_cache *cache, int side, const uint8_t *input, size_t inp
   return bad;
 }
 
+/* The backend's PREPARE_QUERY of QUERY_ROWS query rows (2 positions x HQ query heads) against this
+ * side's layout and fixed arrays, into prepared[QUERY_ROWS][kvq_prepared_floats]. */
+static int cpu_prepare(kvq_cache *cache, int side, const float *queries, float *prepared, uint32_t pf) {
+  kvq_backend *be = cache->ctx->backend;
+  kvq_buffer *q = NULL, *out = NULL;
+  int bad = be->ops->buffer_create(be, sizeof(float) * QUERY_ROWS * D, &q) != KVQ_OK ||
+            be->ops->buffer_create(be, sizeof(float) * QUERY_ROWS * pf, &out) != KVQ_OK;
+  if (!bad) bad = be->ops->buffer_write(be, q, 0, queries, sizeof(float) * QUERY_ROWS * D) != KVQ_OK;
+  kvq_job_prepare job = {.keys = &cache->storage[0].side[side], .query_heads = HQ, .rows = QUERY_ROWS, .queries = q, .out = out};
+  if (!bad) bad = be->ops->prepare_queries(be, &job) != KVQ_OK || be->ops->buffer_read(be, out, 0, prepared, sizeof(float) * QUERY_ROWS * pf) != KVQ_OK;
+  if (q) be->ops->buffer_destroy(be, q);
+  if (out) be->ops->buffer_destroy(be, out);
+  return bad;
+}
+
+/* SCORE's dots as the CPU backend computes them before scaling (backends/cpu/cpu_attention.c): the
+ * method's dot_page where it has one, else the decoded key dotted with q in double; dots[r][t]. */
+static void cpu_dots(const kvq_side_desc *desc, const uint8_t *pages, uint32_t page_count, const float *queries,
+                     const float *prepared, uint32_t pf, float *dots) {
+  const kvq_side_layout *s = &desc->layout;
+  const cpu_method *method = kvq_cpu_method(s->method);
+  cpu_head head = kvq_cpu_head(desc);
+  double part[P];
+  float key[D];
+  for (uint32_t r = 0; r < QUERY_ROWS; r++) {
+    head.kv_head = r % HQ / (HQ / HKV);
+    for (uint32_t e = 0; e < page_count; e++) {
+      const uint8_t *block = pages + (size_t)e * s->page_bytes + (size_t)head.kv_head * s->head_bytes;
+      const uint32_t count = TOKENS - e * P < P ? TOKENS - e * P : P;
+      if (method->dot_page) method->dot_page(&head, block, count, queries + r * D, prepared + (size_t)r * pf, part);
+      else
+        for (uint32_t t = 0; t < count; t++) {
+          method->decode(&head, block, t, key);
+          part[t] = 0.0;
+          for (uint32_t c = 0; c < D; c++) part[t] += (double)queries[r * D + c] * key[c];
+        }
+      for (uint32_t t = 0; t < count; t++) dots[r * TOKENS + e * P + t] = (float)part[t];
+    }
+  }
+}
+
 static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = KVQ_BACKEND_CPU;
@@ -122,7 +167,8 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     const kvq_side_desc *desc = &cache->storage[0].side[side];
     const kvq_side_layout *s = &desc->layout;
     kvq_fixture_case c = {.head_bytes = s->head_bytes, .page_bytes = (uint32_t)s->page_bytes, .qjl_constant = (float)desc->qjl_constant,
-                          .input_dtype = (uint32_t)sp->input, .tokens = TOKENS};
+                          .input_dtype = (uint32_t)sp->input, .tokens = TOKENS,
+                          .query_rows = QUERY_ROWS, .query_heads = HQ, .prepared_floats = kvq_prepared_floats(s)};
     snprintf(c.name, sizeof c.name, "%s, %s", sp->name, side == 0 ? "keys" : "values");
     uint32_t at = 0;
 #define KVQ_FIXTURE_FIELD(name) c.side[at++] = s->name;
@@ -146,6 +192,16 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
       bad = write_all(f, pages, (size_t)c.pages * c.page_bytes) || write_all(f, decoded + side * n, sizeof(float) * n) ||
             write_all(f, errors, sizeof(float) * c.pages * P * HKV) ||
             write_all(f, whole_pages, sizeof(float) * c.pages * P * HKV * D);
+    float queries[QUERY_ROWS * D], *prepared = malloc(sizeof(float) * QUERY_ROWS * MAX_PREPARED);
+    for (uint32_t i = 0; i < QUERY_ROWS * D; i++) queries[i] = value_at(i, seed + 11u);
+    if (!bad && (!prepared || c.prepared_floats > MAX_PREPARED || (c.prepared_floats && cpu_prepare(cache, side, queries, prepared, c.prepared_floats))))
+      bad = fail("the CPU backend's query preparation", ctx);
+    float dots[QUERY_ROWS * TOKENS];
+    if (!bad) cpu_dots(desc, pages, c.pages, queries, prepared, c.prepared_floats, dots);
+    if (!bad)
+      bad = write_all(f, queries, sizeof queries) || write_all(f, prepared, sizeof(float) * QUERY_ROWS * c.prepared_floats) ||
+            write_all(f, dots, sizeof dots);
+    free(prepared);
     if (bad) fail("writing the fixture", NULL);
   }
   kvq_cache_destroy(cache);

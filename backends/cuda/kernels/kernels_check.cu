@@ -1,4 +1,6 @@
 // Build-time check (backends/cuda/meson.build) that the kernels are real CUDA: nvcc compiles them for
 // every architecture kvq targets, every warning an error.
 #include "dequantize.cuh"
+#include "key_dots.cuh"
+#include "prepare.cuh"
 #include "quantize.cuh"
