@@ -93,7 +93,7 @@ static void test_case(const fixture_case &fc) {
   std::vector<unsigned> pool((c.pages + 1u) * page_words, 0xa5a5a5a5u);
   std::vector<float> errors(fc.errors.size(), 0.0f);
   kvq_emu::Result r = kvq_emu::launch(kvq_cuda_quantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_QUANTIZE_THREADS),
-                                      kvq_cuda_quantize_shared_bytes(s), s, items.data(), static_cast<const void *>(fc.input.data()),
+                                      kvq_cuda_decode_shared_bytes(s), s, items.data(), static_cast<const void *>(fc.input.data()),
                                       c.input_dtype, pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), errors.data());
   std::string detail = r.message;
   size_t first = fc.pages.size();
@@ -123,7 +123,7 @@ static void test_case(const fixture_case &fc) {
     slots.push_back(c.pages - e);
   }
   std::vector<float> out(static_cast<size_t>(c.pages) * P * hkv * d, -1.0f);
-  r = kvq_emu::launch(kvq_cuda_dequantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_DEQUANTIZE_THREADS), kvq_cuda_dequantize_shared_bytes(s), s,
+  r = kvq_emu::launch(kvq_cuda_dequantize, dim3(hkv, c.pages), dim3(KVQ_CUDA_DEQUANTIZE_THREADS), kvq_cuda_decode_shared_bytes(s), s,
                       slots.data(), cpu_pool.data(), fixed_or_null(fc.fixed[0]), fixed_or_null(fc.fixed[1]), out.data());
   const difference o = compare(out.data(), fc.decoded.data(), fc.decoded.size()); // the valid tokens lead
   const difference w = compare(out.data(), fc.whole_pages.data(), out.size());
@@ -248,6 +248,7 @@ static void test_dots(const fixture_case &fc) {
     }
   }
   if (s.method == KVQ_LAYOUT_QJL) {
+    check(r.ok, name + ": SCORE's dots (QJL estimator): the launch runs", r.message); /* the bound alone is not derived yet */
     std::printf("# %s: SCORE dots' largest |gpu - cpu| / (1 + |cpu|): %.3g (QJL: no derived bound yet)\n", name.c_str(), worst_relative);
     std::printf("ok %d - %s: SCORE's dots (QJL estimator) # SKIP no derived float-vs-double bound for the estimator yet\n", ++tap_number,
                 name.c_str());

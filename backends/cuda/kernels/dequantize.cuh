@@ -3,7 +3,7 @@
 // the page (those past its valid count decode from the zero padding, as on the CPU).
 //
 // Launch: grid (kv_heads, count), one block per kv head of one page, any block size, dynamic shared
-// memory kvq_cuda_dequantize_shared_bytes. The block decodes the page's tokens one after another,
+// memory kvq_cuda_decode_shared_bytes. The block decodes the page's tokens one after another,
 // its threads sharing the channels (kvq_cuda_decode_token, methods.cuh). The math is core/methods/*.h.
 #ifndef KVQ_BACKENDS_CUDA_KERNELS_DEQUANTIZE_CUH
 #define KVQ_BACKENDS_CUDA_KERNELS_DEQUANTIZE_CUH
@@ -11,10 +11,6 @@
 #include "methods.cuh"
 
 #define KVQ_CUDA_DEQUANTIZE_THREADS 128u
-
-static inline __host__ __device__ unsigned kvq_cuda_dequantize_shared_bytes(const kvq_cuda_side &s) {
-  return 2u * s.head_dim * 4u;
-}
 
 __global__ void __launch_bounds__(KVQ_CUDA_DEQUANTIZE_THREADS)
     kvq_cuda_dequantize(const kvq_cuda_side s, const unsigned *__restrict__ slots, const unsigned *__restrict__ pages,

@@ -94,22 +94,31 @@ static inline __device__ void kvq_cuda_encode_unit(const kvq_io *io, const kvq_c
 // PolarQuant decodes the rotated coordinates into y[0, d) (kvq_polar_decode_coord: the CPU's
 // kvq_polar_decode_token floats, bit for bit), and thread 0 rotates them back with
 // kvq_polar_unrotate, as the CPU's DEQUANTIZE does. out and y: shared memory of head_dim floats each.
+// Channel c of token t of a head block, for every method that decodes channel by channel (all but
+// PolarQuant, which decodes in its rotated space: kvq_cuda_decode_token).
+static inline __device__ float kvq_cuda_decode_channel(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
+                                                       unsigned t, unsigned c) {
+  const unsigned P = s.page_size, d = s.head_dim;
+  switch (s.method) {
+  case KVQ_LAYOUT_EXACT: return kvq_exact_decode(io, block, t, c, d, s.dtype);
+  case KVQ_LAYOUT_QJL: return kvq_qjl_decode(io, block, t, c, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
+  case KVQ_LAYOUT_UNIFORM: return kvq_uniform_decode(io, block, t, c, P, d, s.bits, s.group);
+  case KVQ_LAYOUT_KIVI: return kvq_kivi_decode(io, block, t, c, P, d, s.bits, s.group);
+  case KVQ_LAYOUT_CQ: return kvq_cq_decode(io, block, t, c, d, s.channels, s.code_bits, h);
+  }
+  return 0.0f;
+}
+
+// Dynamic shared memory of a kernel that decodes tokens with kvq_cuda_decode_token: y and out.
+static inline __host__ __device__ unsigned kvq_cuda_decode_shared_bytes(const kvq_cuda_side &s) { return 2u * s.head_dim * 4u; }
+
 static inline __device__ void kvq_cuda_decode_token(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
                                                     unsigned t, float *y, float *out) {
   const unsigned P = s.page_size, d = s.head_dim;
   const unsigned tables = kvq_polar_tables(h, s.codebook, s.levels, s.level_bits);
   for (unsigned c = threadIdx.x; c < d; c += blockDim.x) {
-    switch (s.method) {
-    case KVQ_LAYOUT_EXACT: out[c] = kvq_exact_decode(io, block, t, c, d, s.dtype); break;
-    case KVQ_LAYOUT_QJL:
-      out[c] = kvq_qjl_decode(io, block, t, c, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
-      break;
-    case KVQ_LAYOUT_UNIFORM: out[c] = kvq_uniform_decode(io, block, t, c, P, d, s.bits, s.group); break;
-    case KVQ_LAYOUT_KIVI: out[c] = kvq_kivi_decode(io, block, t, c, P, d, s.bits, s.group); break;
-    case KVQ_LAYOUT_POLAR: y[c] = kvq_polar_decode_coord(io, block, t, c, P, d, s.levels, s.level_bits, tables); break;
-    case KVQ_LAYOUT_CQ: out[c] = kvq_cq_decode(io, block, t, c, d, s.channels, s.code_bits, h); break;
-    default: out[c] = 0.0f; break;
-    }
+    if (s.method == KVQ_LAYOUT_POLAR) y[c] = kvq_polar_decode_coord(io, block, t, c, P, d, s.levels, s.level_bits, tables);
+    else out[c] = kvq_cuda_decode_channel(io, s, block, h, t, c);
   }
   if (s.method == KVQ_LAYOUT_POLAR) {
     __syncthreads(); // every rotated coordinate in y before the rotation back reads them all

@@ -2,7 +2,7 @@
 // launch. The math is core/methods/*.h (the CPU reference's), so the pages are the CPU's byte for byte.
 //
 // Launch: grid (kv_heads, count), one block per kv head of one item (its head block), any block size
-// (KVQ_CUDA_QUANTIZE_THREADS is the backend's), dynamic shared memory kvq_cuda_quantize_shared_bytes.
+// (KVQ_CUDA_QUANTIZE_THREADS is the backend's), dynamic shared memory kvq_cuda_decode_shared_bytes (the decoded token for the errors).
 // The block's threads, with a barrier between the steps (the Vulkan backend needs a dispatch each):
 //   1. zero the head block (padding and tokens past the valid count stay zero; codes are ORed in);
 //   2. QJL with outliers: the channels' squared norms over the valid tokens (a thread per channel),
@@ -19,11 +19,6 @@
 
 #define KVQ_CUDA_QUANTIZE_THREADS 128u
 #define KVQ_CUDA_ITEM_WORDS 3u
-
-// Dynamic shared memory of a QUANTIZE launch: the decoded token for the errors (2 x head_dim floats).
-static inline __host__ __device__ unsigned kvq_cuda_quantize_shared_bytes(const kvq_cuda_side &s) {
-  return 2u * s.head_dim * 4u;
-}
 
 __global__ void __launch_bounds__(KVQ_CUDA_QUANTIZE_THREADS)
     kvq_cuda_quantize(const kvq_cuda_side s, const unsigned *__restrict__ items, const void *__restrict__ src,
