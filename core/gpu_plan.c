@@ -62,7 +62,7 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
                                   char *why, size_t why_size) {
   memset(plan, 0, sizeof *plan);
   const kvq_side_layout *ks = &job->keys->layout, *vs = &job->values->layout;
-  const uint32_t esize = job->window_dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  const uint32_t esize = (uint32_t)kvq_dtype_size(job->window_dtype);
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < job->seq_count; i++) {
     const kvq_attention_seq *q = &job->seqs[i];
@@ -100,7 +100,7 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
 }
 
 void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attention_plan *plan, uint32_t *meta) {
-  const uint32_t S = job->seq_count, esize = job->window_dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  const uint32_t S = job->seq_count, esize = (uint32_t)kvq_dtype_size(job->window_dtype);
   uint32_t at = KVQ_META_RECORDS + S * KVQ_SEQ_WORDS;
   meta[KVQ_META_SEQS] = S;
   for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) {

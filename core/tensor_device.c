@@ -78,7 +78,6 @@ kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "writing a device tensor");
 }
 
-static uint32_t element_bytes(kvq_dtype dtype) { return dtype == KVQ_DTYPE_F32 ? 4 : 2; }
 
 int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
   /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
@@ -87,8 +86,8 @@ int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
   span(t, &first, &bytes);
   /* and the shaders index elements in 32 bits (beyond, the staged path still works) */
   return t->memory == KVQ_MEMORY_VULKAN_BUFFER && ctx->backend->ops->convert && ctx->backend->ops->buffer_import &&
-         t->offset % element_bytes(t->dtype) == 0 && (first + bytes) % 4 == 0 &&
-         (first + bytes) / element_bytes(t->dtype) < UINT32_MAX && kvq_tensor_count(t) < UINT32_MAX;
+         t->offset % kvq_dtype_size(t->dtype) == 0 && (first + bytes) % 4 == 0 &&
+         (first + bytes) / kvq_dtype_size(t->dtype) < UINT32_MAX && kvq_tensor_count(t) < UINT32_MAX;
 }
 
 /* The check word. It is zeroed (a recorded fill) before the first check after a read of it; an
@@ -118,9 +117,9 @@ static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, 
   const kvq_device_memory memory = kvq_tensor_memory(t);
   if ((st = be->ops->buffer_import(be, &memory, first + bytes, &buffer)) != KVQ_OK)
     return kvq_fail_backend(ctx, st, "importing a device tensor");
-  const kvq_tensor_place caller = {buffer, t->dtype, t->offset / element_bytes(t->dtype) + (uint64_t)row0 * (uint64_t)t->strides[0],
+  const kvq_tensor_place caller = {buffer, t->dtype, t->offset / kvq_dtype_size(t->dtype) + (uint64_t)row0 * (uint64_t)t->strides[0],
                                    {t->strides[0], t->strides[1], t->strides[2]}};
-  const kvq_tensor_place ours = {packed, packed_dtype, packed_offset / element_bytes(packed_dtype),
+  const kvq_tensor_place ours = {packed, packed_dtype, packed_offset / kvq_dtype_size(packed_dtype),
                                  {t->shape[1] * t->shape[2], t->shape[2], 1}};
   const kvq_job_convert job = {.shape = {rows, (uint32_t)t->shape[1], (uint32_t)t->shape[2]},
                                .src = to_tensor ? ours : caller,

@@ -80,10 +80,15 @@ static kvq_status no_memory(kvq_backend *b, const char *what) {
   return KVQ_ERROR_OUT_OF_MEMORY;
 }
 
+/* Whether every buffer of an attention job (the sides' fixed arrays included) is this backend's. */
+static int attention_owned(const kvq_backend *b, const kvq_job_attention *job) {
+  kvq_buffer *const buffers[] = {job->key_pages, job->value_pages, job->key_ring, job->value_ring, job->queries,
+                                 job->prepared,  job->scores,      job->output,   job->accumulate};
+  return kvq_buffers_owned(b, job->keys, buffers, sizeof buffers / sizeof buffers[0]) && kvq_buffers_owned(b, job->values, NULL, 0);
+}
+
 kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
-  KVQ_CPU_OWNS(b, job->keys, job->key_pages, job->value_pages, job->key_ring, job->value_ring, job->queries, job->prepared,
-               job->scores, job->output, job->accumulate);
-  if (!kvq_buffers_owned(b, job->values, NULL, 0)) return kvq_cpu_foreign(b);
+  if (!attention_owned(b, job)) return kvq_cpu_foreign(b);
   const kvq_side_layout *ks = &job->keys->layout;
   const cpu_method *method = kvq_cpu_method(ks->method);
   cpu_head head = kvq_cpu_head(job->keys);
@@ -131,9 +136,7 @@ kvq_status kvq_cpu_score(kvq_backend *b, const kvq_job_attention *job) {
 }
 
 kvq_status kvq_cpu_softmax(kvq_backend *b, const kvq_job_attention *job) {
-  KVQ_CPU_OWNS(b, job->keys, job->key_pages, job->value_pages, job->key_ring, job->value_ring, job->queries, job->prepared,
-               job->scores, job->output, job->accumulate);
-  if (!kvq_buffers_owned(b, job->values, NULL, 0)) return kvq_cpu_foreign(b);
+  if (!attention_owned(b, job)) return kvq_cpu_foreign(b);
   float *scores = (float *)job->scores->data;
   double *sums = NULL;
   for (uint32_t si = 0; si < job->seq_count; si++) {
@@ -214,9 +217,7 @@ static kvq_status weighted_sum_by_code(kvq_backend *b, const kvq_job_attention *
 }
 
 kvq_status kvq_cpu_weighted_sum(kvq_backend *b, const kvq_job_attention *job) {
-  KVQ_CPU_OWNS(b, job->keys, job->key_pages, job->value_pages, job->key_ring, job->value_ring, job->queries, job->prepared,
-               job->scores, job->output, job->accumulate);
-  if (!kvq_buffers_owned(b, job->values, NULL, 0)) return kvq_cpu_foreign(b);
+  if (!attention_owned(b, job)) return kvq_cpu_foreign(b);
   const kvq_side_layout *vs = &job->values->layout;
   const cpu_method *method = kvq_cpu_method(vs->method);
   if (method->gather) return weighted_sum_by_code(b, job);

@@ -22,6 +22,7 @@ uint32_t kvq_cpu_nearest(const float *x, const float *centroids, uint32_t cluste
 static int in_buffer(const kvq_buffer *buf, uint64_t bytes) { return buf && bytes <= buf->size; }
 
 static kvq_status check(kvq_backend *b, const kvq_job_kmeans *job) {
+  KVQ_CPU_OWNS(b, NULL, job->data, job->weights, job->centroids, job->assignment, job->distance);
   const uint64_t pts = (uint64_t)job->problems * job->points;
   if (!in_buffer(job->data, pts * job->dims * 4) || !in_buffer(job->assignment, pts * 4) ||
       !in_buffer(job->centroids, (uint64_t)job->problems * job->clusters * job->dims * 4) ||
@@ -34,7 +35,6 @@ static kvq_status check(kvq_backend *b, const kvq_job_kmeans *job) {
 }
 
 kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job) {
-  KVQ_CPU_OWNS(b, NULL, job->data, job->weights, job->centroids, job->assignment, job->distance);
   kvq_status st = check(b, job);
   if (st != KVQ_OK) return st;
   const float *data = (const float *)job->data->data, *centroids = (const float *)job->centroids->data;
@@ -50,7 +50,6 @@ kvq_status kvq_cpu_kmeans_assign(kvq_backend *b, const kvq_job_kmeans *job) {
 }
 
 kvq_status kvq_cpu_kmeans_update(kvq_backend *b, const kvq_job_kmeans *job) {
-  KVQ_CPU_OWNS(b, NULL, job->data, job->weights, job->centroids, job->assignment, job->distance);
   kvq_status st = check(b, job);
   if (st != KVQ_OK) return st;
   const float *data = (const float *)job->data->data, *weights = job->weights ? (const float *)job->weights->data : NULL;

@@ -11,7 +11,6 @@ _Static_assert(KVQ_JOB_CONVERT_FINITE == KVQ_CONVERT_CHECK_FINITE && KVQ_JOB_CON
                    KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR,
                "the job's check bits are the shader's");
 
-static uint32_t element_size(kvq_dtype dtype) { return dtype == KVQ_DTYPE_F32 ? 4 : 2; }
 
 /* The largest element index the place reaches (shape checked non-empty), or UINT64_MAX past 2^32. */
 static uint64_t last_element(const uint32_t shape[3], const kvq_tensor_place *p) {
@@ -36,7 +35,7 @@ kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job) {
     if (last >= UINT32_MAX || count > UINT32_MAX)
       return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a tensor of %llu elements reaching element %llu lies beyond the 2^32 elements kvq's shaders index",
                           (unsigned long long)count, (unsigned long long)last);
-    st = kvq_vk_check_range(b, p->buffer, p->offset * element_size(p->dtype), (last + 1 - p->offset) * element_size(p->dtype),
+    st = kvq_vk_check_range(b, p->buffer, p->offset * kvq_dtype_size(p->dtype), (last + 1 - p->offset) * kvq_dtype_size(p->dtype),
                             k ? "a converted tensor's destination" : "a converted tensor's source");
     meta[8 * k + 3] = (uint32_t)p->offset;
     for (int i = 0; i < 3; i++) meta[8 * k + 4 + i] = (uint32_t)p->strides[i];
