@@ -1,4 +1,4 @@
-/* volk, compiled into kvq (Debian's libvulkan-volk-dev ships its source as /usr/include/volk.c).
+/* volk, compiled into kvq (Debian's libvulkan-volk-dev ships its source as /usr/include/volk.c; any include directory will do).
  * Its symbols are hidden like all of kvq's (-fvisibility=hidden), so the host application's own
  * volk or loader function pointers are never touched. Its code is not ours: its warnings are off.
  *

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# kvq on a real NVIDIA GPU in one command (docs/CUDA.md, "Verified on a GPU"): builds kvq with CUDA
+# and Vulkan, runs the test suite, `kvq golden --check` on CUDA and on Vulkan through the NVIDIA
+# driver, compute-sanitizer's four tools over the golden check on CUDA, and the benchmark's standard
+# run on both backends, and writes one report. Whoever gets a GPU runs it first.
+#
+#   scripts/gpu-check.sh [--out DIR] [--debs DIR]
+#
+# --out   where the report goes (default: $OUT if set, else ./gpu-check-out): gpu-check-report.md, the
+#         summary and the tail of every step's log, and gpu-check-logs.tar.gz, the whole logs.
+# --debs  Debian packages to unpack into a private prefix first (default .gpu-check/debs, written by
+#         scripts/gpu-check-pack.sh), for a GPU machine without a package registry.
+#
+# Every step has its own time limit and the whole stays under 9 minutes. Exit status: 0 when every
+# step that ran passed, 1 when one failed, 2 when there is no NVIDIA GPU here (nothing else is run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/gpu-check-out}
+debs=$root/.gpu-check/debs
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --debs) debs=$2; shift 2 ;;
+    *) echo "usage: scripts/gpu-check.sh [--out DIR] [--debs DIR]" >&2; exit 64 ;;
+  esac
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+logs=$(mktemp -d "${TMPDIR:-/tmp}/kvq-gpu-check.XXXXXX")
+report=$out/gpu-check-report.md
+build=$root/build-gpu
+started=$(date +%s)
+deadline=$((started + 530)) # 8 min 50 s: every step's limit is cut to what is left of it
+failed=0
+summary=""
+
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its output in $logs/NAME.log, and adds
+# a line to the summary. A command that exits 77 is a skip (its last line says why).
+step() {
+  local name=$1 limit=$2 result t0 t1 rc
+  shift 2
+  t0=$(date +%s)
+  if [ $((deadline - t0)) -lt 10 ]; then
+    summary+="| $name | SKIP: out of time (the whole check stops at 9 minutes) | 0 |"$'\n'
+    return 77
+  fi
+  if [ $((deadline - t0)) -lt "$limit" ]; then limit=$((deadline - t0)); fi
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s)
+  case $rc in
+    0) result=PASS ;;
+    77) result="SKIP: $(tail -n 1 "$logs/$name.log")" ;;
+    124 | 137) result="FAIL (timed out after $limit s)"; failed=1 ;;
+    *) result="FAIL (exit $rc)"; failed=1 ;;
+  esac
+  summary+="| $name | $result | $((t1 - t0)) |"$'\n'
+  echo "gpu-check: $name: $result ($((t1 - t0)) s)"
+  return $rc
+}
+
+write_report() {
+  local overall
+  if [ "$1" = no-gpu ]; then overall="NOT RUN (no NVIDIA GPU)"; elif [ $failed -eq 0 ]; then overall=PASS; else overall=FAIL; fi
+  {
+    echo "# kvq gpu-check report"
+    echo
+    echo '```'
+    cat "$logs/system.txt"
+    echo '```'
+    echo
+    echo "| step | result | seconds |"
+    echo "|---|---|---|"
+    printf '%s' "$summary"
+    echo
+    echo "Total: $(($(date +%s) - started)) s. Overall: $overall."
+    for log in "$logs"/*.log; do
+      [ -e "$log" ] || continue
+      echo
+      echo "## $(basename "$log" .log) (last 60 lines)"
+      echo
+      echo '```'
+      tail -n 60 "$log"
+      echo '```'
+    done
+  } >"$report"
+  tar -C "$logs" -czf "$out/gpu-check-logs.tar.gz" .
+  echo "gpu-check: report in $report"
+}
+
+# ---- The machine ------------------------------------------------------------------------------
+{
+  echo "date:     $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "kvq:      $(git -C "$root" rev-parse HEAD 2>/dev/null || echo 'not a git checkout') $(git -C "$root" status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
+  echo "host:     $(uname -srm), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu:      /'
+  else
+    echo "gpu:      nvidia-smi not found"
+  fi
+} >"$logs/system.txt"
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  summary+="| gpu | no NVIDIA GPU here: nothing checked | 0 |"$'\n'
+  echo "gpu-check: no NVIDIA GPU here (nvidia-smi finds none): nothing checked"
+  write_report no-gpu
+  exit 2
+fi
+
+# ---- What the build needs -----------------------------------------------------------------------
+# CUDA: nvcc is rarely on PATH.
+for dir in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+  if ! command -v nvcc >/dev/null && [ -x "$dir/nvcc" ]; then export PATH=$PATH:$dir; fi
+done
+# The carried Debian packages go into a private prefix: the compiler, pkg-config, the loader and the
+# tests find them through the variables below.
+if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
+  prefix=$(mktemp -d "${TMPDIR:-/tmp}/kvq-gpu-deps.XXXXXX")
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
+  lib=$prefix/usr/lib/x86_64-linux-gnu
+  export PATH=$prefix/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export CPATH=$prefix/usr/include${CPATH:+:$CPATH}
+  export PKG_CONFIG_SYSROOT_DIR=$prefix PKG_CONFIG_LIBDIR=$lib/pkgconfig:$prefix/usr/share/pkgconfig
+  # kvq links Criterion dynamically: its .pc's private requirements (libgit2, nanomsg, ...) are not
+  # needed to build, and their development packages are not carried.
+  sed -i '/^Requires.private/d; /^Libs.private/d' "$lib/pkgconfig/criterion.pc" 2>/dev/null
+  export VK_ADD_LAYER_PATH=$prefix/usr/share/vulkan/explicit_layer.d
+fi
+# The NVIDIA Vulkan driver where the image keeps it outside the loader's search path.
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; fi
+{
+  echo "nvcc:     $(nvcc --version 2>&1 | grep -m1 release || echo 'not found')"
+  echo "cc:       $(cc --version 2>&1 | head -n 1)"
+  echo "meson:    $(meson --version 2>&1) ninja: $(ninja --version 2>&1)"
+  echo "vulkan:   VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
+} >>"$logs/system.txt"
+
+# ---- The checks ---------------------------------------------------------------------------------
+kvq=$build/tools/kvq
+bench=$build/bench/kvq-bench
+built=0
+if step configure 120 meson setup "$build" --wipe -Dbuildtype=release -Dcuda=enabled -Dvulkan=enabled -Dtests=enabled &&
+   step build 240 ninja -C "$build"; then
+  built=1
+fi
+if [ $built -eq 1 ]; then
+  step info 30 "$kvq" info
+  step tests 240 meson test -C "$build" --print-errorlogs --num-processes "$(nproc)"
+  step golden-cuda 90 "$kvq" golden --check --backend cuda
+  step golden-vulkan 90 "$kvq" golden --check --backend vulkan
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  for tool in memcheck racecheck synccheck initcheck; do
+    if [ -n "$sanitizer" ]; then
+      step "sanitizer-$tool" 90 "$sanitizer" --tool "$tool" --error-exitcode 1 "$kvq" golden --check --backend cuda
+    else
+      step "sanitizer-$tool" 5 sh -c 'echo "compute-sanitizer is not installed here"; exit 77'
+    fi
+  done
+  step bench-cuda 120 "$bench" --backend cuda --json
+  step bench-vulkan 120 "$bench" --backend vulkan --json
+fi
+write_report ran
+exit $failed
