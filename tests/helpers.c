@@ -57,6 +57,19 @@ kvq_method_config th_uniform(uint32_t bits, uint32_t group) {
   return c;
 }
 
+kvq_method_config th_kivi(uint32_t bits, uint32_t group_tokens) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_KIVI, 128);
+  c.kivi = (kvq_kivi_config){bits, group_tokens};
+  return c;
+}
+
+kvq_method_config th_cq(uint32_t channels, uint32_t bits) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_CQ, 128);
+  c.cq.channels = channels;
+  c.cq.bits = bits;
+  return c;
+}
+
 kvq_method_config th_exact(kvq_dtype dtype) {
   kvq_method_config c = kvq_method_defaults(KVQ_METHOD_EXACT, 128);
   c.exact.dtype = dtype;

@@ -272,21 +272,15 @@ Test(attention, uniform_keys_exact_values_gqa1_fp32, .timeout = 120) {
   run(&sc);
 }
 
-static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
-  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_KIVI, 128);
-  c.kivi = (kvq_kivi_config){bits, group_tokens};
-  return c;
-}
-
 Test(attention, kivi_keys_uniform_values_gqa4_flushed, .timeout = 120) {
   scenario sc = {"kivi 2-bit keys + u2 values, gqa 4, fp16, flushed", 64, 8, 2, 150, 10, 16, 0, KVQ_DTYPE_F16,
-                 KVQ_MASK_CAUSAL, 1, kivi(2, 0), th_uniform(2, 32)};
+                 KVQ_MASK_CAUSAL, 1, th_kivi(2, 0), th_uniform(2, 32)};
   run(&sc);
 }
 
 Test(attention, kivi_keys_groups_of_8_kivi_values, .timeout = 120) {
   scenario sc = {"kivi 4-bit keys in groups of 8 tokens + kivi values, gqa 1, fp32, partial", 32, 2, 2, 77, 6, 32, 0,
-                 KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, kivi(4, 8), kivi(3, 16)};
+                 KVQ_DTYPE_F32, KVQ_MASK_NONE, 1, th_kivi(4, 8), th_kivi(3, 16)};
   run(&sc);
 }
 

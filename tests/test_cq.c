@@ -16,13 +16,6 @@
 #include "core/rng.h"
 #include "helpers.h"
 
-static kvq_method_config cq(uint32_t channels, uint32_t bits) {
-  kvq_method_config m = kvq_method_defaults(KVQ_METHOD_CQ, 128);
-  m.cq.channels = channels;
-  m.cq.bits = bits;
-  return m;
-}
-
 /* Pairs of channels that move together: x_{2i+1} = 0.9 x_{2i} + 0.3 noise, with per-pair scales. */
 static void correlated(kvq_rng *rng, float *x, uint32_t tokens, uint32_t d) {
   for (uint32_t t = 0; t < tokens; t++)
@@ -69,7 +62,7 @@ Test(kmeans, objective_never_increases, .timeout = 120) {
 /* The mean squared error of CQ-<c>c<b>b on `x` after learning on `calibration`. */
 static double cq_error(uint32_t channels, uint32_t bits, const float *calibration, const float *x, uint32_t tokens,
                        uint32_t d) {
-  kvq_layer_config layer = th_layer(1, 1, d, cq(channels, bits), cq(channels, bits));
+  kvq_layer_config layer = th_layer(1, 1, d, th_cq(channels, bits), th_cq(channels, bits));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, tokens / 16 + 1, 1, 7);
   kvq_context *ctx = th_cpu_context();
   kvq_cache *cache;
@@ -118,7 +111,7 @@ Test(cq, coupling_beats_single_channels_at_equal_bits, .timeout = 120) {
 
 Test(cq, codebooks_required_learned_once_and_saved) {
   const uint32_t d = 32, n = 40;
-  kvq_layer_config layers[2] = {th_layer(2, 1, d, cq(4, 4), th_uniform(2, 32)), th_layer(2, 1, d, th_exact(KVQ_DTYPE_F16), cq(2, 3))};
+  kvq_layer_config layers[2] = {th_layer(2, 1, d, th_cq(4, 4), th_uniform(2, 32)), th_layer(2, 1, d, th_exact(KVQ_DTYPE_F16), th_cq(2, 3))};
   kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F32, 16, 0, 16, 2, 3);
   kvq_context *ctx = th_cpu_context();
   kvq_cache *cache;
@@ -162,7 +155,7 @@ Test(cq, codebooks_required_learned_once_and_saved) {
   cr_assert_eq(kvq_codebooks_load_from_memory(other, file, written), KVQ_ERROR_CHECKSUM);
   file[written / 2] ^= 1;
   cr_assert_eq(kvq_codebooks_load_from_memory(other, file, written - 1), KVQ_ERROR_TRUNCATED);
-  kvq_layer_config wrong[2] = {th_layer(2, 1, d, cq(4, 5), th_uniform(2, 32)), layers[1]};
+  kvq_layer_config wrong[2] = {th_layer(2, 1, d, th_cq(4, 5), th_uniform(2, 32)), layers[1]};
   kvq_cache_config wrong_config = th_config(wrong, 2, KVQ_DTYPE_F32, 16, 0, 16, 2, 3);
   kvq_cache *mismatch;
   KVQ_CHECK(ctx, kvq_cache_create(ctx, &wrong_config, &mismatch));
@@ -235,7 +228,7 @@ Test(polar, online_codebooks, .timeout = 120) {
  * 1.25 x 64 MiB plus the queries and outputs (under 1 MiB here). */
 Test(cq, long_prefill_scratch_stays_within_the_budget, .timeout = 120) {
   const uint32_t d = 64, hq = 4, n = 256;
-  kvq_method_config wide = cq(1, 12);
+  kvq_method_config wide = th_cq(1, 12);
   wide.cq.iterations = 2;
   kvq_layer_config layer = th_layer(hq, 1, d, wide, th_exact(KVQ_DTYPE_F16));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, n / 16 + 1, 1, 3);

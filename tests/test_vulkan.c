@@ -1,13 +1,13 @@
 /*
- * The Vulkan backend against the CPU reference. Runs on whatever Vulkan device the machine has (in
- * CI: lavapipe, Mesa's CPU implementation) with the Khronos validation layer on (meson sets
+ * What only the Vulkan backend has, against the CPU reference: backend selection and its error paths,
+ * the runtime's own VkDevice, queue and VkBuffers as tensors, device-resident decode loops and their
+ * submission and byte counters, the device-side checks. Runs on whatever Vulkan device the machine has
+ * (in CI: lavapipe, Mesa's CPU implementation) with the Khronos validation layer on (meson sets
  * KVQ_VULKAN_VALIDATION=1; the backend then fails any job after which the layer said anything).
  * Without a Vulkan device every test here is skipped, saying why.
  *
- * Agreement is judged by the golden checker (tools/golden, docs/GOLDEN.md): codes byte-identical
- * with near-ties proven, side data within 1 ulp, scores/probabilities/outputs within the derived
- * bounds of docs/ACCURACY.md. The same checker that holds the CPU to the committed golden files holds
- * Vulkan to them, and to files the CPU writes here for odd sizes.
+ * What every GPU backend must do (the golden matrix, odd sizes, long sequences, learned codebooks,
+ * batches) is tests/test_gpu.c, run on Vulkan as `gpu_vulkan`.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -16,8 +16,6 @@
 #include <string.h>
 
 #include "core/internal.h" /* kvq_context_backend_stats: the backend's submission and byte counters */
-#include "golden/cases.h"
-#include "golden/golden.h"
 #include "helpers.h"
 
 /* Skips the calling test (visibly, with the reason) when kvq has no Vulkan device here. */
@@ -38,136 +36,6 @@ static kvq_context *vulkan_context(void) {
   return ctx;
 }
 
-static void log_lines(FILE *out) {
-  rewind(out);
-  char line[512];
-  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
-  fclose(out);
-}
-
-/* Every golden-matrix configuration, policy stream and saved file, on Vulkan. */
-Test(vulkan, agrees_with_committed_golden_files, .timeout = 600) {
-  require_vulkan();
-  golden_totals t;
-  FILE *out = tmpfile();
-  const int rc = kvq_golden_check(KVQ_SOURCE_GOLDEN_DIR, KVQ_BACKEND_VULKAN, out, &t);
-  log_lines(out);
-  cr_assert_eq(rc, 0, "kvq golden --check --backend vulkan failed (the log above says where)");
-  cr_assert_eq(t.configurations, kvq_golden_case_count());
-  cr_assert_gt(t.code_bytes, 100000u);
-  cr_assert_eq(t.unexplained, 0u);
-  cr_assert_eq(t.side_beyond, 0u);
-  cr_assert_gt(t.class3_values, 10000u);
-  cr_assert_eq(t.class3_beyond, 0u);
-  cr_assert_eq(t.decisions_differing, 0u);
-  cr_assert_eq(t.files_failed, 0u);
-}
-
-/* ---- Odd sizes: files the CPU writes here, checked on Vulkan ------------------------------------ */
-
-static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
-
-/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
-static kvq_method_config polar(kvq_rotation rotation) {
-  kvq_method_config c = method(KVQ_METHOD_POLAR);
-  c.polar.levels = 3;
-  c.polar.bits[0] = 3, c.polar.bits[1] = 2, c.polar.bits[2] = 2;
-  c.polar.rotation = rotation;
-  c.polar.codebook = KVQ_CODEBOOK_OFFLINE;
-  return c;
-}
-
-static kvq_method_config cq(uint32_t channels, uint32_t bits) {
-  kvq_method_config c = method(KVQ_METHOD_CQ);
-  c.cq.channels = channels;
-  c.cq.bits = bits;
-  return c;
-}
-
-static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
-  kvq_method_config c = method(KVQ_METHOD_KIVI);
-  c.kivi = (kvq_kivi_config){bits, group_tokens};
-  return c;
-}
-
-/*
- * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8, and 12 (more query heads than the fused
- * attention takes per pass); every input dtype; with and without a residual window. Each case's two
- * sequences get different lengths, so the batch mixes them.
- */
-static void check_odd_sizes(void) {
-  enum { P = 16 };
-  static const struct {
-    uint32_t kv_heads, ratio, len0, len1, window;
-    kvq_dtype input;
-  } shapes[] = {
-      {1, 1, 1, 2, 0, KVQ_DTYPE_F32},          {2, 4, P + 1, 1, 0, KVQ_DTYPE_F16},
-      {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
-      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
-  };
-  static char names[48][64];
-  golden_case cases[48];
-  uint32_t count = 0;
-  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 6; pair++) {
-      golden_case *c = &cases[count];
-      memset(c, 0, sizeof *c);
-      kvq_method_config keys, values;
-      if (pair == 0) keys = kivi(2, P), values = th_uniform(2, 32);
-      else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
-      else if (pair == 2) keys = kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
-      else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
-      else if (pair == 4) keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
-      else keys = cq(4, 8), values = cq(2, 5);
-      snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
-      c->name = names[count];
-      c->input = shapes[s].input;
-      c->page_size = P;
-      c->window = shapes[s].window;
-      c->layer_count = 1;
-      c->layers[0] = th_layer(shapes[s].kv_heads * shapes[s].ratio, shapes[s].kv_heads, 64, keys, values);
-      c->lengths[0] = shapes[s].len0;
-      c->lengths[1] = shapes[s].len1;
-      c->seed = 1000 + count;
-      c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
-      count++;
-    }
-  char *dir = th_temp_dir("vulkan");
-  FILE *log = tmpfile();
-  for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);
-  fclose(log);
-  golden_totals t;
-  FILE *out = tmpfile();
-  kvq_golden_check(dir, KVQ_BACKEND_VULKAN, out, &t); /* no saved files here: those are counted failed */
-  log_lines(out);
-  th_remove_dir(dir);
-  free(dir);
-  cr_assert_eq(t.configurations, count);
-  cr_assert_eq(t.configurations_failed, 0u, "the log above names the configurations that failed");
-  cr_assert_gt(t.code_bytes, 10000u);
-  cr_assert_eq(t.code_bytes_differing, t.near_ties + t.implied, "every differing byte is a proven near-tie");
-  cr_assert_eq(t.unexplained, 0u);
-  cr_assert_eq(t.side_beyond, 0u);
-  cr_assert_gt(t.class3_values, 1000u);
-  cr_assert_eq(t.class3_beyond, 0u);
-}
-
-Test(vulkan, odd_sizes_agree_with_the_cpu, .timeout = 600) {
-  require_vulkan();
-  check_odd_sizes();
-}
-
-/* The same with the fallback every device has (no subgroup operations), on a device that has them. */
-Test(vulkan, odd_sizes_agree_without_subgroups, .timeout = 600) {
-  require_vulkan();
-  cr_assert_eq(setenv("KVQ_VULKAN_NO_SUBGROUPS", "1", 1), 0); /* this test's own process (Criterion forks) */
-  kvq_backend_info infos[4];
-  size_t count = 0;
-  kvq_backends_list(infos, 4, &count);
-  for (size_t i = 0; i < count; i++)
-    if (infos[i].kind == KVQ_BACKEND_VULKAN) cr_assert_null(strstr(infos[i].device, "subgroups"), "%s", infos[i].device);
-  check_odd_sizes();
-}
 
 /* ---- Backend selection and error paths ----------------------------------------------------------- */
 
@@ -312,7 +180,7 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
   require_vulkan();
   kvq_context *ctx = vulkan_context();
   enum { HQ = 4, HKV = 2, D = 64, N = 40, P = 16, W = 16 };
-  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, 16, 1, 7);
   static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[HQ * D];
   fill_kvq(k, v, N * HKV * D, q, HQ * D);
@@ -408,7 +276,7 @@ Test(vulkan, runs_on_the_runtimes_device) {
   kvq_context *theirs = NULL, *ours = vulkan_context();
   cr_assert_eq(runtime_context(&r, r.family, &theirs), KVQ_OK);
   enum { HQ = 4, HKV = 2, D = 64, N = 40 };
-  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 2, 7);
   static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[2][HQ * D];
   for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
@@ -514,7 +382,7 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
   runtime_device r;
   kvq_context *ctx = runtime_with_context(&r);
   enum { HQ = 8, HKV = 2, D = 64, N = 37, NQ = 2, OFFSET = 6 };
-  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, 16, 16, 16, 2, 3);
   static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D], host_out[NQ * HQ * D];
   for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
@@ -607,7 +475,7 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
   kvq_context *ctx = NULL;
   cr_assert_eq(runtime_context(r, r->family, &ctx), KVQ_OK);
   KVQ_CHECK(ctx, kvq_context_set_async(ctx, async));
-  kvq_layer_config layer = th_layer(DL_HQ, DL_HKV, DL_D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(DL_HQ, DL_HKV, DL_D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, DL_P, DL_W, 16, 1, 5);
   uint32_t seq;
   kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
@@ -699,7 +567,7 @@ Test(vulkan, device_checks_report_non_finite_values) {
   runtime_device r;
   kvq_context *ctx = runtime_with_context(&r);
   enum { HQ = 4, HKV = 2, D = 64, N = 20 };
-  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 3);
   static float k[N * HKV * D], v[N * HKV * D], q[HQ * D];
   fill_kvq(k, v, N * HKV * D, q, HQ * D);
@@ -772,7 +640,7 @@ Test(vulkan, half_precision_device_queries_and_outputs) {
   runtime_device r;
   kvq_context *ctx = runtime_with_context(&r);
   enum { HQ = 4, HKV = 2, D = 64, N = 40, NQ = 3, ROW = HQ * D + 1 };
-  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 9);
   static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D];
   fill_kvq(k, v, N * HKV * D, q, NQ * HQ * D);
@@ -814,260 +682,3 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
 Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
 #endif
-
-/* ---- Long sequences ---------------------------------------------------------------------------------- */
-
-/*
- * 70000 tokens: more than llvmpipe lets one shader invocation loop (65535 iterations; past that a loop
- * ends silently), so every per-token loop must be spread over a workgroup. Probabilities (SCORE and
- * SOFTMAX) and outputs (the fused attention) against the CPU reference, exact fp32 keys and values.
- *
- * Tolerances: the logits come from the same fp32 keys and queries (d = 16 products and sums, both
- * sides rounding in fp32 or better: |dlogit| <= 2 * 16 u |q||k| <= 2^-18 here, with |q|, |k| <= 1
- * per channel and the scale 1/4); a probability's relative error is then at most |dlogit| for each of
- * the exp terms plus n u for the sum of n terms: (2 * 2^-18 + n * 2^-24) relative, about 0.5%. An
- * output, a convex combination of values in [-1, 1], moves by at most that relative error times
- * max |v| = 1, plus n u for its own sum.
- */
-Test(vulkan, long_sequences_agree_with_the_cpu, .timeout = 600) {
-  require_vulkan();
-  enum { N = 70000, D = 16, P = 256 };
-  kvq_layer_config layer = th_layer(1, 1, D, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
-  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, N / P + 2, 1, 5);
-  float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
-  float *probs[2] = {malloc(sizeof(float) * N), malloc(sizeof(float) * N)};
-  float q[D], out[2][D];
-  cr_assert(k && v && probs[0] && probs[1]);
-  for (int i = 0; i < N * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
-  for (int i = 0; i < D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
-  kvq_context *ctxs[2] = {th_cpu_context(), vulkan_context()};
-  const int64_t qshape[3] = {1, 1, D}, sshape[3] = {1, 1, N};
-  for (int c = 0; c < 2; c++) {
-    kvq_cache *cache;
-    uint32_t seq;
-    KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
-    KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
-    th_append(ctxs[c], cache, seq, 0, k, v, 0, N, 1, D, KVQ_DTYPE_F32);
-    kvq_tensor qt = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), st = kvq_tensor_host(probs[c], KVQ_DTYPE_F32, 3, sshape);
-    KVQ_CHECK(ctxs[c], kvq_scores(cache, seq, 0, &qt, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
-    kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_NONE, .queries = qt,
-                                 .output = kvq_tensor_host(out[c], KVQ_DTYPE_F32, 3, qshape)};
-    KVQ_CHECK(ctxs[c], kvq_attention(cache, 0, &req, 1));
-    kvq_cache_destroy(cache);
-    kvq_context_destroy(ctxs[c]);
-  }
-  const double relative = 2.0 * 0x1p-18 + N * 0x1p-24;
-  for (int t = 0; t < N; t++)
-    cr_assert_leq(fabs((double)probs[1][t] - probs[0][t]), relative * probs[0][t] + 1e-45, "probability of token %d: %g vs %g", t,
-                  probs[1][t], probs[0][t]);
-  for (int c = 0; c < D; c++)
-    cr_assert_leq(fabs((double)out[1][c] - out[0][c]), relative + N * 0x1p-24, "output channel %d: %g vs %g", c, out[1][c], out[0][c]);
-  free(k), free(v), free(probs[0]), free(probs[1]);
-}
-
-/* ---- Codebook learning (the k-means jobs) ------------------------------------------------------------ */
-
-/*
- * CQ codebooks learned on Vulkan and on the CPU from the same calibration data: four well separated
- * prototypes per channel group (corners of [-4, 4]^4) plus noise below 0.01, so every point's
- * nearest centroid is the same on both (the assignment is decided by the same fp32 operations
- * anyway) and only the means can differ. A mean on the CPU is a double sum rounded once; on Vulkan a
- * compensated fp32 sum (error at most 2u sum|x|) divided in fp32 (u): |difference| <= 4u max|x|,
- * with u = 2^-24 and max|x| < 4.01. The centroids are read back as the dequantized tokens of a
- * cache holding one token per prototype.
- */
-Test(vulkan, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
-  require_vulkan();
-  enum { D = 16, T = 512, G = D / 4 };
-  kvq_layer_config layer = th_layer(1, 1, D, cq(4, 2), th_exact(KVQ_DTYPE_F32));
-  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 11);
-  static float cal[T * D], probe[4 * D], keys[2][16 * D], values[16 * D];
-  for (int t = 0; t < T; t++)
-    for (int c = 0; c < D; c++) {
-      const int corner = (t + c / 4) % 4; /* which prototype the token's group c / 4 takes */
-      const float sign = ((corner >> (c % 2)) & 1) ? 4.0f : -4.0f;
-      cal[t * D + c] = sign + (float)(((t * 31 + c * 17) % 19) - 9) * 0.001f;
-    }
-  for (int p = 0; p < 4; p++)
-    for (int c = 0; c < D; c++) probe[p * D + c] = ((p >> (c % 2)) & 1) ? 4.0f : -4.0f;
-  kvq_context *ctxs[2] = {th_cpu_context(), vulkan_context()};
-  const int64_t cal_shape[3] = {T, 1, D}, out_shape[3] = {4, 1, D};
-  for (int x = 0; x < 2; x++) {
-    kvq_cache *cache;
-    uint32_t seq;
-    KVQ_CHECK(ctxs[x], kvq_cache_create(ctxs[x], &config, &cache));
-    kvq_tensor kt = kvq_tensor_host(cal, KVQ_DTYPE_F32, 3, cal_shape);
-    KVQ_CHECK(ctxs[x], kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
-    KVQ_CHECK(ctxs[x], kvq_sequence_add(cache, &seq));
-    th_append(ctxs[x], cache, seq, 0, probe, probe, 0, 4, 1, D, KVQ_DTYPE_F32);
-    KVQ_CHECK(ctxs[x], kvq_flush(cache, seq));
-    kvq_tensor ko = kvq_tensor_host(keys[x], KVQ_DTYPE_F32, 3, out_shape), vo = kvq_tensor_host(values, KVQ_DTYPE_F32, 3, out_shape);
-    KVQ_CHECK(ctxs[x], kvq_dequantize(cache, seq, 0, 0, 4, &ko, &vo));
-    kvq_cache_destroy(cache);
-    kvq_context_destroy(ctxs[x]);
-  }
-  const double bound = 4.0 * 0x1p-24 * 4.01;
-  for (int i = 0; i < 4 * D; i++) {
-    cr_assert_lt(fabs((double)keys[0][i] - probe[i]), 0.01, "the CPU learned the prototypes (centroid %d)", i);
-    cr_assert_leq(fabs((double)keys[1][i] - keys[0][i]), bound, "centroid component %d: %.9g on Vulkan, %.9g on the CPU", i,
-                  keys[1][i], keys[0][i]);
-  }
-}
-
-/* ---- A batch of sequences in one call ---------------------------------------------------------------- */
-
-/*
- * One kvq_attention call with four sequences: one shorter than a page (all in the residual window),
- * one of many pages, and two between (pages and the window in use), on three caches: KIVI keys with
- * uniform values (the fused path), PolarQuant keys and values (the unfused path: values summed in
- * the rotated space) and an H2O cache (the unfused path with the probability sums). The Vulkan
- * backend runs each kernel once for the whole batch, every workgroup finding its sequence in the
- * metadata (core/gpu_plan.h, kvq_locate in shaders/attention.glsl). Checked two ways:
- *
- *   - against each sequence attended alone on the same device: the same bits, since no sequence's
- *     arithmetic depends on the others in the batch (a workgroup that took another sequence's
- *     record, pages or scratch would show here first);
- *   - against the CPU backend on the same cache contents (one saved CPU cache loaded on both), so
- *     codes are identical and only the fp32 arithmetic differs. The bound follows the derivation of
- *     long_sequences_agree_with_the_cpu above, widened for decoded keys and values: with queries in
- *     [-1, 1], K and V the largest decoded key and value (kvq_dequantize of the same cache), d = 64,
- *     u = 2^-24 and gamma(n) = n u / (1 - n u),
- *       a logit |s| <= xmax = d K / sqrt(d); both backends round a dot product of d terms, a decode
- *       of at most L + 2 products per term and (PolarQuant) a query rotated in d terms of size <= 1,
- *       which with Cauchy-Schwarz over the rotated coordinates gives
- *       |ds| <= (2 gamma(2d + 8) d K + gamma(d) d^2 K) / sqrt(d);
- *       Vulkan's exp is good to (3 + 2|x|) 2^-23 (docs/ACCURACY.md) with |x| <= 2 xmax, so each
- *       probability moves by a relative rel = 2 (|ds| + e) + 2 gamma(n) (numerator and normalizer);
- *       an output moves by rel V, plus its own sum's 2 gamma(n + 2) V, plus the decode and rotation
- *       back of the values on both sides, 2 gamma(2d + 8) d V.
- *   The bound is loose next to the fused path's real differences, but far below what taking another
- *   sequence's tokens changes (outputs of different sequences differ by about 0.1 here).
- */
-enum { BATCH_P = 16, BATCH_W = 16, BATCH_D = 64, BATCH_HKV = 2, BATCH_HQ = 8, BATCH_SEQS = 4 };
-static const uint32_t batch_tokens[BATCH_SEQS] = {5, 9 * BATCH_P + 3, 2 * BATCH_P + 7, BATCH_W + BATCH_P + 1};
-static const uint32_t batch_rows[BATCH_SEQS] = {1, 1, 2, 1};
-
-static double batch_gamma(double n) { return n * 0x1p-24 / (1.0 - n * 0x1p-24); }
-
-/* Attention of the batch's sequences on a cache loaded from `image`: all in one call, or one call
- * each; out[i] is sequence i's [rows][HQ][D]. */
-static void batch_attend(kvq_context *ctx, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS],
-                         float *const q[BATCH_SEQS],
-                         float *out[BATCH_SEQS], int together) {
-  kvq_cache *cache = NULL;
-  KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, size, &cache));
-  kvq_attention_request req[BATCH_SEQS];
-  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
-    const int64_t shape[3] = {batch_rows[i], BATCH_HQ, BATCH_D};
-    req[i] = (kvq_attention_request){.sequence = seqs[i], .mask = KVQ_MASK_CAUSAL,
-                                     .queries = kvq_tensor_host(q[i], KVQ_DTYPE_F32, 3, shape),
-                                     .output = kvq_tensor_host(out[i], KVQ_DTYPE_F32, 3, shape)};
-  }
-  if (together) KVQ_CHECK(ctx, kvq_attention(cache, 0, req, BATCH_SEQS));
-  else
-    for (uint32_t i = 0; i < BATCH_SEQS; i++) KVQ_CHECK(ctx, kvq_attention(cache, 0, &req[i], 1));
-  kvq_cache_destroy(cache);
-}
-
-/* The largest decoded key and value of every kept token of the cache loaded from `image`. */
-static void batch_maxima(kvq_context *cpu, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS], double *kmax,
-                         double *vmax) {
-  kvq_cache *cache = NULL;
-  KVQ_CHECK(cpu, kvq_cache_load_from_memory(cpu, image, size, &cache));
-  *kmax = *vmax = 0.0;
-  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
-    kvq_sequence_info info;
-    KVQ_CHECK(cpu, kvq_sequence_info_get(cache, seqs[i], 0, &info));
-    const size_t n = (size_t)info.kept_tokens * BATCH_HKV * BATCH_D;
-    float *k = malloc(n * 4), *v = malloc(n * 4);
-    cr_assert(k && v);
-    const int64_t shape[3] = {(int64_t)info.kept_tokens, BATCH_HKV, BATCH_D};
-    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
-    KVQ_CHECK(cpu, kvq_dequantize(cache, seqs[i], 0, 0, info.kept_tokens, &kt, &vt));
-    for (size_t j = 0; j < n; j++) {
-      *kmax = fmax(*kmax, fabs(k[j]));
-      *vmax = fmax(*vmax, fabs(v[j]));
-    }
-    free(k), free(v);
-  }
-  kvq_cache_destroy(cache);
-}
-
-static void check_batch(kvq_method_config keys, kvq_method_config values, kvq_policy_kind policy, uint64_t seed) {
-  kvq_context *cpu = th_cpu_context(), *vk = vulkan_context();
-  kvq_layer_config layer = th_layer(BATCH_HQ, BATCH_HKV, BATCH_D, keys, values);
-  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, BATCH_P, BATCH_W, 32, BATCH_SEQS, seed);
-  config.policy = kvq_policy_defaults(policy);
-  kvq_cache *cache = NULL;
-  KVQ_CHECK(cpu, kvq_cache_create(cpu, &config, &cache));
-  float *q[BATCH_SEQS], *out[3][BATCH_SEQS];
-  uint32_t n_max = 0, seqs[BATCH_SEQS];
-  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
-    const uint32_t n = batch_tokens[i], rows = batch_rows[i];
-    n_max = n > n_max ? n : n_max;
-    KVQ_CHECK(cpu, kvq_sequence_add(cache, &seqs[i]));
-    float *k = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D), *v = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D);
-    cr_assert(k && v);
-    for (uint32_t j = 0; j < n * BATCH_HKV * BATCH_D; j++) {
-      const uint32_t x = j + 7919 * i; /* each sequence its own data */
-      k[j] = (float)((x * 37) % 101) / 50.0f - 1.0f, v[j] = (float)((x * 53) % 97) / 48.0f - 1.0f;
-    }
-    th_append(cpu, cache, seqs[i], 0, k, v, 0, n, BATCH_HKV, BATCH_D, KVQ_DTYPE_F16);
-    free(k), free(v);
-    q[i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D);
-    cr_assert(q[i]);
-    for (uint32_t j = 0; j < rows * BATCH_HQ * BATCH_D; j++) q[i][j] = (float)(((j + 31 * i) * 29) % 89) / 44.0f - 1.0f;
-    for (int r = 0; r < 3; r++) cr_assert((out[r][i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D)));
-  }
-  uint64_t size = 0;
-  KVQ_CHECK(cpu, kvq_cache_save_size(cache, &size));
-  void *image = malloc(size);
-  size_t written = 0;
-  cr_assert(image);
-  KVQ_CHECK(cpu, kvq_cache_save_to_memory(cache, image, size, &written));
-  kvq_cache_destroy(cache);
-
-  batch_attend(cpu, image, written, seqs, q, out[0], 1);
-  batch_attend(vk, image, written, seqs, q, out[1], 1);
-  batch_attend(vk, image, written, seqs, q, out[2], 0);
-  double kmax, vmax;
-  batch_maxima(cpu, image, written, seqs, &kmax, &vmax);
-  const double d = BATCH_D, scale = 1.0 / sqrt(d), xmax = d * kmax * scale;
-  const double ds = (2.0 * batch_gamma(2 * d + 8) * d * kmax + batch_gamma(d) * d * d * kmax) * scale;
-  const double e = (3.0 + 4.0 * xmax) * 0x1p-23;
-  const double rel = 2.0 * (ds + e) + 2.0 * batch_gamma(n_max);
-  const double bound = rel * vmax + 2.0 * batch_gamma(n_max + 2) * vmax + 2.0 * batch_gamma(2 * d + 8) * d * vmax + 1e-45;
-  double worst = 0.0;
-  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
-    const uint32_t floats = batch_rows[i] * BATCH_HQ * BATCH_D;
-    cr_assert_eq(memcmp(out[1][i], out[2][i], sizeof(float) * floats), 0,
-                 "sequence %u: the batch gives other bits than the sequence alone", i);
-    for (uint32_t j = 0; j < floats; j++) worst = fmax(worst, fabs((double)out[1][i][j] - out[0][i][j]));
-    for (uint32_t j = 0; j < floats; j++)
-      cr_assert_leq(fabs((double)out[1][i][j] - out[0][i][j]), bound, "sequence %u output %u: %.9g on Vulkan, %.9g on the CPU (bound %g)",
-                    i, j, out[1][i][j], out[0][i][j], bound);
-  }
-  cr_log_info("largest difference from the CPU %g, bound %g (K %g, V %g)", worst, bound, kmax, vmax);
-  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
-    free(q[i]);
-    for (int r = 0; r < 3; r++) free(out[r][i]);
-  }
-  free(image);
-  kvq_context_destroy(cpu);
-  kvq_context_destroy(vk);
-}
-
-Test(vulkan, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
-  require_vulkan();
-  check_batch(kivi(2, BATCH_P), th_uniform(4, 32), KVQ_POLICY_KEEP_ALL, 21);
-}
-
-Test(vulkan, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
-  require_vulkan();
-  check_batch(polar(KVQ_ROTATION_DENSE), polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
-}
-
-Test(vulkan, a_batch_of_sequences_accumulates_in_one_call, .timeout = 300) {
-  require_vulkan();
-  check_batch(th_exact(KVQ_DTYPE_F16), th_uniform(2, 32), KVQ_POLICY_H2O, 23);
-}

@@ -1,0 +1,426 @@
+/*
+ * Every GPU backend against the CPU reference: one suite, run once per GPU backend. Meson runs this
+ * executable as `gpu_vulkan` (KVQ_TEST_GPU=vulkan: whatever Vulkan device the machine has, in CI
+ * lavapipe, with the Khronos validation layer on), `gpu_cuda` (KVQ_TEST_GPU=cuda: the CUDA backend on a GPU) and
+ * `gpu_cuda_emulated` (the same on kvq's CUDA emulation on the CPU, KVQ_CUDA_EMULATOR=1,
+ * docs/CUDA.md: how CI, which has no GPU, tests the CUDA backend). Where the backend is unavailable
+ * every test is skipped, saying why. What only one backend has (Vulkan's runtime device and VkBuffers, its
+ * submission counters) is tested in that backend's own file (tests/test_vulkan.c).
+ *
+ * Agreement is judged by the golden checker (tools/golden, docs/GOLDEN.md): codes byte-identical
+ * with near-ties proven, side data within 1 ulp, scores/probabilities/outputs within the derived
+ * bounds of docs/ACCURACY.md. The same checker that holds the CPU to the committed golden files holds
+ * every GPU backend to them, and to files the CPU writes here for odd sizes.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "golden/cases.h"
+#include "golden/golden.h"
+#include "helpers.h"
+
+/* The backend under test, from KVQ_TEST_GPU (meson sets it for each run of this executable). */
+static kvq_backend_kind gpu_kind(void) {
+  const char *name = getenv("KVQ_TEST_GPU");
+  cr_assert_not_null(name, "KVQ_TEST_GPU names the GPU backend under test (vulkan, cuda)");
+  if (!strcmp(name, "vulkan")) return KVQ_BACKEND_VULKAN;
+  cr_assert_str_eq(name, "cuda", "KVQ_TEST_GPU=%s: not a GPU backend (vulkan, cuda)", name);
+  return KVQ_BACKEND_CUDA;
+}
+
+static const char *gpu_name(void) { return gpu_kind() == KVQ_BACKEND_VULKAN ? "Vulkan" : "CUDA"; }
+
+/* Skips the calling test (visibly, with the reason) when the backend under test is unavailable here. */
+static void require_gpu(void) {
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(infos, 4, &count), KVQ_OK);
+  for (size_t i = 0; i < count; i++)
+    if (infos[i].kind == gpu_kind() && infos[i].availability != KVQ_AVAILABLE)
+      cr_skip_test("the %s backend is unavailable here: %s", gpu_name(), infos[i].reason);
+}
+
+static kvq_context *gpu_context(void) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = gpu_kind();
+  kvq_context *ctx = NULL;
+  cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+  return ctx;
+}
+
+static void log_lines(FILE *out) {
+  rewind(out);
+  char line[512];
+  while (fgets(line, sizeof line, out)) cr_log_info("%s", line);
+  fclose(out);
+}
+
+/* Every golden-matrix configuration, policy stream and saved file, on the backend under test. */
+Test(gpu, agrees_with_committed_golden_files, .timeout = 600) {
+  require_gpu();
+  golden_totals t;
+  FILE *out = tmpfile();
+  const int rc = kvq_golden_check(KVQ_SOURCE_GOLDEN_DIR, gpu_kind(), out, &t);
+  log_lines(out);
+  cr_assert_eq(rc, 0, "kvq golden --check on %s failed (the log above says where)", gpu_name());
+  cr_assert_eq(t.configurations, kvq_golden_case_count());
+  cr_assert_gt(t.code_bytes, 100000u);
+  cr_assert_eq(t.unexplained, 0u);
+  cr_assert_eq(t.side_beyond, 0u);
+  cr_assert_gt(t.class3_values, 10000u);
+  cr_assert_eq(t.class3_beyond, 0u);
+  cr_assert_eq(t.decisions_differing, 0u);
+  cr_assert_eq(t.files_failed, 0u);
+}
+
+/* ---- Odd sizes: files the CPU writes here, checked on the backend under test ------------------------- */
+
+static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
+
+/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
+static kvq_method_config polar(kvq_rotation rotation) {
+  kvq_method_config c = method(KVQ_METHOD_POLAR);
+  c.polar.levels = 3;
+  c.polar.bits[0] = 3, c.polar.bits[1] = 2, c.polar.bits[2] = 2;
+  c.polar.rotation = rotation;
+  c.polar.codebook = KVQ_CODEBOOK_OFFLINE;
+  return c;
+}
+
+/*
+ * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8, and 12 (more query heads than the fused
+ * attention takes per pass); every input dtype; with and without a residual window. Each case's two
+ * sequences get different lengths, so the batch mixes them.
+ */
+static void check_odd_sizes(void) {
+  enum { P = 16 };
+  static const struct {
+    uint32_t kv_heads, ratio, len0, len1, window;
+    kvq_dtype input;
+  } shapes[] = {
+      {1, 1, 1, 2, 0, KVQ_DTYPE_F32},          {2, 4, P + 1, 1, 0, KVQ_DTYPE_F16},
+      {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
+      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
+  };
+  static char names[48][64];
+  golden_case cases[48];
+  uint32_t count = 0;
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (int pair = 0; pair < 6; pair++) {
+      golden_case *c = &cases[count];
+      memset(c, 0, sizeof *c);
+      kvq_method_config keys, values;
+      if (pair == 0) keys = th_kivi(2, P), values = th_uniform(2, 32);
+      else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
+      else if (pair == 2) keys = th_kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
+      else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
+      else if (pair == 4) keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
+      else keys = th_cq(4, 8), values = th_cq(2, 5);
+      snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
+      c->name = names[count];
+      c->input = shapes[s].input;
+      c->page_size = P;
+      c->window = shapes[s].window;
+      c->layer_count = 1;
+      c->layers[0] = th_layer(shapes[s].kv_heads * shapes[s].ratio, shapes[s].kv_heads, 64, keys, values);
+      c->lengths[0] = shapes[s].len0;
+      c->lengths[1] = shapes[s].len1;
+      c->seed = 1000 + count;
+      c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
+      count++;
+    }
+  char *dir = th_temp_dir("gpu");
+  FILE *log = tmpfile();
+  for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);
+  fclose(log);
+  golden_totals t;
+  FILE *out = tmpfile();
+  kvq_golden_check(dir, gpu_kind(), out, &t); /* no saved files here: those are counted failed */
+  log_lines(out);
+  th_remove_dir(dir);
+  free(dir);
+  cr_assert_eq(t.configurations, count);
+  cr_assert_eq(t.configurations_failed, 0u, "the log above names the configurations that failed");
+  cr_assert_gt(t.code_bytes, 10000u);
+  cr_assert_eq(t.code_bytes_differing, t.near_ties + t.implied, "every differing byte is a proven near-tie");
+  cr_assert_eq(t.unexplained, 0u);
+  cr_assert_eq(t.side_beyond, 0u);
+  cr_assert_gt(t.class3_values, 1000u);
+  cr_assert_eq(t.class3_beyond, 0u);
+}
+
+/* On Vulkan twice: as the device is, then with the fallback every device has (no subgroup operations),
+ * which the device line must then not claim. */
+Test(gpu, odd_sizes_agree_with_the_cpu, .timeout = 900) {
+  require_gpu();
+  check_odd_sizes();
+  if (gpu_kind() != KVQ_BACKEND_VULKAN) return;
+  cr_assert_eq(setenv("KVQ_VULKAN_NO_SUBGROUPS", "1", 1), 0); /* this test's own process (Criterion forks) */
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  kvq_backends_list(infos, 4, &count);
+  for (size_t i = 0; i < count; i++)
+    if (infos[i].kind == KVQ_BACKEND_VULKAN) cr_assert_null(strstr(infos[i].device, "subgroups"), "%s", infos[i].device);
+  check_odd_sizes();
+}
+
+
+/* ---- Long sequences ---------------------------------------------------------------------------------- */
+
+/*
+ * 70000 tokens: more than llvmpipe lets one shader invocation loop (65535 iterations; past that a loop
+ * ends silently), so every per-token loop must be spread over a workgroup. Probabilities (SCORE and
+ * SOFTMAX) and outputs (the fused attention) against the CPU reference, exact fp32 keys and values.
+ *
+ * Tolerances: the logits come from the same fp32 keys and queries (d = 16 products and sums, both
+ * sides rounding in fp32 or better: |dlogit| <= 2 * 16 u |q||k| <= 2^-18 here, with |q|, |k| <= 1
+ * per channel and the scale 1/4); a probability's relative error is then at most |dlogit| for each of
+ * the exp terms plus n u for the sum of n terms: (2 * 2^-18 + n * 2^-24) relative, about 0.5%. An
+ * output, a convex combination of values in [-1, 1], moves by at most that relative error times
+ * max |v| = 1, plus n u for its own sum.
+ */
+Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
+  require_gpu();
+  enum { N = 70000, D = 16, P = 256 };
+  kvq_layer_config layer = th_layer(1, 1, D, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, N / P + 2, 1, 5);
+  float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
+  float *probs[2] = {malloc(sizeof(float) * N), malloc(sizeof(float) * N)};
+  float q[D], out[2][D];
+  cr_assert(k && v && probs[0] && probs[1]);
+  for (int i = 0; i < N * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  kvq_context *ctxs[2] = {th_cpu_context(), gpu_context()};
+  const int64_t qshape[3] = {1, 1, D}, sshape[3] = {1, 1, N};
+  for (int c = 0; c < 2; c++) {
+    kvq_cache *cache;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
+    KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[c], cache, seq, 0, k, v, 0, N, 1, D, KVQ_DTYPE_F32);
+    kvq_tensor qt = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), st = kvq_tensor_host(probs[c], KVQ_DTYPE_F32, 3, sshape);
+    KVQ_CHECK(ctxs[c], kvq_scores(cache, seq, 0, &qt, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
+    kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_NONE, .queries = qt,
+                                 .output = kvq_tensor_host(out[c], KVQ_DTYPE_F32, 3, qshape)};
+    KVQ_CHECK(ctxs[c], kvq_attention(cache, 0, &req, 1));
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctxs[c]);
+  }
+  const double relative = 2.0 * 0x1p-18 + N * 0x1p-24;
+  for (int t = 0; t < N; t++)
+    cr_assert_leq(fabs((double)probs[1][t] - probs[0][t]), relative * probs[0][t] + 1e-45, "probability of token %d: %g vs %g", t,
+                  probs[1][t], probs[0][t]);
+  for (int c = 0; c < D; c++)
+    cr_assert_leq(fabs((double)out[1][c] - out[0][c]), relative + N * 0x1p-24, "output channel %d: %g vs %g", c, out[1][c], out[0][c]);
+  free(k), free(v), free(probs[0]), free(probs[1]);
+}
+
+/* ---- Codebook learning (the k-means jobs) ------------------------------------------------------------ */
+
+/*
+ * CQ codebooks learned on the GPU backend and on the CPU from the same calibration data: four well separated
+ * prototypes per channel group (corners of [-4, 4]^4) plus noise below 0.01, so every point's
+ * nearest centroid is the same on both (the assignment is decided by the same fp32 operations
+ * anyway) and only the means can differ. A mean on the CPU is a double sum rounded once; on Vulkan a
+ * compensated fp32 sum (CUDA: at least as accurate, docs/CUDA.md) (error at most 2u sum|x|) divided in fp32 (u): |difference| <= 4u max|x|,
+ * with u = 2^-24 and max|x| < 4.01. The centroids are read back as the dequantized tokens of a
+ * cache holding one token per prototype.
+ */
+Test(gpu, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
+  require_gpu();
+  enum { D = 16, T = 512, G = D / 4 };
+  kvq_layer_config layer = th_layer(1, 1, D, th_cq(4, 2), th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 11);
+  static float cal[T * D], probe[4 * D], keys[2][16 * D], values[16 * D];
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < D; c++) {
+      const int corner = (t + c / 4) % 4; /* which prototype the token's group c / 4 takes */
+      const float sign = ((corner >> (c % 2)) & 1) ? 4.0f : -4.0f;
+      cal[t * D + c] = sign + (float)(((t * 31 + c * 17) % 19) - 9) * 0.001f;
+    }
+  for (int p = 0; p < 4; p++)
+    for (int c = 0; c < D; c++) probe[p * D + c] = ((p >> (c % 2)) & 1) ? 4.0f : -4.0f;
+  kvq_context *ctxs[2] = {th_cpu_context(), gpu_context()};
+  const int64_t cal_shape[3] = {T, 1, D}, out_shape[3] = {4, 1, D};
+  for (int x = 0; x < 2; x++) {
+    kvq_cache *cache;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[x], kvq_cache_create(ctxs[x], &config, &cache));
+    kvq_tensor kt = kvq_tensor_host(cal, KVQ_DTYPE_F32, 3, cal_shape);
+    KVQ_CHECK(ctxs[x], kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
+    KVQ_CHECK(ctxs[x], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[x], cache, seq, 0, probe, probe, 0, 4, 1, D, KVQ_DTYPE_F32);
+    KVQ_CHECK(ctxs[x], kvq_flush(cache, seq));
+    kvq_tensor ko = kvq_tensor_host(keys[x], KVQ_DTYPE_F32, 3, out_shape), vo = kvq_tensor_host(values, KVQ_DTYPE_F32, 3, out_shape);
+    KVQ_CHECK(ctxs[x], kvq_dequantize(cache, seq, 0, 0, 4, &ko, &vo));
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctxs[x]);
+  }
+  const double bound = 4.0 * 0x1p-24 * 4.01;
+  for (int i = 0; i < 4 * D; i++) {
+    cr_assert_lt(fabs((double)keys[0][i] - probe[i]), 0.01, "the CPU learned the prototypes (centroid %d)", i);
+    cr_assert_leq(fabs((double)keys[1][i] - keys[0][i]), bound, "centroid component %d: %.9g on %s, %.9g on the CPU", i, gpu_name(),
+                  keys[1][i], keys[0][i]);
+  }
+}
+
+/* ---- A batch of sequences in one call ---------------------------------------------------------------- */
+
+/*
+ * One kvq_attention call with four sequences: one shorter than a page (all in the residual window),
+ * one of many pages, and two between (pages and the window in use), on three caches: KIVI keys with
+ * uniform values (the fused path, where the backend has fused kernels), PolarQuant keys and values (the unfused path: values summed in
+ * the rotated space) and an H2O cache (the unfused path with the probability sums). A GPU
+ * backend runs each kernel once for the whole batch, every workgroup finding its sequence in the
+ * metadata (core/gpu_plan.h, kvq_locate in shaders/attention.glsl). Checked two ways:
+ *
+ *   - against each sequence attended alone on the same device: the same bits, since no sequence's
+ *     arithmetic depends on the others in the batch (a workgroup that took another sequence's
+ *     record, pages or scratch would show here first);
+ *   - against the CPU backend on the same cache contents (one saved CPU cache loaded on both), so
+ *     codes are identical and only the fp32 arithmetic differs. The bound follows the derivation of
+ *     long_sequences_agree_with_the_cpu above, widened for decoded keys and values: with queries in
+ *     [-1, 1], K and V the largest decoded key and value (kvq_dequantize of the same cache), d = 64,
+ *     u = 2^-24 and gamma(n) = n u / (1 - n u),
+ *       a logit |s| <= xmax = d K / sqrt(d); both backends round a dot product of d terms, a decode
+ *       of at most L + 2 products per term and (PolarQuant) a query rotated in d terms of size <= 1,
+ *       which with Cauchy-Schwarz over the rotated coordinates gives
+ *       |ds| <= (2 gamma(2d + 8) d K + gamma(d) d^2 K) / sqrt(d);
+ *       Vulkan's exp is good to (3 + 2|x|) 2^-23 (docs/ACCURACY.md; CUDA's expf is better) with |x| <= 2 xmax, so each
+ *       probability moves by a relative rel = 2 (|ds| + e) + 2 gamma(n) (numerator and normalizer);
+ *       an output moves by rel V, plus its own sum's 2 gamma(n + 2) V, plus the decode and rotation
+ *       back of the values on both sides, 2 gamma(2d + 8) d V.
+ *   The bound is loose next to the fused path's real differences, but far below what taking another
+ *   sequence's tokens changes (outputs of different sequences differ by about 0.1 here).
+ */
+enum { BATCH_P = 16, BATCH_W = 16, BATCH_D = 64, BATCH_HKV = 2, BATCH_HQ = 8, BATCH_SEQS = 4 };
+static const uint32_t batch_tokens[BATCH_SEQS] = {5, 9 * BATCH_P + 3, 2 * BATCH_P + 7, BATCH_W + BATCH_P + 1};
+static const uint32_t batch_rows[BATCH_SEQS] = {1, 1, 2, 1};
+
+static double batch_gamma(double n) { return n * 0x1p-24 / (1.0 - n * 0x1p-24); }
+
+/* Attention of the batch's sequences on a cache loaded from `image`: all in one call, or one call
+ * each; out[i] is sequence i's [rows][HQ][D]. */
+static void batch_attend(kvq_context *ctx, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS],
+                         float *const q[BATCH_SEQS],
+                         float *out[BATCH_SEQS], int together) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, size, &cache));
+  kvq_attention_request req[BATCH_SEQS];
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const int64_t shape[3] = {batch_rows[i], BATCH_HQ, BATCH_D};
+    req[i] = (kvq_attention_request){.sequence = seqs[i], .mask = KVQ_MASK_CAUSAL,
+                                     .queries = kvq_tensor_host(q[i], KVQ_DTYPE_F32, 3, shape),
+                                     .output = kvq_tensor_host(out[i], KVQ_DTYPE_F32, 3, shape)};
+  }
+  if (together) KVQ_CHECK(ctx, kvq_attention(cache, 0, req, BATCH_SEQS));
+  else
+    for (uint32_t i = 0; i < BATCH_SEQS; i++) KVQ_CHECK(ctx, kvq_attention(cache, 0, &req[i], 1));
+  kvq_cache_destroy(cache);
+}
+
+/* The largest decoded key and value of every kept token of the cache loaded from `image`. */
+static void batch_maxima(kvq_context *cpu, const void *image, size_t size, const uint32_t seqs[BATCH_SEQS], double *kmax,
+                         double *vmax) {
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(cpu, kvq_cache_load_from_memory(cpu, image, size, &cache));
+  *kmax = *vmax = 0.0;
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    kvq_sequence_info info;
+    KVQ_CHECK(cpu, kvq_sequence_info_get(cache, seqs[i], 0, &info));
+    const size_t n = (size_t)info.kept_tokens * BATCH_HKV * BATCH_D;
+    float *k = malloc(n * 4), *v = malloc(n * 4);
+    cr_assert(k && v);
+    const int64_t shape[3] = {(int64_t)info.kept_tokens, BATCH_HKV, BATCH_D};
+    kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(cpu, kvq_dequantize(cache, seqs[i], 0, 0, info.kept_tokens, &kt, &vt));
+    for (size_t j = 0; j < n; j++) {
+      *kmax = fmax(*kmax, fabs(k[j]));
+      *vmax = fmax(*vmax, fabs(v[j]));
+    }
+    free(k), free(v);
+  }
+  kvq_cache_destroy(cache);
+}
+
+static void check_batch(kvq_method_config keys, kvq_method_config values, kvq_policy_kind policy, uint64_t seed) {
+  kvq_context *cpu = th_cpu_context(), *vk = gpu_context();
+  kvq_layer_config layer = th_layer(BATCH_HQ, BATCH_HKV, BATCH_D, keys, values);
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, BATCH_P, BATCH_W, 32, BATCH_SEQS, seed);
+  config.policy = kvq_policy_defaults(policy);
+  kvq_cache *cache = NULL;
+  KVQ_CHECK(cpu, kvq_cache_create(cpu, &config, &cache));
+  float *q[BATCH_SEQS], *out[3][BATCH_SEQS];
+  uint32_t n_max = 0, seqs[BATCH_SEQS];
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const uint32_t n = batch_tokens[i], rows = batch_rows[i];
+    n_max = n > n_max ? n : n_max;
+    KVQ_CHECK(cpu, kvq_sequence_add(cache, &seqs[i]));
+    float *k = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D), *v = malloc(sizeof(float) * n * BATCH_HKV * BATCH_D);
+    cr_assert(k && v);
+    for (uint32_t j = 0; j < n * BATCH_HKV * BATCH_D; j++) {
+      const uint32_t x = j + 7919 * i; /* each sequence its own data */
+      k[j] = (float)((x * 37) % 101) / 50.0f - 1.0f, v[j] = (float)((x * 53) % 97) / 48.0f - 1.0f;
+    }
+    th_append(cpu, cache, seqs[i], 0, k, v, 0, n, BATCH_HKV, BATCH_D, KVQ_DTYPE_F16);
+    free(k), free(v);
+    q[i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D);
+    cr_assert(q[i]);
+    for (uint32_t j = 0; j < rows * BATCH_HQ * BATCH_D; j++) q[i][j] = (float)(((j + 31 * i) * 29) % 89) / 44.0f - 1.0f;
+    for (int r = 0; r < 3; r++) cr_assert((out[r][i] = malloc(sizeof(float) * rows * BATCH_HQ * BATCH_D)));
+  }
+  uint64_t size = 0;
+  KVQ_CHECK(cpu, kvq_cache_save_size(cache, &size));
+  void *image = malloc(size);
+  size_t written = 0;
+  cr_assert(image);
+  KVQ_CHECK(cpu, kvq_cache_save_to_memory(cache, image, size, &written));
+  kvq_cache_destroy(cache);
+
+  batch_attend(cpu, image, written, seqs, q, out[0], 1);
+  batch_attend(vk, image, written, seqs, q, out[1], 1);
+  batch_attend(vk, image, written, seqs, q, out[2], 0);
+  double kmax, vmax;
+  batch_maxima(cpu, image, written, seqs, &kmax, &vmax);
+  const double d = BATCH_D, scale = 1.0 / sqrt(d), xmax = d * kmax * scale;
+  const double ds = (2.0 * batch_gamma(2 * d + 8) * d * kmax + batch_gamma(d) * d * d * kmax) * scale;
+  const double e = (3.0 + 4.0 * xmax) * 0x1p-23;
+  const double rel = 2.0 * (ds + e) + 2.0 * batch_gamma(n_max);
+  const double bound = rel * vmax + 2.0 * batch_gamma(n_max + 2) * vmax + 2.0 * batch_gamma(2 * d + 8) * d * vmax + 1e-45;
+  double worst = 0.0;
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    const uint32_t floats = batch_rows[i] * BATCH_HQ * BATCH_D;
+    cr_assert_eq(memcmp(out[1][i], out[2][i], sizeof(float) * floats), 0,
+                 "sequence %u: the batch gives other bits than the sequence alone", i);
+    for (uint32_t j = 0; j < floats; j++) worst = fmax(worst, fabs((double)out[1][i][j] - out[0][i][j]));
+    for (uint32_t j = 0; j < floats; j++)
+      cr_assert_leq(fabs((double)out[1][i][j] - out[0][i][j]), bound, "sequence %u output %u: %.9g on %s, %.9g on the CPU (bound %g)",
+                    i, j, out[1][i][j], gpu_name(), out[0][i][j], bound);
+  }
+  cr_log_info("largest difference from the CPU %g, bound %g (K %g, V %g)", worst, bound, kmax, vmax);
+  for (uint32_t i = 0; i < BATCH_SEQS; i++) {
+    free(q[i]);
+    for (int r = 0; r < 3; r++) free(out[r][i]);
+  }
+  free(image);
+  kvq_context_destroy(cpu);
+  kvq_context_destroy(vk);
+}
+
+Test(gpu, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
+  require_gpu();
+  check_batch(th_kivi(2, BATCH_P), th_uniform(4, 32), KVQ_POLICY_KEEP_ALL, 21);
+}
+
+Test(gpu, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
+  require_gpu();
+  check_batch(polar(KVQ_ROTATION_DENSE), polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
+}
+
+Test(gpu, a_batch_of_sequences_accumulates_in_one_call, .timeout = 300) {
+  require_gpu();
+  check_batch(th_exact(KVQ_DTYPE_F16), th_uniform(2, 32), KVQ_POLICY_H2O, 23);
+}
