@@ -16,7 +16,10 @@
 //   centroids   fp32 [problems][clusters][dims]   (ASSIGN reads; UPDATE reads and writes)
 //   assignment  u32  [problems][points]           (ASSIGN writes; UPDATE reads)
 //   distance    fp32 [problems][points], or null  (ASSIGN writes when not null)
-// Every size is at least 1; indices are 64-bit inside the kernels.
+// Every size is at least 1; indices are 64-bit inside the kernels, and the host keeps each grid
+// within CUDA's 2^31 - 1 blocks (problems * clusters for UPDATE). Correctness first: UPDATE reads
+// every assignment of a problem once per cluster (O(clusters * points) reads per problem), and its
+// sums are sequential per component, as the CPU's order requires; no GPU has timed them.
 #ifndef KVQ_BACKENDS_CUDA_KERNELS_KMEANS_CUH
 #define KVQ_BACKENDS_CUDA_KERNELS_KMEANS_CUH
 
