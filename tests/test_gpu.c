@@ -225,7 +225,7 @@ Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
  * prototypes per channel group (corners of [-4, 4]^4) plus noise below 0.01, so every point's
  * nearest centroid is the same on both (the assignment is decided by the same fp32 operations
  * anyway) and only the means can differ. A mean on the CPU is a double sum rounded once; on Vulkan a
- * compensated fp32 sum (CUDA: at least as accurate, docs/CUDA.md) (error at most 2u sum|x|) divided in fp32 (u): |difference| <= 4u max|x|,
+ * compensated fp32 sum (CUDA sums in double as the CPU does, docs/CUDA.md) (error at most 2u sum|x|) divided in fp32 (u): |difference| <= 4u max|x|,
  * with u = 2^-24 and max|x| < 4.01. The centroids are read back as the dequantized tokens of a
  * cache holding one token per prototype.
  */
