@@ -4,3 +4,6 @@
 #include "key_dots.cuh"
 #include "prepare.cuh"
 #include "quantize.cuh"
+#include "score.cuh"
+#include "softmax.cuh"
+#include "weighted_sum.cuh"
