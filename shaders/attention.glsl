@@ -3,28 +3,26 @@
 // of backends/backend.h (kvq_attention_seq). A dispatch covers the whole batch: each workgroup
 // first finds its sequence (kvq_locate), which kvq_seq then reads.
 
-#include "core/gpu_plan.h"
+// The metadata functions themselves are core/gpu_attention.h's, shared with the CUDA kernels; here the
+// metadata is a global buffer from word pc.meta.
+#define KVQ_META_PARAM
+#define KVQ_META_ARG
+#define KVQ_META(w) meta[pc.meta + (w)]
+#include "core/gpu_attention.h"
 
 uint kvq_seq_index = 0u; // the workgroup's sequence, set by kvq_locate
 
-uint kvq_meta(uint word) { return meta[pc.meta + word]; }
+uint kvq_meta(uint word) { return KVQ_META(word); }
 
-// The workgroup's sequence and its unit within it for `kernel` (KVQ_PLAN_*): a binary search for the
-// last sequence whose first unit is at or before the workgroup's index in the kernel's prefix table.
-// False for the workgroups past the batch's last unit (the dispatch grid rounds up). Uniform over the
-// workgroup.
+// The workgroup's sequence and its unit within it for `kernel` (KVQ_PLAN_*, kvq_gpu_locate). False for
+// the workgroups past the batch's last unit (the dispatch grid rounds up). Uniform over the workgroup.
 bool kvq_locate(uint kernel, out uint unit) {
   uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-  uint table = kvq_meta(KVQ_META_UNITS + kernel), lo = 0u, hi = kvq_meta(KVQ_META_SEQS);
+  uint seq = kvq_gpu_locate(kernel, wg);
   unit = 0u;
-  if (wg >= kvq_meta(table + hi)) return false;
-  while (hi - lo > 1u) {
-    uint mid = (lo + hi) / 2u;
-    if (kvq_meta(table + mid) <= wg) lo = mid;
-    else hi = mid;
-  }
-  kvq_seq_index = lo;
-  unit = wg - kvq_meta(table + lo);
+  if (seq == kvq_meta(KVQ_META_SEQS)) return false;
+  kvq_seq_index = seq;
+  unit = kvq_gpu_unit(kernel, seq, wg);
   return true;
 }
 // The same for kernels whose units are KVQ_GPU_GROUP_SIZE invocations: the invocation's index
@@ -36,33 +34,18 @@ bool kvq_locate_invocation(uint kernel, out uint id) {
   return found;
 }
 
-uint kvq_seq(uint field) { return kvq_meta(KVQ_META_RECORDS + kvq_seq_index * KVQ_SEQ_WORDS + field); }
-uint kvq_seq_tokens() { return kvq_seq(KVQ_SEQ_QUANTIZED) + kvq_seq(KVQ_SEQ_WINDOW); }
+uint kvq_seq(uint field) { return kvq_gpu_seq(kvq_seq_index, field); }
+uint kvq_seq_tokens() { return kvq_gpu_seq_tokens(kvq_seq_index); }
 
 // Whether query row r may attend to slot t: a kept token, not in its future (mask 0 = causal).
-bool kvq_visible(uint r, uint t) {
-  uint quantized = kvq_seq(KVQ_SEQ_QUANTIZED), P = pc.page_size;
-  uint position;
-  if (t >= quantized) {
-    position = kvq_seq(KVQ_SEQ_WINDOW_FIRST) + (t - quantized);
-  } else {
-    uint page = kvq_seq(KVQ_SEQ_PAGE_FIRST) + t / P, i = t % P;
-    if (((kvq_meta(kvq_meta(KVQ_META_ALIVE) + page * pc.alive_words + i / 32u) >> (i % 32u)) & 1u) == 0u) return false;
-    position = kvq_meta(kvq_meta(KVQ_META_INDEX) + page) * P + i;
-  }
-  return kvq_seq(KVQ_SEQ_MASK) != 0u || position <= kvq_seq(KVQ_SEQ_QUERY_POSITION) + r;
-}
+bool kvq_visible(uint r, uint t) { return kvq_gpu_visible(kvq_seq_index, r, t, pc.page_size, pc.alive_words) != 0u; }
 
 // Byte offset in the page pool of kv head h's block of the page holding quantized slot t.
 uint kvq_slot_block(uint t, uint h) {
-  uint slot = kvq_meta(kvq_meta(KVQ_META_SLOTS) + kvq_seq(KVQ_SEQ_PAGE_FIRST) + t / pc.page_size);
-  return (slot * pc.kv_heads + h) * pc.head_words * 4u;
+  return (kvq_gpu_page_slot(kvq_seq_index, t, pc.page_size) * pc.kv_heads + h) * pc.head_words * 4u;
 }
 
 // Channel c of kv head h of window slot t (t >= quantized), from the ring in the window dtype.
 float kvq_window_value(uint t, uint h, uint c) {
-  uint w = kvq_seq(KVQ_SEQ_WINDOW_FIRST) + (t - kvq_seq(KVQ_SEQ_QUANTIZED));
-  uint slot = w % kvq_seq(KVQ_SEQ_RING_CAPACITY);
-  uint index = kvq_seq(KVQ_SEQ_RING_ELEMENT) + (slot * pc.kv_heads + h) * pc.head_dim + c;
-  return KVQ_READ_ELEMENT(ring, pc.window_dtype, index);
+  return KVQ_READ_ELEMENT(ring, pc.window_dtype, kvq_gpu_ring_element(kvq_seq_index, t, pc.kv_heads, pc.head_dim, h, c));
 }

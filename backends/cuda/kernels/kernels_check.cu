@@ -6,3 +6,6 @@
 #include "kmeans.cuh"
 #include "prepare.cuh"
 #include "quantize.cuh"
+#include "score.cuh"
+#include "softmax.cuh"
+#include "weighted_sum.cuh"

@@ -19,6 +19,33 @@
 
 #define KVQ_CUDA_KEY_DOTS_THREADS 128u
 
+// q.k of quantized key token t of the head block at byte `block` (kv head h), before scaling: io->in
+// is the fp32 query row (input element 0), io->prepared its prepared query (element 0). The method's
+// estimator or score function where it has one, else the decoded key dotted with q, in kvq_acc.
+// SCORE (score.cuh) calls it too.
+static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
+                                                  unsigned t) {
+  const unsigned d = s.head_dim, P = s.page_size;
+  switch (s.method) {
+  case KVQ_LAYOUT_QJL:
+    return kvq_qjl_score(io, block, t, 0u, 0u, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
+  case KVQ_LAYOUT_POLAR:
+    return kvq_polar_score(io, block, t, 0u, P, d, s.levels, s.level_bits, kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
+  case KVQ_LAYOUT_CQ: return kvq_cq_score(io, block, t, d, s.channels, s.code_bits);
+  default: { // EXACT, UNIFORM, KIVI (the three decoders alone: fewer registers than kvq_cuda_decode_channel's switch)
+    kvq_acc dot = KVQ_ACC(0.0f);
+    for (unsigned c = 0; c < d; c++) {
+      float k = 0.0f;
+      if (s.method == KVQ_LAYOUT_EXACT) k = kvq_exact_decode(io, block, t, c, d, s.dtype);
+      else if (s.method == KVQ_LAYOUT_UNIFORM) k = kvq_uniform_decode(io, block, t, c, P, d, s.bits, s.group);
+      else if (s.method == KVQ_LAYOUT_KIVI) k = kvq_kivi_decode(io, block, t, c, P, d, s.bits, s.group);
+      dot += KVQ_ACC(kvq_cuda_in(io, c)) * KVQ_ACC(k);
+    }
+    return dot;
+  }
+  }
+}
+
 __global__ void __launch_bounds__(KVQ_CUDA_KEY_DOTS_THREADS)
     kvq_cuda_key_dots(const kvq_cuda_side s, unsigned query_heads, unsigned n, const unsigned *__restrict__ slots,
                       const unsigned *__restrict__ pages, const float *__restrict__ fixed0, const float *__restrict__ fixed1,
@@ -33,28 +60,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_KEY_DOTS_THREADS)
   const kvq_io io_value = {const_cast<unsigned *>(pages), q, KVQ_LAYOUT_F32, fixed0, fixed1,
                            prepared + static_cast<size_t>(r) * kvq_cuda_prepared_floats(s)};
   const kvq_io *io = &io_value;
-  for (unsigned t = threadIdx.x; t < count; t += blockDim.x) {
-    kvq_acc dot = KVQ_ACC(0.0f);
-    switch (s.method) {
-    case KVQ_LAYOUT_QJL:
-      dot = kvq_qjl_score(io, block, t, 0u, 0u, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
-      break;
-    case KVQ_LAYOUT_POLAR:
-      dot = kvq_polar_score(io, block, t, 0u, P, d, s.levels, s.level_bits, kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
-      break;
-    case KVQ_LAYOUT_CQ: dot = kvq_cq_score(io, block, t, d, s.channels, s.code_bits); break;
-    default:
-      for (unsigned c = 0; c < d; c++) {
-        float k = 0.0f;
-        if (s.method == KVQ_LAYOUT_EXACT) k = kvq_exact_decode(io, block, t, c, d, s.dtype);
-        else if (s.method == KVQ_LAYOUT_UNIFORM) k = kvq_uniform_decode(io, block, t, c, P, d, s.bits, s.group);
-        else if (s.method == KVQ_LAYOUT_KIVI) k = kvq_kivi_decode(io, block, t, c, P, d, s.bits, s.group);
-        dot += KVQ_ACC(q[c]) * KVQ_ACC(k);
-      }
-      break;
-    }
-    dots[static_cast<size_t>(r) * n + i * P + t] = dot;
-  }
+  for (unsigned t = threadIdx.x; t < count; t += blockDim.x) dots[static_cast<size_t>(r) * n + i * P + t] = kvq_cuda_key_dot(io, s, block, h, t);
 }
 
 #endif // KVQ_BACKENDS_CUDA_KERNELS_KEY_DOTS_CUH

@@ -1,0 +1,432 @@
+// The CUDA backend's attention kernels (backends/cuda/kernels/score.cuh, softmax.cuh, weighted_sum.cuh)
+// run on kvq's CUDA emulation against the CPU backend: for every case of the fixture (fixture.h,
+// written by reference.c), each kernel runs on the CPU's input of its job (SCORE on the pools and
+// the CPU's prepared queries; SOFTMAX on the CPU's logits; ACCUMULATE and WEIGHTED_SUM on the CPU's
+// probabilities), so that each check stands apart, with the job's packed metadata as a GPU backend
+// uploads it and plan.units[kernel] blocks. Masks, -inf and probabilities 0 must be exact; every
+// other value is a float sum on the GPU and a double sum on the CPU ("class 3", docs/ACCURACY.md),
+// checked within a bound derived next to its check (u = 2^-24). Entries no sequence owns must keep
+// the garbage they held.
+// A plain TAP program, run plain, under ThreadSanitizer and under ASan + UBSan (meson.build).
+// usage: test_cuda_attention FIXTURE
+#include "../cuda_emu/tap.h"
+#include "backends/cuda/kernels/score.cuh"
+#include "backends/cuda/kernels/softmax.cuh"
+#include "backends/cuda/kernels/weighted_sum.cuh"
+#include "fixture.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static_assert(KVQ_ATTENTION_FIXTURE_SIDE_FIELDS == KVQ_SIDE_FIELD_COUNT, "fixture.h: the side fields");
+static_assert(KVQ_ATTENTION_FIXTURE_KERNELS == KVQ_PLAN_KERNELS, "fixture.h: the plan's kernels");
+
+static const double u = std::ldexp(1.0, -24);
+static const unsigned GARBAGE = 0x7fa5a5a5u; // a NaN: any stray write or read of it shows
+
+struct side_data {
+  kvq_cuda_side side;
+  std::vector<float> fixed[2];
+  std::vector<unsigned> pool, ring; // ring: ring_bytes, as 32-bit words (aligned for every dtype)
+  const float *fixed0() const { return fixed[0].empty() ? nullptr : fixed[0].data(); }
+  const float *fixed1() const { return fixed[1].empty() ? nullptr : fixed[1].data(); }
+};
+
+struct fixture_case {
+  kvq_attention_fixture c;
+  side_data s[2];
+  std::vector<float> queries, prepared, logits, probabilities, sums, output;
+  std::vector<unsigned> meta;
+};
+
+template <class T> static bool read_into(FILE *f, std::vector<T> &v, size_t count) {
+  v.resize(count);
+  return count == 0 || std::fread(v.data(), sizeof(T), count, f) == count;
+}
+
+static bool read_case(FILE *f, fixture_case &fc) {
+  if (std::fread(&fc.c, sizeof fc.c, 1, f) != 1) return false;
+  const kvq_attention_fixture &c = fc.c;
+  for (int i = 0; i < 2; i++) {
+    kvq_cuda_side &s = fc.s[i].side;
+    unsigned at = 0;
+#define KVQ_TEST_FIELD(name) s.name = c.side[i][at++];
+    KVQ_SIDE_FIELDS(KVQ_TEST_FIELD)
+#undef KVQ_TEST_FIELD
+    s.head_bytes = c.head_bytes[i];
+    s.qjl_constant = c.qjl_constant[i];
+  }
+  bool ok = true;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) ok = ok && read_into(f, fc.s[i].fixed[j], c.fixed_floats[i][j]);
+  for (int i = 0; i < 2; i++) ok = ok && read_into(f, fc.s[i].pool, static_cast<size_t>(c.pool_pages) * c.page_bytes[i] / 4u);
+  for (int i = 0; i < 2; i++) {
+    fc.s[i].ring.assign((c.ring_bytes + 3u) / 4u, 0u);
+    ok = ok && std::fread(fc.s[i].ring.data(), 1, c.ring_bytes, f) == c.ring_bytes;
+  }
+  const size_t rows = static_cast<size_t>(c.query_rows) * c.query_heads;
+  return ok && read_into(f, fc.queries, rows * fc.s[0].side.head_dim) && read_into(f, fc.prepared, rows * c.prepared_floats) &&
+         read_into(f, fc.meta, c.meta_words) && read_into(f, fc.logits, c.score_floats) && read_into(f, fc.probabilities, c.score_floats) &&
+         read_into(f, fc.sums, c.accumulate_floats) && read_into(f, fc.output, c.output_floats);
+}
+
+static kvq_cuda_attention params(const fixture_case &fc, int side) {
+  kvq_cuda_attention a;
+  a.side = fc.s[side].side;
+  a.query_heads = fc.c.query_heads;
+  a.alive_words = fc.c.alive_words;
+  a.window_dtype = fc.c.window_dtype;
+  a.scale = fc.c.scale;
+  return a;
+}
+
+static bool is_garbage(float x) {
+  unsigned b;
+  std::memcpy(&b, &x, 4);
+  return b == GARBAGE;
+}
+static std::vector<float> garbage(size_t n) {
+  float g;
+  std::memcpy(&g, &GARBAGE, 4);
+  return std::vector<float>(n, g);
+}
+
+// The sequences' records, read with the shared functions (core/gpu_attention.h) on the host.
+struct seq_view {
+  unsigned n, quantized, rows, score_offset, accumulate_offset, query_first;
+};
+static std::vector<seq_view> sequences(const fixture_case &fc) {
+  const unsigned *meta = fc.meta.data();
+  std::vector<seq_view> v;
+  for (unsigned i = 0; i < meta[KVQ_META_SEQS]; i++)
+    v.push_back({kvq_gpu_seq_tokens(meta, i), kvq_gpu_seq(meta, i, KVQ_SEQ_QUANTIZED), kvq_gpu_seq(meta, i, KVQ_SEQ_QUERY_COUNT),
+                 kvq_gpu_seq(meta, i, KVQ_SEQ_SCORE_OFFSET), kvq_gpu_seq(meta, i, KVQ_SEQ_ACCUMULATE_OFFSET),
+                 kvq_gpu_seq(meta, i, KVQ_SEQ_QUERY_FIRST)});
+  return v;
+}
+// Which score entries (and accumulate entries) some sequence owns.
+static std::vector<bool> owned_scores(const fixture_case &fc, unsigned H) {
+  std::vector<bool> owned(fc.c.score_floats, false);
+  for (const seq_view &q : sequences(fc))
+    for (size_t i = 0; i < static_cast<size_t>(q.rows) * H * q.n; i++) owned[q.score_offset + i] = true;
+  return owned;
+}
+
+// A window token's channel c (kv head h, slot t of sequence seq) of side `side`, as the kernels read it.
+static float window_value(const fixture_case &fc, int side, unsigned seq, unsigned t, unsigned h, unsigned c) {
+  const kvq_cuda_attention a = params(fc, side);
+  return kvq_cuda_window_value(a, fc.meta.data(), fc.s[side].ring.data(), seq, t, h, c);
+}
+
+// SCORE. Every logit the CPU masks (-inf) must be -inf, bit for bit; the others are q.k of n float
+// pairs (n = head_dim; CQ: n = head_dim / c table entries) whose factors are the CPU's floats bit for
+// bit (the query or prepared query; the decoded key, rotated coordinates, table entries or the ring's
+// token: the shared functions, tests/cuda_kernels checks them), summed in float here (within gamma_n
+// = n u / (1 - n u) of A = sum |a_i b_i|, Higham 3.1) and in double on the CPU (within n 2^-53 A),
+// then scaled: one float product here (u), the double product rounded to float there (u). So
+// |gpu - cpu| <= scale (gamma_n + 2 u + n 2^-53) A (1 + u) <= (n + 3) u scale A for n <= 2^10; A
+// is computed here from the same factors in double. QJL's page logits (the estimator: signed sums of
+// query parts, norms and c_d) have no derived bound yet: their difference is printed and that check
+// skipped; QJL's window logits and masks are checked.
+static void test_score(const fixture_case &fc) {
+  const kvq_attention_fixture &c = fc.c;
+  const std::string name = c.name;
+  const kvq_cuda_attention a = params(fc, 0);
+  const kvq_cuda_side &s = a.side;
+  const unsigned H = c.query_heads, d = s.head_dim, P = s.page_size, pf = c.prepared_floats;
+  std::vector<float> scores = garbage(c.score_floats);
+  const kvq_emu::Result r = kvq_emu::launch(kvq_cuda_score, dim3(c.units[KVQ_PLAN_SCORE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
+                                            static_cast<const unsigned *>(fc.meta.data()), static_cast<const unsigned *>(fc.s[0].pool.data()),
+                                            fc.s[0].fixed0(), fc.s[0].fixed1(), static_cast<const void *>(fc.s[0].ring.data()),
+                                            static_cast<const float *>(fc.queries.data()), pf ? fc.prepared.data() : nullptr, scores.data());
+  std::vector<float> abs_prepared(fc.prepared);
+  for (float &x : abs_prepared) x = std::fabs(x);
+  const unsigned *meta = fc.meta.data();
+  const std::vector<seq_view> seqs = sequences(fc);
+  size_t masks_wrong = 0, over = 0, checked = 0, skipped = 0, masked = 0;
+  double worst = 0.0, worst_skipped = 0.0; // |gpu - cpu| / (scale A); QJL: / (1 + |cpu|)
+  for (unsigned i = 0; i < seqs.size(); i++) {
+    const seq_view &q = seqs[i];
+    for (unsigned row = 0; row < q.rows; row++)
+      for (unsigned h = 0; h < H; h++) {
+        const unsigned kvh = kvq_cuda_kv_head(a, h);
+        const size_t qrow = static_cast<size_t>(q.query_first + row) * H + h;
+        const float *qv = fc.queries.data() + qrow * d;
+        for (unsigned t = 0; t < q.n; t++) {
+          const size_t at = q.score_offset + (static_cast<size_t>(row) * H + h) * q.n + t;
+          const float cpu = fc.logits[at], gpu = scores[at];
+          if (std::isinf(cpu) && cpu < 0) {
+            masked++;
+            if (!(std::isinf(gpu) && gpu < 0)) masks_wrong++;
+            continue;
+          }
+          if (std::isinf(gpu) || std::isnan(gpu)) {
+            masks_wrong++;
+            continue;
+          }
+          double A = 0.0;
+          unsigned terms = d;
+          bool qjl_page = false;
+          if (t >= q.quantized) {
+            for (unsigned ch = 0; ch < d; ch++) A += std::fabs(static_cast<double>(qv[ch]) * window_value(fc, 0, i, t, kvh, ch));
+          } else {
+            const unsigned block = (kvq_gpu_page_slot(meta, i, t, P) * s.kv_heads + kvh) * s.head_bytes;
+            const kvq_io io_value = {const_cast<unsigned *>(fc.s[0].pool.data()), qv, KVQ_LAYOUT_F32, fc.s[0].fixed0(), fc.s[0].fixed1(),
+                                     pf ? abs_prepared.data() + qrow * pf : nullptr};
+            const kvq_io *io = &io_value;
+            if (s.method == KVQ_LAYOUT_QJL) qjl_page = true;
+            else if (s.method == KVQ_LAYOUT_CQ) {
+              A = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits); // the |entries| summed
+              terms = d / s.channels;
+            } else if (s.method == KVQ_LAYOUT_POLAR) {
+              const unsigned tables = kvq_polar_tables(kvh, s.codebook, s.levels, s.level_bits);
+              for (unsigned ch = 0; ch < d; ch++)
+                A += std::fabs(static_cast<double>(io->prepared[ch]) * kvq_polar_decode_coord(io, block, t % P, ch, P, d, s.levels, s.level_bits, tables));
+            } else
+              for (unsigned ch = 0; ch < d; ch++)
+                A += std::fabs(static_cast<double>(qv[ch]) * kvq_cuda_decode_channel(io, s, block, kvh, t % P, ch));
+          }
+          const double diff = std::fabs(static_cast<double>(gpu) - cpu);
+          if (qjl_page) {
+            skipped++;
+            worst_skipped = std::max(worst_skipped, diff / (1.0 + std::fabs(static_cast<double>(cpu))));
+            continue;
+          }
+          checked++;
+          const double bound = (terms + 3.0) * u * a.scale * A;
+          if (diff > bound) over++;
+          if (A > 0.0) worst = std::max(worst, diff / (a.scale * A));
+        }
+      }
+  }
+  const std::vector<bool> owned = owned_scores(fc, H);
+  size_t stray = 0;
+  for (size_t i = 0; i < owned.size(); i++) stray += !owned[i] && !is_garbage(scores[i]);
+  check(r.ok && masks_wrong == 0 && masked > 0, name + ": SCORE masks exactly the CPU's slots (-inf: dead, future)",
+        r.ok ? std::to_string(masks_wrong) + " of " + std::to_string(masked) + " masked logits differ" : r.message);
+  std::printf("# %s: SCORE's largest |gpu - cpu| / (scale sum |a_i b_i|): %.3g over %zu logits (bound (n + 3) 2^-24)\n", name.c_str(),
+              worst, checked);
+  check(r.ok && over == 0 && checked > 0, name + ": SCORE's logits are the CPU's within (n + 3) 2^-24 scale sum |a_i b_i|",
+        std::to_string(over) + " of " + std::to_string(checked) + " logits past the bound");
+  check(r.ok && stray == 0, name + ": SCORE writes no score entry that no sequence owns", std::to_string(stray) + " written");
+  if (skipped) {
+    std::printf("# %s: SCORE's QJL page logits: largest |gpu - cpu| / (1 + |cpu|) %.3g over %zu logits\n", name.c_str(), worst_skipped,
+                skipped);
+    std::printf("ok %d - %s: SCORE's QJL page logits # SKIP no derived float-vs-double bound for the estimator yet\n", ++tap_number,
+                name.c_str());
+  }
+}
+
+// SOFTMAX on the CPU's logits. Masked entries (-inf) must become 0 bit for bit. Otherwise, per row of
+// n entries with maximum m (the same float on both sides): here fl(x_t - m) (within u |x_t - m|, so
+// exp's argument moves by that: relative u |x_t - m|), expf (CUDA: within 2 ulp, 4 u relative),
+// the row's float sum of n such terms (gamma_n, all terms positive), one division (u); the CPU
+// computes in double and rounds once (u). So |gpu - cpu| <= (|x_t - m| + max_t |x_t - m| + n + 10) u
+// p_t to first order (the 10: 4 + 4 for expf here and in the sum, 1 + 1 roundings; the second-order
+// terms are below u for these n and |x - m|), plus 2^-147 for results near the subnormal range,
+// where rounding is absolute.
+static void test_softmax(const fixture_case &fc) {
+  const kvq_attention_fixture &c = fc.c;
+  const std::string name = c.name;
+  const kvq_cuda_attention a = params(fc, 0);
+  const unsigned H = c.query_heads;
+  std::vector<float> scores(fc.logits);
+  const kvq_emu::Result r = kvq_emu::launch(kvq_cuda_softmax, dim3(c.units[KVQ_PLAN_SOFTMAX]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
+                                            static_cast<const unsigned *>(fc.meta.data()), scores.data());
+  size_t zeros_wrong = 0, over = 0, checked = 0;
+  double worst = 0.0; // |gpu - cpu| / (u p_t (|x_t - m| + max |x - m| + n))
+  for (const seq_view &q : sequences(fc))
+    for (unsigned row = 0; row < q.rows * H; row++) {
+      const size_t base = q.score_offset + static_cast<size_t>(row) * q.n;
+      float m = -INFINITY;
+      for (unsigned t = 0; t < q.n; t++) m = std::max(m, fc.logits[base + t]);
+      double spread = 0.0;
+      for (unsigned t = 0; t < q.n; t++)
+        if (!std::isinf(fc.logits[base + t])) spread = std::max(spread, static_cast<double>(m) - fc.logits[base + t]);
+      for (unsigned t = 0; t < q.n; t++) {
+        const float x = fc.logits[base + t], cpu = fc.probabilities[base + t], gpu = scores[base + t];
+        if (std::isinf(x)) {
+          zeros_wrong += std::memcmp(&gpu, &cpu, 4) != 0;
+          continue;
+        }
+        checked++;
+        const double k = (static_cast<double>(m) - x) + spread + q.n + 10.0;
+        const double diff = std::fabs(static_cast<double>(gpu) - cpu);
+        if (diff > k * u * cpu + std::ldexp(1.0, -147) || std::isnan(gpu)) over++;
+        if (cpu > 0.0f) worst = std::max(worst, diff / (u * cpu * (k - 10.0)));
+      }
+    }
+  const std::vector<bool> owned = owned_scores(fc, H);
+  size_t stray = 0;
+  for (size_t i = 0; i < owned.size(); i++) stray += !owned[i] && std::memcmp(&scores[i], &fc.logits[i], 4) != 0;
+  check(r.ok && zeros_wrong == 0, name + ": SOFTMAX gives masked slots probability 0 exactly",
+        r.ok ? std::to_string(zeros_wrong) + " differ" : r.message);
+  std::printf("# %s: SOFTMAX's largest |gpu - cpu| / (u p (|x - m| + max |x - m| + n)): %.3g over %zu probabilities\n", name.c_str(),
+              worst, checked);
+  check(r.ok && over == 0 && checked > 0,
+        name + ": SOFTMAX gives the CPU's probabilities within (|x - m| + max |x - m| + n + 10) 2^-24 p",
+        std::to_string(over) + " of " + std::to_string(checked) + " past the bound");
+  check(r.ok && stray == 0, name + ": SOFTMAX changes no score entry that no sequence owns", std::to_string(stray) + " changed");
+}
+
+// ACCUMULATE on the CPU's probabilities: per slot a float sum of R = rows x heads probabilities
+// (all >= 0: within gamma_R of their sum S), the CPU's double sum rounded once (u): |gpu - cpu| <=
+// (R + 2) u S, S computed here in double.
+static void test_accumulate(const fixture_case &fc) {
+  const kvq_attention_fixture &c = fc.c;
+  if (!c.accumulate) return;
+  const std::string name = c.name;
+  const kvq_cuda_attention a = params(fc, 0);
+  const unsigned H = c.query_heads;
+  std::vector<float> sums = garbage(c.accumulate_floats);
+  const kvq_emu::Result r = kvq_emu::launch(kvq_cuda_accumulate, dim3(c.units[KVQ_PLAN_ACCUMULATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u,
+                                            a, static_cast<const unsigned *>(fc.meta.data()),
+                                            static_cast<const float *>(fc.probabilities.data()), sums.data());
+  std::vector<bool> owned(c.accumulate_floats, false);
+  size_t over = 0, checked = 0;
+  double worst = 0.0;
+  for (const seq_view &q : sequences(fc))
+    for (unsigned t = 0; t < q.n; t++) {
+      owned[q.accumulate_offset + t] = true;
+      double S = 0.0;
+      for (unsigned row = 0; row < q.rows * H; row++) S += fc.probabilities[q.score_offset + static_cast<size_t>(row) * q.n + t];
+      const double diff = std::fabs(static_cast<double>(sums[q.accumulate_offset + t]) - fc.sums[q.accumulate_offset + t]);
+      checked++;
+      if (!(diff <= (q.rows * H + 2.0) * u * S)) over++;
+      if (S > 0.0) worst = std::max(worst, diff / (u * S));
+    }
+  size_t stray = 0;
+  for (size_t i = 0; i < owned.size(); i++) stray += !owned[i] && !is_garbage(sums[i]);
+  std::printf("# %s: ACCUMULATE's largest |gpu - cpu| / (u sum p): %.3g over %zu slots\n", name.c_str(), worst, checked);
+  check(r.ok && over == 0 && checked > 0 && stray == 0,
+        name + ": ACCUMULATE gives the CPU's probability sums within (R + 2) 2^-24 sum p, and nothing else",
+        r.ok ? std::to_string(over) + " past the bound, " + std::to_string(stray) + " stray writes" : r.message);
+}
+
+// WEIGHTED_SUM (and ROTATE) on the CPU's probabilities. Value methods that decode channel by
+// channel: output c = page part + window part, float sums of nq and nw products p_t v_t[c] here
+// (within gamma_nq and gamma_nw of A = sum |p_t v_t[c]|), added (u); the CPU sums in double and
+// rounds once (u): |gpu - cpu| <= (n + 3) u A, n = nq + nw, the v_t[c] the CPU's floats bit for bit.
+// PolarQuant: the rotated page sum z (coordinate i: nq products of p_t and the rotated coordinate
+// y_t[i], the CPU's floats) is within (nq + 1) u Z_i of the CPU's float z (Z_i = sum |p_t y_t[i]|),
+// then turned back, x = R^T z: the propagated error sum_i |R[i][c]| |dz_i| <= C (nq + 1) u ||Z||_2
+// (Cauchy-Schwarz; C = the largest column norm of R^T, measured here by turning back unit vectors),
+// plus the rotation's own rounding on both sides, within (d + 2) u C ||z||_2 (dense: a float sum of
+// d products here, double there, each rounded to float once; Hadamard: log2 d butterfly stages on
+// both sides plus the scale and sign products, 2 log2 d + 4 <= d + 2); then the window part, a float
+// sum of nw products (nw u W_c, W_c = sum |p_t v_t[c]| over the window), and the final additions (2 u
+// |out|). So |gpu - cpu| <= C u ((nq + 2) ||Z||_2 + (d + 3) ||z||_2) + (nw + 1) u W_c + 3 u |cpu|, the
+// +1s covering second-order terms.
+static void test_weighted_sum(const fixture_case &fc) {
+  const kvq_attention_fixture &c = fc.c;
+  const std::string name = c.name;
+  const kvq_cuda_attention a = params(fc, 1);
+  const kvq_cuda_side &s = a.side;
+  const unsigned H = c.query_heads, d = s.head_dim, P = s.page_size;
+  const bool polar = s.method == KVQ_LAYOUT_POLAR;
+  if (polar != (c.rotated_sums != 0)) {
+    check(false, name + ": the plan's rotated sums are PolarQuant's");
+    return;
+  }
+  std::vector<float> output = garbage(c.output_floats), rotated = garbage(c.scratch_bytes / 4u);
+  // a 2-D grid with blocks past the last unit, which must return
+  const unsigned units = c.units[KVQ_PLAN_WEIGHTED_SUM];
+  kvq_emu::Result r = kvq_emu::launch(kvq_cuda_weighted_sum, dim3((units + 2u) / 3u, 3u), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
+                                      static_cast<const unsigned *>(fc.meta.data()), static_cast<const unsigned *>(fc.s[1].pool.data()),
+                                      fc.s[1].fixed0(), fc.s[1].fixed1(), static_cast<const void *>(fc.s[1].ring.data()),
+                                      static_cast<const float *>(fc.probabilities.data()), output.data(), polar ? rotated.data() : nullptr);
+  if (r.ok && polar)
+    r = kvq_emu::launch(kvq_cuda_rotate, dim3(c.units[KVQ_PLAN_ROTATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
+                        static_cast<const unsigned *>(fc.meta.data()), fc.s[1].fixed0(), fc.s[1].fixed1(),
+                        static_cast<const float *>(rotated.data()), output.data());
+  const kvq_io io_value = {const_cast<unsigned *>(fc.s[1].pool.data()), nullptr, KVQ_LAYOUT_F32, fc.s[1].fixed0(), fc.s[1].fixed1(), nullptr};
+  const kvq_io *io = &io_value;
+  double C = 0.0; // the largest column norm of R^T (turning back unit vectors)
+  if (polar) {
+    std::vector<double> norm2(d, 0.0);
+    for (unsigned i = 0; i < d; i++) {
+      float e[KVQ_MAX_HEAD_DIM] = {0.0f}, x[KVQ_MAX_HEAD_DIM];
+      e[i] = 1.0f;
+      kvq_polar_unrotate(io, e, d, s.rotation, x);
+      for (unsigned ch = 0; ch < d; ch++) norm2[ch] += static_cast<double>(x[ch]) * x[ch];
+    }
+    for (double n2 : norm2) C = std::max(C, std::sqrt(n2));
+  }
+  const unsigned *meta = fc.meta.data();
+  const std::vector<seq_view> seqs = sequences(fc);
+  std::vector<bool> owned(c.output_floats, false);
+  size_t over = 0, checked = 0;
+  double worst = 0.0; // |gpu - cpu| / bound
+  for (unsigned i = 0; i < seqs.size(); i++) {
+    const seq_view &q = seqs[i];
+    const unsigned nw = q.n - q.quantized;
+    for (unsigned row = 0; row < q.rows; row++)
+      for (unsigned h = 0; h < H; h++) {
+        const unsigned kvh = kvq_cuda_kv_head(a, h);
+        const float *p = fc.probabilities.data() + q.score_offset + (static_cast<size_t>(row) * H + h) * q.n;
+        const size_t o = (static_cast<size_t>(q.query_first + row) * H + h) * d;
+        std::vector<double> Ap(d, 0.0), Aw(d, 0.0), z(d, 0.0);
+        const unsigned tables = polar ? kvq_polar_tables(kvh, s.codebook, s.levels, s.level_bits) : 0u;
+        for (unsigned t = 0; t < q.n; t++) {
+          if (p[t] == 0.0f) continue;
+          const unsigned block = t < q.quantized ? (kvq_gpu_page_slot(meta, i, t, P) * s.kv_heads + kvh) * s.head_bytes : 0u;
+          for (unsigned ch = 0; ch < d; ch++) {
+            if (t >= q.quantized) {
+              Aw[ch] += std::fabs(static_cast<double>(p[t]) * window_value(fc, 1, i, t, kvh, ch));
+            } else {
+              const double v = polar ? kvq_polar_decode_coord(io, block, t % P, ch, P, d, s.levels, s.level_bits, tables)
+                                     : kvq_cuda_decode_channel(io, s, block, kvh, t % P, ch);
+              Ap[ch] += std::fabs(p[t] * v);
+              z[ch] += p[t] * v;
+            }
+          }
+        }
+        double Z2 = 0.0, z2 = 0.0;
+        for (unsigned ch = 0; ch < d; ch++) Z2 += Ap[ch] * Ap[ch], z2 += z[ch] * z[ch];
+        for (unsigned ch = 0; ch < d; ch++) {
+          owned[o + ch] = true;
+          const float cpu = fc.output[o + ch], gpu = output[o + ch];
+          const double bound = polar ? C * u * ((q.quantized + 2.0) * std::sqrt(Z2) + (d + 3.0) * std::sqrt(z2)) + (nw + 1.0) * u * Aw[ch] +
+                                           3.0 * u * std::fabs(cpu)
+                                     : (q.n + 3.0) * u * (Ap[ch] + Aw[ch]);
+          const double diff = std::fabs(static_cast<double>(gpu) - cpu);
+          checked++;
+          if (!(diff <= bound)) over++;
+          if (bound > 0.0) worst = std::max(worst, diff / bound);
+        }
+      }
+  }
+  size_t stray = 0;
+  for (size_t i = 0; i < owned.size(); i++) stray += !owned[i] && !is_garbage(output[i]);
+  std::printf("# %s: WEIGHTED_SUM's largest |gpu - cpu| / bound: %.3g over %zu outputs\n", name.c_str(), worst, checked);
+  check(r.ok && over == 0 && checked > 0,
+        name + (polar ? ": WEIGHTED_SUM and ROTATE give the CPU's output within the rotated sums' derived bound"
+                      : ": WEIGHTED_SUM gives the CPU's output within (n + 3) 2^-24 sum |p_t v_t[c]|"),
+        r.ok ? std::to_string(over) + " of " + std::to_string(checked) + " outputs past the bound" : r.message);
+  check(r.ok && stray == 0, name + ": WEIGHTED_SUM writes no output row that no sequence owns", std::to_string(stray) + " written");
+}
+
+int main(int argc, char **argv) {
+  FILE *f = argc == 2 ? std::fopen(argv[1], "rb") : nullptr;
+  if (!f) {
+    std::printf("1..1\nnot ok 1 - cannot read the fixture %s\n", argc == 2 ? argv[1] : "(usage: test_cuda_attention FIXTURE)");
+    return 1;
+  }
+  unsigned cases = 0;
+  for (fixture_case fc; read_case(f, fc); cases++) {
+    test_score(fc);
+    test_softmax(fc);
+    test_accumulate(fc);
+    test_weighted_sum(fc);
+  }
+  const bool complete = std::feof(f) != 0;
+  std::fclose(f);
+  check(complete && cases == 8, "the fixture holds the 8 cases, read to its end");
+  std::printf("1..%d\n", tap_number);
+  return tap_failures ? 1 : 0;
+}
