@@ -112,11 +112,12 @@ typedef struct pair {
 
 /* The same config on the CPU and on CUDA; learned codebooks are learned on the CPU and loaded into
  * both (CUDA's k-means kernels do not exist yet, and the pages are then comparable). */
-static void pair_open(pair *p, const spec *sp, uint64_t seed) {
+static void pair_open(pair *p, const spec *sp, uint64_t seed, kvq_policy_kind policy) {
   p->ctx[0] = context_of(KVQ_BACKEND_CPU);
   p->ctx[1] = cuda_context();
   p->layer = th_layer(HQ, HKV, D, sp->keys, sp->values);
   kvq_cache_config config = th_config(&p->layer, 1, sp->input, P, 0, 8, 1, seed);
+  config.policy = kvq_policy_defaults(policy);
   for (int b = 0; b < 2; b++) KVQ_CHECK(p->ctx[b], kvq_cache_create(p->ctx[b], &config, &p->cache[b]));
   if (p->cache[0]->storage[0].learned[0] + p->cache[0]->storage[0].learned[1] < 2) {
     float *calibration = malloc(sizeof(float) * CALIBRATION * HKV * D * 2);
@@ -233,7 +234,7 @@ static void check_dequantize(pair *p, const spec *sp, kvq_memory cuda_memory) {
 
 static void run_spec(const spec *sp, uint64_t seed, kvq_memory cuda_memory) {
   pair p;
-  pair_open(&p, sp, seed);
+  pair_open(&p, sp, seed, KVQ_POLICY_KEEP_ALL);
   void *k = tokens_of(sp->input, (uint32_t)seed), *v = tokens_of(sp->input, (uint32_t)seed + 1u);
   append_all(&p, sp->input, k, v, cuda_memory);
   check_saved_files(&p, sp->name);
@@ -256,6 +257,41 @@ Test(cuda, caller_device_pointers_as_keys_values_and_outputs, .timeout = 120) {
   const spec *s = specs(&count);
   run_spec(&s[0], 200, KVQ_MEMORY_CUDA_DEVICE);
   run_spec(&s[4], 201, KVQ_MEMORY_CUDA_DEVICE);
+}
+
+/* Q-Hitter reads every token's quantization error from QUANTIZE (the errors buffer of the job): for
+ * the methods whose decode is bit for bit the CPU's, the errors (||x - x^||_2 summed in double in
+ * channel order on both) are too, and so are the saved files, which hold them. */
+Test(cuda, qhitter_quantization_errors_are_the_cpus, .timeout = 120) {
+  size_t count;
+  const spec *s = specs(&count);
+  const size_t cases[] = {2, 5};
+  for (size_t c = 0; c < 2; c++) {
+    const spec *sp = &s[cases[c]];
+    pair p;
+    pair_open(&p, sp, 300 + c, KVQ_POLICY_QHITTER);
+    void *k = tokens_of(sp->input, 300 + (uint32_t)c), *v = tokens_of(sp->input, 400 + (uint32_t)c);
+    append_all(&p, sp->input, k, v, KVQ_MEMORY_HOST);
+    kvq_token_stats stats[2][TOKENS];
+    size_t n[2];
+    for (int b = 0; b < 2; b++) KVQ_CHECK(p.ctx[b], kvq_sequence_token_stats(p.cache[b], p.seq[b], stats[b], TOKENS, &n[b]));
+    cr_assert_eq(n[0], n[1]);
+    cr_assert_gt(n[0], 0u);
+    size_t measured = 0; /* tokens of whole pages: the first 2 P (docs: errors of pages quantized whole) */
+    for (size_t t = 0; t < n[0]; t++) {
+      measured += stats[0][t].key_error > 0.0f || stats[0][t].value_error > 0.0f;
+      cr_assert(memcmp(&stats[0][t].key_error, &stats[1][t].key_error, sizeof(float)) == 0 &&
+                    memcmp(&stats[0][t].value_error, &stats[1][t].value_error, sizeof(float)) == 0,
+                "%s: token %zu's errors are %.9g, %.9g on CUDA and %.9g, %.9g on the CPU", sp->name, t,
+                (double)stats[1][t].key_error, (double)stats[1][t].value_error, (double)stats[0][t].key_error,
+                (double)stats[0][t].value_error);
+    }
+    cr_assert_geq(measured, 2u * P, "%s: %zu tokens with errors", sp->name, measured);
+    check_saved_files(&p, sp->name);
+    free(k);
+    free(v);
+    pair_close(&p);
+  }
 }
 
 /* What the caller may hand over: CUDA memory only to CUDA, and CUDA only CUDA memory. */
