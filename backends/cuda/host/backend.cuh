@@ -9,6 +9,7 @@ struct cuda_backend {
   cudaStream_t stream;
   bool owns_stream;
   bool lost;      // a sticky error was seen: every later call fails with KVQ_ERROR_DEVICE_LOST
+  char lost_because[256];
   bool deferred;  // inside defer / end_deferred (nothing changes: a stream never needs a flush)
   // Device copy of a job's host arrays (items, slots). One allocation, reused by every job: a job's
   // upload is ordered on the stream after the previous job's kernels, which are done reading it.
@@ -60,16 +61,19 @@ kvq_status status_of(cudaError_t e) {
 kvq_status check(cuda_backend *b, cudaError_t e, const char *what) {
   if (e == cudaSuccess) return KVQ_OK;
   const kvq_status st = status_of(e);
-  if (st == KVQ_ERROR_DEVICE_LOST) b->lost = true;
   const char *detail = kvq_cuda_error_detail(e);
-  return fail(b, st, "%s failed: %s (%s)%s%.300s", what, cudaGetErrorString(e), cudaGetErrorName(e), *detail ? ": " : "",
-              detail);
+  fail(b, st, "%s failed: %s (%s)%s%.300s", what, cudaGetErrorString(e), cudaGetErrorName(e), *detail ? ": " : "", detail);
+  if (st == KVQ_ERROR_DEVICE_LOST && !b->lost) {
+    b->lost = true;
+    std::snprintf(b->lost_because, sizeof b->lost_because, "%s", b->base.message);
+  }
+  return st;
 }
 
 // What every entry point does first: a lost device stays lost, and the runtime's current device is
 // per host thread, so it is set for the calling thread each time.
 kvq_status enter(cuda_backend *b) {
   if (b->lost)
-    return KVQ_ERROR_DEVICE_LOST; // the message of the failure that lost it stays in b->base.message
+    return fail(b, KVQ_ERROR_DEVICE_LOST, "the device was lost earlier (%.200s); the cache must be recreated", b->lost_because);
   return check(b, cudaSetDevice(b->device), "cudaSetDevice");
 }
