@@ -9,7 +9,7 @@ struct cuda_backend {
   cudaStream_t stream;
   bool owns_stream;
   bool lost;      // a sticky error was seen: every later call fails with KVQ_ERROR_DEVICE_LOST
-  char lost_because[256];
+  char lost_because[sizeof(kvq_backend::message)]; // the sentence of the failure that lost it
   bool deferred;  // inside defer / end_deferred (nothing changes: a stream never needs a flush)
   // Device copy of a job's host arrays (items, slots). One allocation, reused by every job: a job's
   // upload is ordered on the stream after the previous job's kernels, which are done reading it.
