@@ -1,11 +1,30 @@
 /* The one place that knows which backends exist and how to start them. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "cpu/cpu.h"
 #ifdef KVQ_HAVE_VULKAN
 #include "vulkan/vk_create.h"
+#endif
+#if defined(KVQ_HAVE_CUDA) || defined(KVQ_HAVE_CUDA_EMULATOR)
+#include "cuda/cuda_create.h"
+#endif
+
+/* The emulated CUDA backend (a test facility, docs/CUDA.md) stands in for CUDA when the environment
+ * asks for it with KVQ_CUDA_EMULATOR=1 and this kvq has it, for an explicit KVQ_BACKEND_CUDA or a probe,
+ * never for KVQ_BACKEND_AUTO: a context that picks its backend itself must not land on the CPU
+ * through an emulator. */
+static int cuda_emulator_asked(const kvq_context_options *options) {
+  const char *env = getenv("KVQ_CUDA_EMULATOR");
+  return env && strcmp(env, "1") == 0 && !(options && options->backend == KVQ_BACKEND_AUTO && !options->cuda);
+}
+
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+#define KVQ_CUDA_EMULATOR_BUILT 1
+#else
+#define KVQ_CUDA_EMULATOR_BUILT 0
 #endif
 
 static const char *kind_name(kvq_backend_kind kind) {
@@ -33,9 +52,23 @@ kvq_status kvq_backend_create(kvq_backend_kind kind, const kvq_context_options *
 #ifdef KVQ_HAVE_VULKAN
     return kvq_vk_backend_create(options, out, availability, why, why_size);
 #endif
+  /* fall through: not built */
   case KVQ_BACKEND_CUDA:
+    if (kind == KVQ_BACKEND_CUDA && cuda_emulator_asked(options)) {
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+      return kvq_cuda_emu_backend_create(options, out, availability, why, why_size);
+#else
+      *availability = KVQ_UNAVAILABLE_NOT_BUILT;
+      snprintf(why, why_size, "KVQ_CUDA_EMULATOR=1, but this kvq was built without the CUDA emulator");
+      return KVQ_ERROR_BACKEND_UNAVAILABLE;
+#endif
+    }
+#ifdef KVQ_HAVE_CUDA
+    if (kind == KVQ_BACKEND_CUDA) return kvq_cuda_backend_create(options, out, availability, why, why_size);
+#endif
     *availability = KVQ_UNAVAILABLE_NOT_BUILT;
-    snprintf(why, why_size, "this kvq was built without the %s backend", kind_name(kind));
+    snprintf(why, why_size, "this kvq was built without the %s backend%s", kind_name(kind),
+             kind == KVQ_BACKEND_CUDA && KVQ_CUDA_EMULATOR_BUILT ? " (it has the CUDA emulator for tests: KVQ_CUDA_EMULATOR=1)" : "");
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
   case KVQ_BACKEND_AUTO: break;
   }

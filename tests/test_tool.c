@@ -41,6 +41,49 @@ Test(tool, info_lists_every_backend_with_a_reason) {
   }
 }
 
+/* The line of `kvq info` that starts with `name` (in output), copied into line. */
+static void info_line(const char *name, char *line, size_t size) {
+  const char *at = strstr(output, name);
+  cr_assert_not_null(at, "no %s line in:\n%s", name, output);
+  size_t n = strcspn(at, "\n");
+  cr_assert_lt(n, size);
+  memcpy(line, at, n);
+  line[n] = 0;
+}
+
+/* The CUDA line as built: without KVQ_CUDA_EMULATOR the real backend (unavailable with
+ * cudaGetDeviceCount's reason where no driver or device is, as on the CI machines) or "not built";
+ * with KVQ_CUDA_EMULATOR=1 the emulator, named as such, and never the automatic choice. */
+Test(tool, info_names_the_cuda_backend_as_built) {
+  char plain[512], emulated[512], auto_plain[512], auto_emulated[512];
+  cr_assert_eq(run("info"), 0, "%s", output);
+  info_line("  cuda ", plain, sizeof plain);
+  info_line("default (auto)", auto_plain, sizeof auto_plain);
+  cr_assert_null(strstr(plain, "emulator on the CPU"), "%s", plain);
+#ifdef KVQ_HAVE_CUDA
+  cr_assert(strstr(plain, "cuda    available: ") || strstr(plain, "cuda    unavailable: cuda: cudaGetDeviceCount failed: ") ||
+                strstr(plain, "cuda    unavailable: cuda: the CUDA runtime reports no device"),
+            "%s", plain);
+#else
+  cr_assert_not_null(strstr(plain, "cuda    unavailable: this kvq was built without the cuda backend"), "%s", plain);
+#endif
+  char command[4096];
+  snprintf(command, sizeof command, "KVQ_CUDA_EMULATOR=1 %s info 2>&1", KVQ_TOOL_PATH);
+  FILE *p = popen(command, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(output, 1, sizeof output - 1, p);
+  output[n] = 0;
+  cr_assert_eq(pclose(p), 0, "%s", output);
+  info_line("  cuda ", emulated, sizeof emulated);
+  info_line("default (auto)", auto_emulated, sizeof auto_emulated);
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  cr_assert_str_eq(emulated, "  cuda    available: kvq CUDA emulator on the CPU (tests only, not a GPU)");
+#else
+  cr_assert_not_null(strstr(emulated, "KVQ_CUDA_EMULATOR=1, but this kvq was built without the CUDA emulator"), "%s", emulated);
+#endif
+  cr_assert_str_eq(auto_emulated, auto_plain);
+}
+
 /* Runs eval and returns the JSON number after "key" for method row `row` (0-based). */
 static double json_number(const char *json, int row, const char *key) {
   const char *p = json;

@@ -111,7 +111,10 @@ typedef enum kvq_memory {
  * checks run there too: docs/VULKAN.md says how they differ from host tensors'); the other calls
  * move them through host memory with transfers. Either way the work is done before the call returns,
  * unless the context is asynchronous (kvq_context_set_async), and nothing is written between strided
- * elements. Other backends, and CUDA memory in this build, return KVQ_ERROR_UNSUPPORTED.
+ * elements. KVQ_MEMORY_CUDA_DEVICE works on a CUDA context: data is a device pointer (cudaMalloc,
+ * or managed memory) of the context's device; kvq moves the elements through host memory with
+ * copies on the context's stream (docs/CUDA.md). Either device kind on another backend returns
+ * KVQ_ERROR_UNSUPPORTED.
  */
 typedef struct kvq_tensor {
   kvq_memory memory;
@@ -202,7 +205,9 @@ typedef struct kvq_vulkan_device {
  * A CUDA device the runtime already uses, for kvq's CUDA backend to run on: kvq enqueues its work on
  * `stream` (the runtime's cudaStream_t, cast to void *; NULL for the legacy default stream) of device
  * `device_ordinal`, in `context` (a CUcontext, cast to void *) or, when NULL, that device's primary
- * context. kvq never destroys them: they must outlive every context and cache built on them.
+ * context. kvq never destroys them: they must outlive every context and cache built on them. This
+ * version needs context NULL (the primary context, which the CUDA runtime API uses): another
+ * CUcontext makes kvq_context_create return KVQ_ERROR_UNSUPPORTED.
  */
 typedef struct kvq_cuda_device {
   int32_t device_ordinal;

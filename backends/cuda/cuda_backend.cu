@@ -1,0 +1,222 @@
+// The CUDA backend: kvq's backend table (backends/backend.h) over the CUDA runtime, written once and
+// built two ways (docs/CUDA.md, runtime.cuh):
+//   - nvcc, against libcudart: kvq_cuda_backend_create, the backend on a GPU;
+//   - the host C++ compiler (cuda_backend_emu.cpp includes this file), against kvq's emulated runtime:
+//     kvq_cuda_emu_backend_create, the same host code with its kernels run on the CPU by kvq's
+//     thread-model emulator, so that the tests exercise the backend without a GPU.
+// Everything here but the entry point has internal linkage (an anonymous namespace), kernels included,
+// so that both builds live in one libkvq without a clash. This file holds the device and the table;
+// host/*.cuh hold the state and errors, the buffers, the jobs, and the jobs still without kernels.
+#include "runtime.cuh"
+
+#include "kernels/methods.cuh"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "backends/backend.h"
+#include "cuda_create.h"
+
+#if defined(__GNUC__)
+#define KVQ_CUDA_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define KVQ_CUDA_PRINTF(f, a)
+#endif
+
+// The CUDA backend's buffers: device memory, or a caller's device pointer (imported: never freed).
+struct kvq_buffer {
+  kvq_buffer_base base;
+  unsigned char *ptr;
+  uint64_t size;
+  int imported;
+};
+
+namespace {
+
+#include "kernels/dequantize.cuh"
+#include "kernels/prepare.cuh"
+#include "kernels/quantize.cuh"
+
+#include "host/backend.cuh"
+#include "host/memory.cuh"
+#include "host/jobs.cuh"
+#include "host/pending.cuh"
+
+int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout *keys, const kvq_side_layout *values) {
+  // No fused kernel: core runs SCORE, SOFTMAX and WEIGHTED_SUM instead (which, like the k-means steps,
+  // fail at run time until their kernels land: host/pending.cuh).
+  if (kind == KVQ_JOB_ATTENTION) return 0;
+  if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1;
+  return (!keys || known_method(keys->method)) && (!values || known_method(values->method));
+}
+
+kvq_status cuda_finish(kvq_backend *backend) {
+  cuda_backend *b = as_cuda(backend);
+  kvq_status st = enter(b);
+  if (st == KVQ_OK) st = check(b, cudaStreamSynchronize(b->stream), "waiting for the stream (cudaStreamSynchronize)");
+  if (st == KVQ_OK) b->stats.waits++;
+  return st;
+}
+
+// A stream needs no flush: deferred or not, work is enqueued as it comes and stays in flight.
+void cuda_defer(kvq_backend *backend) { as_cuda(backend)->deferred = true; }
+
+kvq_status cuda_end_deferred(kvq_backend *backend, int wait) {
+  cuda_backend *b = as_cuda(backend);
+  b->deferred = false;
+  return wait ? cuda_finish(backend) : KVQ_OK;
+}
+
+void cuda_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
+  cuda_backend *b = as_cuda(backend);
+  *out = b->stats;
+  if (reset) b->stats = kvq_backend_stats{};
+}
+
+void cuda_destroy(kvq_backend *backend) {
+  cuda_backend *b = as_cuda(backend);
+  if (!b->lost && cudaSetDevice(b->device) == cudaSuccess) {
+    cudaStreamSynchronize(b->stream); // nothing of kvq's may still run when its memory goes
+    if (b->scratch) cudaFree(b->scratch);
+    if (b->owns_stream) cudaStreamDestroy(b->stream);
+  }
+  std::free(b);
+}
+
+const kvq_backend_ops cuda_ops = {
+    KVQ_BACKEND_ABI_VERSION,
+    "cuda",
+    cuda_destroy,
+    cuda_supports,
+    cuda_buffer_create,
+    cuda_buffer_destroy,
+    cuda_buffer_write,
+    cuda_buffer_read,
+    cuda_buffer_copy,
+    cuda_buffer_zero,
+    cuda_quantize,
+    cuda_dequantize,
+    cuda_prepare,
+    cuda_score,
+    cuda_softmax,
+    cuda_weighted_sum,
+    nullptr, // attention: no fused kernel yet
+    cuda_kmeans_assign,
+    cuda_kmeans_update,
+    cuda_finish,
+    cuda_buffer_import,
+    nullptr, // device_time: no cudaEvent timing yet
+    cuda_stats,
+    cuda_defer,
+    cuda_end_deferred,
+    cuda_convert,
+};
+
+// Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no
+// device, or something else.
+kvq_availability availability_of(cudaError_t e) {
+  switch (e) {
+  case cudaErrorInsufficientDriver:
+  case cudaErrorCallRequiresNewerDriver: return KVQ_UNAVAILABLE_NO_LOADER;
+  case cudaErrorNoDevice:
+  case cudaErrorDevicesUnavailable: return KVQ_UNAVAILABLE_NO_DEVICE;
+  default: return KVQ_UNAVAILABLE_ERROR;
+  }
+}
+
+// The device ordinal the options ask for: the runtime's, device_index, or (-1) the device with the
+// most multiprocessors (the most capable, as kvq_context_options promises).
+kvq_status choose_device(const kvq_context_options *options, int count, int *device, kvq_availability *availability, char *why,
+                         size_t why_size) {
+  const int asked = options && options->cuda ? options->cuda->device_ordinal : options ? options->device_index : -1;
+  if (asked >= count || (options && options->cuda && asked < 0)) {
+    *availability = KVQ_UNAVAILABLE_NO_DEVICE;
+    std::snprintf(why, why_size, "cuda: CUDA device %d asked for, %d present", asked, count);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  *device = asked >= 0 ? asked : 0;
+  int best = -1;
+  for (int d = 0; asked < 0 && d < count; d++) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, d) == cudaSuccess && prop.multiProcessorCount > best)
+      best = prop.multiProcessorCount, *device = d;
+  }
+  return KVQ_OK;
+}
+
+kvq_status start(cuda_backend *b, const kvq_context_options *options, kvq_availability *availability, char *why, size_t why_size) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    *availability = e != cudaSuccess ? availability_of(e) : KVQ_UNAVAILABLE_NO_DEVICE;
+    if (e != cudaSuccess)
+      std::snprintf(why, why_size, "cuda: cudaGetDeviceCount failed: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    else
+      std::snprintf(why, why_size, "cuda: the CUDA runtime reports no device");
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+  const kvq_cuda_device *runtime = options ? options->cuda : nullptr;
+  *availability = KVQ_UNAVAILABLE_ERROR;
+  if (runtime && runtime->context) {
+    // cudart works in the device's primary context; a CUcontext of the runtime's own needs the driver
+    // API (cuCtxSetCurrent), which this backend does not load yet
+    std::snprintf(why, why_size, "cuda: a CUcontext other than the device's primary context is not supported yet "
+                                 "(kvq_cuda_device.context must be NULL)");
+    return KVQ_ERROR_UNSUPPORTED;
+  }
+  kvq_status st = choose_device(options, count, &b->device, availability, why, why_size);
+  if (st != KVQ_OK) return st;
+  *availability = KVQ_UNAVAILABLE_ERROR;
+  cudaDeviceProp prop;
+  st = check(b, cudaSetDevice(b->device), "cudaSetDevice");
+  if (st == KVQ_OK) st = check(b, cudaGetDeviceProperties(&prop, b->device), "cudaGetDeviceProperties");
+  if (st == KVQ_OK && runtime) b->stream = static_cast<cudaStream_t>(runtime->stream);
+  if (st == KVQ_OK && !runtime) {
+    st = check(b, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    b->owns_stream = st == KVQ_OK;
+  }
+  if (st != KVQ_OK) {
+    std::snprintf(why, why_size, "%s", b->base.message);
+    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+  }
+#if KVQ_CUDA_EMULATED
+  std::snprintf(b->base.device, sizeof b->base.device, "%.200s", prop.name);
+#else
+  std::snprintf(b->base.device, sizeof b->base.device, "%.160s (sm_%d%d, CUDA device %d%s)", prop.name, prop.major, prop.minor,
+                b->device, runtime ? ", the runtime's stream" : "");
+#endif
+  *availability = KVQ_AVAILABLE;
+  return KVQ_OK;
+}
+
+} // namespace
+
+#if KVQ_CUDA_EMULATED
+#define KVQ_CUDA_ENTRY kvq_cuda_emu_backend_create
+#else
+#define KVQ_CUDA_ENTRY kvq_cuda_backend_create
+#endif
+
+extern "C" kvq_status KVQ_CUDA_ENTRY(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
+                                     char *why, size_t why_size) {
+  *out = nullptr;
+  cuda_backend *b = static_cast<cuda_backend *>(std::calloc(1, sizeof *b));
+  if (!b) {
+    *availability = KVQ_UNAVAILABLE_ERROR;
+    std::snprintf(why, why_size, "cuda: out of host memory");
+    return KVQ_ERROR_OUT_OF_MEMORY;
+  }
+  b->base.ops = &cuda_ops;
+  b->base.kind = KVQ_BACKEND_CUDA;
+  const kvq_status st = start(b, options, availability, why, why_size);
+  if (st != KVQ_OK) {
+    cuda_destroy(&b->base);
+    return st;
+  }
+  *out = &b->base;
+  return KVQ_OK;
+}

@@ -1,0 +1,27 @@
+/* The CUDA backend's entry points, for backends/registry.c (which must not see the backend's own
+ * types: every backend defines its own struct kvq_buffer). One source, backends/cuda/cuda_backend.cu,
+ * builds both (docs/CUDA.md):
+ *   kvq_cuda_backend_create      nvcc against the CUDA runtime (KVQ_HAVE_CUDA): a GPU;
+ *   kvq_cuda_emu_backend_create  the host C++ compiler against kvq's emulated runtime, the kernels on
+ *                                the CPU (KVQ_HAVE_CUDA_EMULATOR): a test facility, never a GPU.
+ * Both start the backend on the device `options` ask for (kvq_context_options: device_index, cuda),
+ * or say in `why` and `availability` why they cannot. */
+#ifndef KVQ_BACKENDS_CUDA_CUDA_CREATE_H
+#define KVQ_BACKENDS_CUDA_CUDA_CREATE_H
+
+#include "backends/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+kvq_status kvq_cuda_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
+                                   char *why, size_t why_size);
+kvq_status kvq_cuda_emu_backend_create(const kvq_context_options *options, kvq_backend **out,
+                                       kvq_availability *availability, char *why, size_t why_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

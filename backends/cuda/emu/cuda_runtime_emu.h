@@ -1,0 +1,150 @@
+// A tiny emulation of the part of the CUDA runtime API that kvq's CUDA backend calls, so that the
+// backend's host code (backends/cuda/cuda_backend.cu), compiled by the host C++ compiler, runs its
+// kernels on the CPU through kvq's thread-model emulator (cuda_emu.h). A test facility only
+// (docs/CUDA.md, "The emulated backend"): there is no GPU behind it.
+//
+//   - device memory is host heap memory (operator new, so AddressSanitizer sees every access past it);
+//   - there is one device; streams and events are tokens: every operation completes before it
+//     returns, in the caller's order, which is one valid schedule of CUDA's in-order streams;
+//   - a kernel launch is kvq_emu::launch; a failure it reports (a divergent barrier, a deadlock, a
+//     bad launch configuration) becomes cudaErrorLaunchFailure, sticky as on a GPU, and its message is
+//     kept for cudaGetErrorString's caller (kvq_cuda_emu_last_launch_message).
+// The types and error codes are NVIDIA's own (driver_types.h, host-compilable); the functions carry
+// CUDA's names in a namespace of kvq's (macros point the calls there), so that they never meet libcudart's.
+#ifndef KVQ_BACKENDS_CUDA_EMU_CUDA_RUNTIME_EMU_H
+#define KVQ_BACKENDS_CUDA_EMU_CUDA_RUNTIME_EMU_H
+
+#include "cuda_emu.h"
+
+#include <driver_types.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace kvq_cuda_emu_rt {
+// The sticky error of the emulated device (a failed launch), and the emulator's words for it.
+inline thread_local cudaError_t sticky = cudaSuccess;
+inline thread_local cudaError_t last = cudaSuccess;
+inline thread_local std::string launch_message;
+
+inline cudaError_t note(cudaError_t e) {
+  if (e != cudaSuccess) last = e;
+  return e;
+}
+// Every call after a failed launch fails as on the GPU: the context is unusable.
+inline cudaError_t enter() { return sticky; }
+} // namespace kvq_cuda_emu_rt
+
+// What the last failed launch of this thread reported, or "" (the backend adds it to its message).
+static inline const char *kvq_cuda_emu_last_launch_message() { return kvq_cuda_emu_rt::launch_message.c_str(); }
+
+// The result of kvq_emu::launch as the runtime's error code (KVQ_CUDA_LAUNCH, backends/cuda/runtime.cuh).
+static inline cudaError_t kvq_cuda_emu_launched(const kvq_emu::Result &r) {
+  if (r.ok) return cudaSuccess;
+  kvq_cuda_emu_rt::launch_message = r.message;
+  kvq_cuda_emu_rt::sticky = cudaErrorLaunchFailure;
+  return kvq_cuda_emu_rt::note(cudaErrorLaunchFailure);
+}
+
+// The functions, in kvq's namespace: NVIDIA's headers (pulled in by cuda_fp16.h) declare CUDA's own
+// with external linkage, and the emulated backend must never call those (libcudart may be linked into
+// the same libkvq for the real backend). The macros below send the backend's calls here.
+namespace kvq_cuda_emu_rt {
+inline const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  default: return "unknown error";
+  }
+}
+inline const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+  case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  default: return "cudaErrorUnknown";
+  }
+}
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = kvq_cuda_emu_rt::last;
+  kvq_cuda_emu_rt::last = kvq_cuda_emu_rt::sticky;
+  return e;
+}
+
+inline cudaError_t cudaGetDeviceCount(int *count) {
+  *count = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) {
+  return kvq_cuda_emu_rt::note(device == 0 ? kvq_cuda_emu_rt::enter() : cudaErrorInvalidDevice);
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
+  if (device != 0) return kvq_cuda_emu_rt::note(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "kvq CUDA emulator on the CPU (tests only, not a GPU)");
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaMalloc(void **p, size_t bytes) {
+  *p = nullptr;
+  if (const cudaError_t e = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(e);
+  *p = ::operator new(bytes ? bytes : 1, std::nothrow);
+  return *p ? cudaSuccess : kvq_cuda_emu_rt::note(cudaErrorMemoryAllocation);
+}
+inline cudaError_t cudaFree(void *p) {
+  ::operator delete(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  if (const cudaError_t e = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(e);
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t) {
+  if (const cudaError_t e = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(e);
+  if (bytes) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+// Every pointer is "device memory" of device 0 here: the emulated device's memory is the host heap,
+// and a test hands host pointers in as CUDA device pointers.
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attributes, const void *p) {
+  std::memset(attributes, 0, sizeof *attributes);
+  attributes->type = cudaMemoryTypeDevice;
+  attributes->device = 0;
+  attributes->devicePointer = const_cast<void *>(p);
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
+}
+
+// Streams: a distinct non-null token per stream kvq creates (the work is done by then anyway).
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
+  static char token;
+  *stream = reinterpret_cast<cudaStream_t>(&token);
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter()); }
+} // namespace kvq_cuda_emu_rt
+
+#define cudaGetErrorString kvq_cuda_emu_rt::cudaGetErrorString
+#define cudaGetErrorName kvq_cuda_emu_rt::cudaGetErrorName
+#define cudaGetLastError kvq_cuda_emu_rt::cudaGetLastError
+#define cudaGetDeviceCount kvq_cuda_emu_rt::cudaGetDeviceCount
+#define cudaSetDevice kvq_cuda_emu_rt::cudaSetDevice
+#define cudaGetDeviceProperties kvq_cuda_emu_rt::cudaGetDeviceProperties
+#define cudaMalloc kvq_cuda_emu_rt::cudaMalloc
+#define cudaFree kvq_cuda_emu_rt::cudaFree
+#define cudaMemcpyAsync kvq_cuda_emu_rt::cudaMemcpyAsync
+#define cudaMemsetAsync kvq_cuda_emu_rt::cudaMemsetAsync
+#define cudaPointerGetAttributes kvq_cuda_emu_rt::cudaPointerGetAttributes
+#define cudaStreamCreateWithFlags kvq_cuda_emu_rt::cudaStreamCreateWithFlags
+#define cudaStreamDestroy kvq_cuda_emu_rt::cudaStreamDestroy
+#define cudaStreamSynchronize kvq_cuda_emu_rt::cudaStreamSynchronize
+
+#endif // KVQ_BACKENDS_CUDA_EMU_CUDA_RUNTIME_EMU_H

@@ -1,0 +1,79 @@
+// The CUDA backend's state and how CUDA errors become kvq statuses. Part of cuda_backend.cu's one
+// translation unit (inside its anonymous namespace): included there only.
+
+// A backend: kvq's or the runtime's device and stream. Work is enqueued on `stream` in submission
+// order and left in flight; reads and finish wait for it (backends/backend.h's model).
+struct cuda_backend {
+  kvq_backend base;
+  int device;
+  cudaStream_t stream;
+  bool owns_stream;
+  bool lost;      // a sticky error was seen: every later call fails with KVQ_ERROR_DEVICE_LOST
+  char lost_because[sizeof(kvq_backend::message)]; // the sentence of the failure that lost it
+  bool deferred;  // inside defer / end_deferred (nothing changes: a stream never needs a flush)
+  // Device copy of a job's host arrays (items, slots). One allocation, reused by every job: a job's
+  // upload is ordered on the stream after the previous job's kernels, which are done reading it.
+  unsigned char *scratch;
+  size_t scratch_bytes;
+  kvq_backend_stats stats;
+};
+
+cuda_backend *as_cuda(kvq_backend *backend) { return reinterpret_cast<cuda_backend *>(backend); }
+
+// "cuda: " + the sentence, in backend->message; returns status.
+KVQ_CUDA_PRINTF(3, 4) kvq_status fail(cuda_backend *b, kvq_status status, const char *format, ...) {
+  const int n = std::snprintf(b->base.message, sizeof b->base.message, "cuda: ");
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(b->base.message + n, sizeof b->base.message - static_cast<size_t>(n), format, args);
+  va_end(args);
+  return status;
+}
+
+// Errors after which the CUDA context is unusable (the runtime reports them to every later call):
+// kvq reports the device as lost, as backends/backend.h asks.
+bool sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchFailure:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorAssert:
+  case cudaErrorECCUncorrectable:
+  case cudaErrorContextIsDestroyed:
+  case cudaErrorCudartUnloading:
+  case cudaErrorDevicesUnavailable: return true;
+  default: return false;
+  }
+}
+
+kvq_status status_of(cudaError_t e) {
+  if (e == cudaErrorMemoryAllocation) return KVQ_ERROR_DEVICE_MEMORY;
+  if (sticky(e)) return KVQ_ERROR_DEVICE_LOST;
+  return KVQ_ERROR_INTERNAL; // an argument kvq got wrong, or a runtime state it did not expect
+}
+
+// KVQ_OK for cudaSuccess; else the status of e, with "cuda: <what> failed: <CUDA's words> (<name>)".
+kvq_status check(cuda_backend *b, cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return KVQ_OK;
+  const kvq_status st = status_of(e);
+  const char *detail = kvq_cuda_error_detail(e);
+  fail(b, st, "%s failed: %s (%s)%s%.300s", what, cudaGetErrorString(e), cudaGetErrorName(e), *detail ? ": " : "", detail);
+  if (st == KVQ_ERROR_DEVICE_LOST && !b->lost) {
+    b->lost = true;
+    std::snprintf(b->lost_because, sizeof b->lost_because, "%s", b->base.message);
+  }
+  return st;
+}
+
+// What every entry point does first: a lost device stays lost, and the runtime's current device is
+// per host thread, so it is set for the calling thread each time.
+kvq_status enter(cuda_backend *b) {
+  if (b->lost)
+    return fail(b, KVQ_ERROR_DEVICE_LOST, "the device was lost earlier (%.200s); the cache must be recreated", b->lost_because);
+  return check(b, cudaSetDevice(b->device), "cudaSetDevice");
+}

@@ -1,0 +1,403 @@
+/*
+ * The CUDA backend through the public API, on its emulated build (KVQ_CUDA_EMULATOR=1: the backend's
+ * host code and kernels on the CPU, docs/CUDA.md), against the CPU reference: for every method, the
+ * same tokens appended to a cache on each backend must give byte-identical pages (the saved cache
+ * files are compared whole) and dequantize to the same values; caller CUDA device pointers as keys,
+ * values and outputs; wrong memory kinds and buffers of other backends refused; the jobs without
+ * kernels refused with their reason. Skipped, with the reason, where this kvq has no CUDA emulator.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "helpers.h"
+
+enum { HKV = 2, HQ = 4, D = 64, P = 16, TOKENS = 40, FIRST_APPEND = 23, CALIBRATION = 256 };
+
+/* Skips the calling test (visibly, with the reason) where the emulated backend is not built, and
+ * otherwise asks the registry for it. */
+static void require_emulator(void) {
+#ifndef KVQ_HAVE_CUDA_EMULATOR
+  cr_skip_test("this kvq has no CUDA emulator (-Demulated_cuda; it needs a C++17 compiler and the CUDA headers)");
+#endif
+  cr_assert_eq(setenv("KVQ_CUDA_EMULATOR", "1", 1), 0);
+}
+
+static kvq_context *context_of(kvq_backend_kind kind) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = kind;
+  kvq_context *ctx = NULL;
+  const kvq_status st = kvq_context_create(&opt, &ctx);
+  cr_assert_eq(st, KVQ_OK, "kvq_context_create(%d) -> %s", (int)kind, kvq_status_string(st));
+  return ctx;
+}
+
+static kvq_context *cuda_context(void) {
+  require_emulator();
+  kvq_context *ctx = context_of(KVQ_BACKEND_CUDA);
+  cr_assert_str_eq(ctx->backend->device, "kvq CUDA emulator on the CPU (tests only, not a GPU)");
+  return ctx;
+}
+
+/* A deterministic input with a few large channels (QJL's outliers) and varied scales. */
+static float value_at(uint32_t i, uint32_t salt) {
+  uint32_t u = (i + 1u) * 2654435761u ^ (salt * 40503u);
+  u ^= u >> 15;
+  u *= 2246822519u;
+  u ^= u >> 13;
+  float v = ((float)(u & 0xffffu) / 65535.0f - 0.5f) * 4.0f;
+  if (i % D == 5u || i % D == 41u) v *= 6.0f;
+  return v;
+}
+
+static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
+  return (kvq_method_config){.method = KVQ_METHOD_QJL, .qjl = {.sketch_dim = m, .outlier_count = k, .outlier_sketch_dim = mo}};
+}
+static kvq_method_config uniform(uint32_t bits, uint32_t group) {
+  return (kvq_method_config){.method = KVQ_METHOD_UNIFORM, .uniform = {.bits = bits, .group_size = group}};
+}
+static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
+  return (kvq_method_config){.method = KVQ_METHOD_KIVI, .kivi = {.bits = bits, .group_tokens = group_tokens}};
+}
+static kvq_method_config exact(kvq_dtype dtype) { return (kvq_method_config){.method = KVQ_METHOD_EXACT, .exact = {.dtype = dtype}}; }
+static kvq_method_config polar(kvq_rotation rotation, kvq_codebook_source codebook) {
+  kvq_method_config m = {.method = KVQ_METHOD_POLAR, .polar = {.levels = 4, .rotation = rotation, .codebook = codebook}};
+  const uint32_t bits[] = {4, 2, 2, 2};
+  for (uint32_t l = 0; l < 4; l++) m.polar.bits[l] = bits[l];
+  return m;
+}
+static kvq_method_config cq(uint32_t channels, uint32_t bits) {
+  return (kvq_method_config){.method = KVQ_METHOD_CQ, .cq = {.channels = channels, .bits = bits, .iterations = 8}};
+}
+
+typedef struct spec {
+  const char *name;
+  kvq_dtype input;
+  kvq_method_config keys, values;
+} spec;
+
+/* Every method, both sides, every input dtype. */
+static const spec *specs(size_t *count) {
+  static spec s[8];
+  const spec all[] = {
+      {"QJL m=64 k=4 m_o=32 / UNIFORM 3 bits G=16, fp32", KVQ_DTYPE_F32, qjl(64, 4, 32), uniform(3, 16)},
+      {"QJL m=32 k=0 / UNIFORM 4 bits G=32, bf16", KVQ_DTYPE_BF16, qjl(32, 0, 32), uniform(4, 32)},
+      {"KIVI 2 bits Gt=8 / EXACT fp16, fp16", KVQ_DTYPE_F16, kivi(2, 8), exact(KVQ_DTYPE_F16)},
+      {"KIVI 3 bits whole page / EXACT bf16, fp32", KVQ_DTYPE_F32, kivi(3, 0), exact(KVQ_DTYPE_BF16)},
+      {"PolarQuant dense / Hadamard offline, fp32", KVQ_DTYPE_F32, polar(KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE),
+       polar(KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE)},
+      {"PolarQuant Hadamard learned / CQ c=4 b=6 learned, fp16", KVQ_DTYPE_F16,
+       polar(KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE), cq(4, 6)},
+      {"CQ c=2 b=8 learned / EXACT fp32, bf16", KVQ_DTYPE_BF16, cq(2, 8), exact(KVQ_DTYPE_F32)},
+  };
+  memcpy(s, all, sizeof all);
+  *count = sizeof all / sizeof all[0];
+  return s;
+}
+
+/* QJL's reconstruction and dense PolarQuant's rotation back sum in kvq_acc, float in CUDA code and
+ * double on the CPU (core/shared_lang.h); every other decode is the CPU's floats bit for bit. */
+static int bounded(const kvq_method_config *m) {
+  return m->method == KVQ_METHOD_QJL || (m->method == KVQ_METHOD_POLAR && m->polar.rotation == KVQ_ROTATION_DENSE);
+}
+
+typedef struct pair {
+  kvq_context *ctx[2]; /* CPU, CUDA */
+  kvq_cache *cache[2];
+  uint32_t seq[2];
+  kvq_layer_config layer;
+} pair;
+
+/* The same config on the CPU and on CUDA; learned codebooks are learned on the CPU and loaded into
+ * both (CUDA's k-means kernels do not exist yet, and the pages are then comparable). */
+static void pair_open(pair *p, const spec *sp, uint64_t seed, kvq_policy_kind policy) {
+  p->ctx[0] = context_of(KVQ_BACKEND_CPU);
+  p->ctx[1] = cuda_context();
+  p->layer = th_layer(HQ, HKV, D, sp->keys, sp->values);
+  kvq_cache_config config = th_config(&p->layer, 1, sp->input, P, 0, 8, 1, seed);
+  config.policy = kvq_policy_defaults(policy);
+  for (int b = 0; b < 2; b++) KVQ_CHECK(p->ctx[b], kvq_cache_create(p->ctx[b], &config, &p->cache[b]));
+  if (p->cache[0]->storage[0].learned[0] + p->cache[0]->storage[0].learned[1] < 2) {
+    float *calibration = malloc(sizeof(float) * CALIBRATION * HKV * D * 2);
+    cr_assert_not_null(calibration);
+    for (size_t i = 0; i < (size_t)CALIBRATION * HKV * D * 2; i++) calibration[i] = value_at((uint32_t)i, (uint32_t)seed + 7u);
+    const int64_t shape[3] = {CALIBRATION, HKV, D};
+    kvq_tensor ck = kvq_tensor_host(calibration, KVQ_DTYPE_F32, 3, shape);
+    kvq_tensor cv = kvq_tensor_host(calibration + (size_t)CALIBRATION * HKV * D, KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(p->ctx[0], kvq_codebooks_learn(p->cache[0], 0, &ck, &cv, NULL));
+    free(calibration);
+    uint64_t bytes = 0;
+    size_t written = 0;
+    KVQ_CHECK(p->ctx[0], kvq_codebooks_save_size(p->cache[0], &bytes));
+    void *books = malloc((size_t)bytes);
+    cr_assert_not_null(books);
+    KVQ_CHECK(p->ctx[0], kvq_codebooks_save_to_memory(p->cache[0], books, (size_t)bytes, &written));
+    KVQ_CHECK(p->ctx[1], kvq_codebooks_load_from_memory(p->cache[1], books, written));
+    free(books);
+  }
+  for (int b = 0; b < 2; b++) KVQ_CHECK(p->ctx[b], kvq_sequence_add(p->cache[b], &p->seq[b]));
+}
+
+static void pair_close(pair *p) {
+  for (int b = 0; b < 2; b++) {
+    kvq_cache_destroy(p->cache[b]);
+    kvq_context_destroy(p->ctx[b]);
+  }
+}
+
+/* The tokens of one side in the input dtype: [TOKENS][HKV][D]. */
+static void *tokens_of(kvq_dtype dtype, uint32_t salt) {
+  float *f = malloc(sizeof(float) * TOKENS * HKV * D);
+  cr_assert_not_null(f);
+  for (uint32_t i = 0; i < TOKENS * HKV * D; i++) f[i] = value_at(i, salt);
+  void *storage = NULL;
+  th_tensor_from_f32(f, dtype, TOKENS, HKV, D, &storage);
+  free(f);
+  return storage;
+}
+
+static kvq_tensor rows(void *data, kvq_memory memory, kvq_dtype dtype, uint32_t first, uint32_t count) {
+  const size_t esize = dtype == KVQ_DTYPE_F32 ? 4 : 2;
+  const int64_t shape[3] = {count, HKV, D};
+  void *at = (uint8_t *)data + (size_t)first * HKV * D * esize;
+  return memory == KVQ_MEMORY_CUDA_DEVICE ? kvq_tensor_cuda(at, dtype, 3, shape) : kvq_tensor_host(at, dtype, 3, shape);
+}
+
+/* Appends every token in two calls (a partial page stays open after the first), then flushes; on
+ * CUDA from `memory` (host, or emulated device memory: the emulated device's memory is the heap). */
+static void append_all(pair *p, kvq_dtype dtype, const void *k, const void *v, kvq_memory cuda_memory) {
+  for (int b = 0; b < 2; b++) {
+    const kvq_memory memory = b == 1 ? cuda_memory : KVQ_MEMORY_HOST;
+    kvq_tensor k1 = rows((void *)k, memory, dtype, 0, FIRST_APPEND), v1 = rows((void *)v, memory, dtype, 0, FIRST_APPEND);
+    kvq_tensor k2 = rows((void *)k, memory, dtype, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    kvq_tensor v2 = rows((void *)v, memory, dtype, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    KVQ_CHECK(p->ctx[b], kvq_append(p->cache[b], p->seq[b], 0, &k1, &v1));
+    KVQ_CHECK(p->ctx[b], kvq_append(p->cache[b], p->seq[b], 0, &k2, &v2));
+    KVQ_CHECK(p->ctx[b], kvq_flush(p->cache[b], p->seq[b]));
+  }
+}
+
+/* kvq's promise: the same pages on every backend. The saved files hold the config, fixed arrays,
+ * page tables and every page: they must be the same bytes. */
+static void check_saved_files(pair *p, const char *name) {
+  uint64_t size[2];
+  void *image[2];
+  for (int b = 0; b < 2; b++) {
+    KVQ_CHECK(p->ctx[b], kvq_cache_save_size(p->cache[b], &size[b]));
+    image[b] = malloc((size_t)size[b]);
+    cr_assert_not_null(image[b]);
+    size_t written = 0;
+    KVQ_CHECK(p->ctx[b], kvq_cache_save_to_memory(p->cache[b], image[b], (size_t)size[b], &written));
+    cr_assert_eq(written, size[b]);
+  }
+  cr_assert_eq(size[0], size[1], "%s: saved files of %llu and %llu bytes", name, (unsigned long long)size[0],
+               (unsigned long long)size[1]);
+  size_t at = 0;
+  while (at < size[0] && ((uint8_t *)image[0])[at] == ((uint8_t *)image[1])[at]) at++;
+  cr_assert_eq(at, (size_t)size[0], "%s: the saved files differ first at byte %zu of %llu", name, at, (unsigned long long)size[0]);
+  free(image[0]);
+  free(image[1]);
+}
+
+/* kvq_dequantize on both backends (on CUDA into `memory`): bit for bit, or for QJL and dense
+ * PolarQuant within docs/CUDA.md's bound for those decodes, |cuda - cpu| <= 1e-5 (1 + |cpu|). */
+static void check_dequantize(pair *p, const spec *sp, kvq_memory cuda_memory) {
+  const size_t n = (size_t)TOKENS * HKV * D;
+  float *out[2][2];
+  for (int b = 0; b < 2; b++) {
+    for (int s = 0; s < 2; s++) {
+      out[b][s] = malloc(sizeof(float) * n);
+      cr_assert_not_null(out[b][s]);
+      for (size_t i = 0; i < n; i++) out[b][s][i] = NAN; /* every element must be written */
+    }
+    const kvq_memory memory = b == 1 ? cuda_memory : KVQ_MEMORY_HOST;
+    kvq_tensor kd = rows(out[b][0], memory, KVQ_DTYPE_F32, 0, TOKENS), vd = rows(out[b][1], memory, KVQ_DTYPE_F32, 0, TOKENS);
+    KVQ_CHECK(p->ctx[b], kvq_dequantize(p->cache[b], p->seq[b], 0, 0, TOKENS, &kd, &vd));
+  }
+  for (int s = 0; s < 2; s++) {
+    const kvq_method_config *m = s == 0 ? &sp->keys : &sp->values;
+    for (size_t i = 0; i < n; i++) {
+      const float cpu = out[0][s][i], gpu = out[1][s][i];
+      if (!bounded(m))
+        cr_assert(memcmp(&cpu, &gpu, 4) == 0, "%s, %s: element %zu is %.9g on CUDA, %.9g on the CPU", sp->name,
+                  s ? "values" : "keys", i, (double)gpu, (double)cpu);
+      else
+        cr_assert(fabs((double)gpu - cpu) <= 1e-5 * (1.0 + fabs((double)cpu)), "%s, %s: element %zu is %.9g on CUDA, %.9g on the CPU",
+                  sp->name, s ? "values" : "keys", i, (double)gpu, (double)cpu);
+    }
+  }
+  for (int b = 0; b < 2; b++)
+    for (int s = 0; s < 2; s++) free(out[b][s]);
+}
+
+static void run_spec(const spec *sp, uint64_t seed, kvq_memory cuda_memory) {
+  pair p;
+  pair_open(&p, sp, seed, KVQ_POLICY_KEEP_ALL);
+  void *k = tokens_of(sp->input, (uint32_t)seed), *v = tokens_of(sp->input, (uint32_t)seed + 1u);
+  append_all(&p, sp->input, k, v, cuda_memory);
+  check_saved_files(&p, sp->name);
+  check_dequantize(&p, sp, cuda_memory);
+  free(k);
+  free(v);
+  pair_close(&p);
+}
+
+Test(cuda, every_method_gives_the_cpu_pages_and_decodes, .timeout = 300) {
+  size_t count;
+  const spec *s = specs(&count);
+  for (size_t i = 0; i < count; i++) run_spec(&s[i], 100 + i, KVQ_MEMORY_HOST);
+}
+
+/* Caller device pointers (emulated device memory is the heap, so host pointers serve as CUDA device
+ * pointers here) as keys, values and dequantize outputs, in place of host tensors. */
+Test(cuda, caller_device_pointers_as_keys_values_and_outputs, .timeout = 120) {
+  size_t count;
+  const spec *s = specs(&count);
+  run_spec(&s[0], 200, KVQ_MEMORY_CUDA_DEVICE);
+  run_spec(&s[4], 201, KVQ_MEMORY_CUDA_DEVICE);
+}
+
+/* Q-Hitter reads every token's quantization error from QUANTIZE (the errors buffer of the job): for
+ * the methods whose decode is bit for bit the CPU's, the errors (||x - x^||_2 summed in double in
+ * channel order on both) are too, and so are the saved files, which hold them. */
+Test(cuda, qhitter_quantization_errors_are_the_cpus, .timeout = 120) {
+  size_t count;
+  const spec *s = specs(&count);
+  const size_t cases[] = {2, 5};
+  for (size_t c = 0; c < 2; c++) {
+    const spec *sp = &s[cases[c]];
+    pair p;
+    pair_open(&p, sp, 300 + c, KVQ_POLICY_QHITTER);
+    void *k = tokens_of(sp->input, 300 + (uint32_t)c), *v = tokens_of(sp->input, 400 + (uint32_t)c);
+    append_all(&p, sp->input, k, v, KVQ_MEMORY_HOST);
+    kvq_token_stats stats[2][TOKENS];
+    size_t n[2];
+    for (int b = 0; b < 2; b++) KVQ_CHECK(p.ctx[b], kvq_sequence_token_stats(p.cache[b], p.seq[b], stats[b], TOKENS, &n[b]));
+    cr_assert_eq(n[0], n[1]);
+    cr_assert_gt(n[0], 0u);
+    size_t measured = 0; /* tokens of whole pages: the first 2 P (docs: errors of pages quantized whole) */
+    for (size_t t = 0; t < n[0]; t++) {
+      measured += stats[0][t].key_error > 0.0f || stats[0][t].value_error > 0.0f;
+      cr_assert(memcmp(&stats[0][t].key_error, &stats[1][t].key_error, sizeof(float)) == 0 &&
+                    memcmp(&stats[0][t].value_error, &stats[1][t].value_error, sizeof(float)) == 0,
+                "%s: token %zu's errors are %.9g, %.9g on CUDA and %.9g, %.9g on the CPU", sp->name, t,
+                (double)stats[1][t].key_error, (double)stats[1][t].value_error, (double)stats[0][t].key_error,
+                (double)stats[0][t].value_error);
+    }
+    cr_assert_geq(measured, 2u * P, "%s: %zu tokens with errors", sp->name, measured);
+    check_saved_files(&p, sp->name);
+    free(k);
+    free(v);
+    pair_close(&p);
+  }
+}
+
+/* What the caller may hand over: CUDA memory only to CUDA, and CUDA only CUDA memory. */
+Test(cuda, wrong_memory_kinds_are_refused) {
+  kvq_context *cpu = context_of(KVQ_BACKEND_CPU), *ctx = cuda_context();
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *on_cpu = NULL, *on_cuda = NULL;
+  uint32_t seq_cpu, seq_cuda;
+  KVQ_CHECK(cpu, kvq_cache_create(cpu, &config, &on_cpu));
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &on_cuda));
+  KVQ_CHECK(cpu, kvq_sequence_add(on_cpu, &seq_cpu));
+  KVQ_CHECK(ctx, kvq_sequence_add(on_cuda, &seq_cuda));
+  float data[4 * HKV * D] = {0};
+  const int64_t shape[3] = {4, HKV, D};
+  kvq_tensor device = kvq_tensor_cuda(data, KVQ_DTYPE_F32, 3, shape);
+  kvq_tensor vk = kvq_tensor_vulkan(1, 0, KVQ_DTYPE_F32, 3, shape);
+  cr_assert_eq(kvq_append(on_cpu, seq_cpu, 0, &device, &device), KVQ_ERROR_UNSUPPORTED, "CUDA memory on the CPU backend");
+  cr_assert_eq(kvq_append(on_cuda, seq_cuda, 0, &vk, &vk), KVQ_ERROR_UNSUPPORTED, "a VkBuffer on the CUDA backend");
+  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "vulkan"), "%s", kvq_context_last_error(ctx));
+  /* the backend itself imports CUDA device memory only */
+  kvq_backend *be = ctx->backend;
+  kvq_buffer *buffer = NULL;
+  const kvq_device_memory host = {KVQ_MEMORY_HOST, data, 0}, vulkan = {KVQ_MEMORY_VULKAN_BUFFER, NULL, 1};
+  const kvq_device_memory null_device = {KVQ_MEMORY_CUDA_DEVICE, NULL, 0}, cuda = {KVQ_MEMORY_CUDA_DEVICE, data, 0};
+  cr_assert_eq(be->ops->buffer_import(be, &host, sizeof data, &buffer), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(be->ops->buffer_import(be, &vulkan, sizeof data, &buffer), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(be->ops->buffer_import(be, &null_device, sizeof data, &buffer), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_null(buffer);
+  cr_assert_eq(be->ops->buffer_import(be, &cuda, sizeof data, &buffer), KVQ_OK, "%s", be->message);
+  be->ops->buffer_destroy(be, buffer); /* the wrapper only: `data` stays the caller's */
+  kvq_cache_destroy(on_cpu);
+  kvq_cache_destroy(on_cuda);
+  kvq_context_destroy(cpu);
+  kvq_context_destroy(ctx);
+}
+
+/* A buffer of another backend is refused by every CUDA operation (kvq_buffer_base's owner), never
+ * read as a CUDA buffer; destroying it through CUDA leaves it to its owner. */
+static void check_foreign_buffer(kvq_backend *cuda, kvq_backend *other) {
+  kvq_buffer *foreign = NULL, *mine = NULL;
+  cr_assert_eq(other->ops->buffer_create(other, 4096, &foreign), KVQ_OK, "%s", other->message);
+  cr_assert_eq(cuda->ops->buffer_create(cuda, 4096, &mine), KVQ_OK, "%s", cuda->message);
+  uint8_t bytes[64] = {1};
+  cr_assert_eq(cuda->ops->buffer_write(cuda, foreign, 0, bytes, sizeof bytes), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(cuda->message, "another backend"), "%s", cuda->message);
+  cr_assert_eq(cuda->ops->buffer_read(cuda, foreign, 0, bytes, sizeof bytes), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(cuda->ops->buffer_copy(cuda, mine, 0, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(cuda->ops->buffer_copy(cuda, foreign, 0, mine, 0, 64), KVQ_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(cuda->ops->buffer_zero(cuda, foreign, 0, 64), KVQ_ERROR_INVALID_ARGUMENT);
+  const uint32_t slots[1] = {0};
+  kvq_side_desc side = {0};
+  side.layout.method = 0; /* EXACT: the check comes before any layout is read */
+  kvq_job_dequantize job = {.side = &side, .pages = foreign, .count = 1, .slots = slots, .out = mine};
+  cr_assert_eq(cuda->ops->dequantize(cuda, &job), KVQ_ERROR_INVALID_ARGUMENT);
+  cuda->ops->buffer_destroy(cuda, foreign); /* refused: still the other backend's */
+  uint8_t back[64];
+  cr_assert_eq(other->ops->buffer_read(other, foreign, 0, back, sizeof back), KVQ_OK, "%s", other->message);
+  other->ops->buffer_destroy(other, foreign);
+  cuda->ops->buffer_destroy(cuda, mine);
+}
+
+Test(cuda, buffers_of_other_backends_are_refused) {
+  kvq_context *cpu = context_of(KVQ_BACKEND_CPU), *ctx = cuda_context();
+  check_foreign_buffer(ctx->backend, cpu->backend);
+  kvq_context_destroy(cpu);
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  cr_assert_eq(kvq_backends_list(infos, 4, &count), KVQ_OK);
+  if (infos[1].availability == KVQ_AVAILABLE) {
+    kvq_context *vk = context_of(KVQ_BACKEND_VULKAN);
+    check_foreign_buffer(ctx->backend, vk->backend);
+    kvq_context_destroy(vk);
+  } else {
+    cr_log_warn("# the Vulkan half of this check was not run: %s", infos[1].reason);
+  }
+  kvq_context_destroy(ctx);
+}
+
+/* The jobs whose kernels are not written yet fail with that reason, and a context that picks its
+ * backend itself never lands on the emulator. */
+Test(cuda, jobs_without_kernels_say_so_and_auto_never_picks_the_emulator) {
+  kvq_context *ctx = cuda_context();
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *cache = NULL;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *q = tokens_of(KVQ_DTYPE_F32, 6), scores[HQ * TOKENS];
+  kvq_tensor kt = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &kt));
+  kvq_backend_stats stats;
+  cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+  /* 2 full pages per side were quantized, one launch each side and append */
+  cr_assert_geq(stats.submissions, 2u);
+  cr_assert_geq(stats.bytes_to_device, sizeof(float) * TOKENS * HKV * D);
+  const int64_t qshape[3] = {1, HQ, D}, sshape[3] = {1, HQ, TOKENS};
+  kvq_tensor qt = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), st = kvq_tensor_host(scores, KVQ_DTYPE_F32, 3, sshape);
+  cr_assert_eq(kvq_scores(cache, seq, 0, &qt, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, &st), KVQ_ERROR_UNSUPPORTED);
+  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "not written yet"), "%s", kvq_context_last_error(ctx));
+  free(k);
+  free(q);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  kvq_context *automatic = context_of(KVQ_BACKEND_AUTO);
+  cr_assert_null(strstr(automatic->backend->device, "emulator"), "AUTO chose %s", automatic->backend->device);
+  kvq_context_destroy(automatic);
+}
