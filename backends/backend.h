@@ -216,14 +216,16 @@ typedef struct kvq_backend_stats {
  *   KVQ_JOB_CONVERT_FITS:   a non-finite element, or one the destination dtype rounds to infinity,
  *                           sets bit 2;
  *   KVQ_JOB_CONVERT_NO_WRITE: checks only; KVQ_JOB_CONVERT_IF_CLEAR: writes nothing when the flag
- *                           word is not zero (as a dispatch recorded earlier left it).
+ *                           word is not zero (as a dispatch recorded earlier left it);
+ *   KVQ_JOB_CONVERT_MASKED: with FITS, -infinity passes (masked logits of kvq_scores).
  * Elements of the destination the shape does not reach (gaps between strided rows) are unchanged.
  * Indices are 32-bit: the backend refuses (KVQ_ERROR_UNSUPPORTED) what lies beyond. */
 enum {
   KVQ_JOB_CONVERT_FINITE = 1u,
   KVQ_JOB_CONVERT_FITS = 2u,
   KVQ_JOB_CONVERT_NO_WRITE = 4u,
-  KVQ_JOB_CONVERT_IF_CLEAR = 8u
+  KVQ_JOB_CONVERT_IF_CLEAR = 8u,
+  KVQ_JOB_CONVERT_MASKED = 16u
 };
 typedef struct kvq_tensor_place {
   kvq_buffer *buffer;

@@ -806,6 +806,108 @@ Test(vulkan, half_precision_device_queries_and_outputs) {
   runtime_stop(&r);
 }
 
+/*
+ * kvq_scores and kvq_dequantize into the runtime's VkBuffers, in place (docs/VULKAN.md): on a
+ * StreamingLLM cache whose evictions leave the kept tokens in several runs of slots, with a window
+ * that wraps in its ring and fp16 input. Logits (fp16, rows with a one-element gap, causal: the
+ * first query row's masked entries are -inf), probabilities (fp32) and dequantized keys (fp32,
+ * strided) and values (fp16), each against the same call with host tensors of the same dtypes on
+ * the same context: the same bytes, the gaps untouched. Each device call is one submission that
+ * brings back nothing but the 4-byte check word (none for fp32-only dequantized tokens: the host
+ * path checks nothing there either) and moves up only its conversions' 64 bytes each and its jobs'
+ * metadata; the staging path read the whole tensor back and wrote it again. Logits beyond fp16
+ * fail with KVQ_ERROR_NON_FINITE and write nothing, as with host tensors.
+ */
+Test(vulkan, scores_and_dequantize_into_device_tensors) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { HQ = 4, HKV = 2, D = 64, N = 90, P = 16, W = 16, NQ = 3 }; /* NQ odd: the fp16 logits end on a word */
+  kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, P, W, 16, 1, 13);
+  config.policy = kvq_policy_defaults(KVQ_POLICY_STREAMING);
+  config.policy.recent = W + P;
+  static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, NQ * HQ * D);
+  uint32_t seq;
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
+  for (uint32_t t = 0; t < N; t++) th_append(ctx, cache, seq, 0, k, v, t, 1, HKV, D, KVQ_DTYPE_F16);
+  uint32_t positions[N];
+  size_t kept = 0;
+  KVQ_CHECK(ctx, kvq_sequence_positions(cache, seq, 0, positions, N, &kept));
+  cr_assert_lt(kept, (size_t)N, "the policy evicted tokens");
+  size_t runs = 1; /* runs of consecutive positions: at least as many as runs of slots */
+  for (size_t j = 1; j < kept; j++) runs += positions[j] != positions[j - 1] + 1;
+  cr_assert_gt(runs, 1u, "the kept tokens lie in several runs");
+  const uint32_t n = (uint32_t)kept, LROW = HQ * n + 1;
+  /* logits fp16 [NQ][HQ][n] with rows of LROW; probabilities fp32; keys fp32 with rows of TROW floats */
+  enum { TROW = HKV * D + 4 };
+  const int64_t qshape[3] = {NQ, HQ, D}, sshape[3] = {NQ, HQ, n}, lstrides[3] = {LROW, n, 1};
+  const int64_t tshape[3] = {n, HKV, D}, kstrides[3] = {TROW, D, 1};
+  uint16_t *host_logits = malloc(2 * NQ * HQ * n), *host_values = malloc(2 * n * HKV * D);
+  float *host_probs = malloc(4 * NQ * HQ * n), *host_keys = malloc(4 * n * HKV * D);
+  runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q), lb = runtime_buffer_make(&r, NULL, 2 * NQ * LROW + 2);
+  runtime_buffer pb = runtime_buffer_make(&r, NULL, 4 * NQ * HQ * n), kb = runtime_buffer_make(&r, NULL, 4 * n * TROW);
+  runtime_buffer vb = runtime_buffer_make(&r, NULL, 2 * n * HKV * D);
+  kvq_tensor qh = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), qd = device_tensor(&qb, 0, KVQ_DTYPE_F32, qshape, NULL);
+  kvq_tensor lh = kvq_tensor_host(host_logits, KVQ_DTYPE_F16, 3, sshape), ld = device_tensor(&lb, 0, KVQ_DTYPE_F16, sshape, lstrides);
+  kvq_tensor ph = kvq_tensor_host(host_probs, KVQ_DTYPE_F32, 3, sshape), pd = device_tensor(&pb, 0, KVQ_DTYPE_F32, sshape, NULL);
+  kvq_tensor kh = kvq_tensor_host(host_keys, KVQ_DTYPE_F32, 3, tshape), kd = device_tensor(&kb, 0, KVQ_DTYPE_F32, tshape, kstrides);
+  kvq_tensor vh = kvq_tensor_host(host_values, KVQ_DTYPE_F16, 3, tshape), vd = device_tensor(&vb, 0, KVQ_DTYPE_F16, tshape, NULL);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lh));
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_PROBABILITIES, &ph));
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kh, &vh));
+  cr_assert_eq(host_logits[n - 1], 0xfc00, "the first row cannot see the last tokens: -inf");
+  /* the conversions of each call: queries (device only), then the outputs' check and write passes */
+  const uint64_t conversions = 64u * 2 * runs;
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld));
+  kvq_backend_stats s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "logits: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "logits: %llu bytes back (the check word only)", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, 64u + conversions + 256u, "logits: %llu bytes up", (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_PROBABILITIES, &pd));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "probabilities: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "probabilities: %llu bytes back", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, sizeof q + conversions + 256u, "probabilities: %llu bytes up", (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, &vd));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "dequantize: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "dequantize: %llu bytes back", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, 2 * (conversions + 64u * N / P) + 8u * N / P, "dequantize: %llu bytes up",
+                (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, NULL));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "fp32 keys: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 0u, "fp32 keys: %llu bytes back (nothing to check)", (unsigned long long)s.bytes_to_host);
+  const uint16_t *lo = lb.mapped;
+  const float *ko = kb.mapped;
+  for (int row = 0; row < NQ; row++) {
+    cr_assert_eq(memcmp(lo + row * LROW, host_logits + row * HQ * n, 2 * HQ * n), 0, "logits row %d differ", row);
+    cr_assert_eq(lo[row * LROW + HQ * n], 0x5a5a, "the gap after logits row %d was written", row);
+  }
+  cr_assert_eq(memcmp(pb.mapped, host_probs, 4 * NQ * HQ * n), 0, "probabilities differ");
+  for (uint32_t t = 0; t < n; t++) {
+    cr_assert_eq(memcmp(ko + t * TROW, host_keys + t * HKV * D, 4 * HKV * D), 0, "key %u differs", t);
+    for (int g = 0; g < 16; g++) cr_assert_eq(((const uint8_t *)(ko + t * TROW + HKV * D))[g], 0x5a, "the gap after key %u was written", t);
+  }
+  cr_assert_eq(memcmp(vb.mapped, host_values, 2 * n * HKV * D), 0, "values differ");
+  /* logits beyond fp16: refused on both paths, the device tensor untouched */
+  for (int i = 0; i < NQ * HQ * D; i++) ((float *)qb.mapped)[i] = q[i] * 100000.0f;
+  memset(lb.mapped, 0x5a, 2 * NQ * LROW + 2);
+  cr_assert_eq(kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld), KVQ_ERROR_NON_FINITE);
+  for (size_t i = 0; i < 2 * NQ * LROW + 2; i++) cr_assert_eq(((const uint8_t *)lb.mapped)[i], 0x5a, "logit byte %zu was written", i);
+  for (int i = 0; i < NQ * HQ * D; i++) q[i] *= 100000.0f;
+  cr_assert_eq(kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lh), KVQ_ERROR_NON_FINITE);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&qb, &lb, &pb, &kb, &vb};
+  runtime_buffers_free(&r, all, 5);
+  free(host_logits), free(host_values), free(host_probs), free(host_keys);
+  runtime_stop(&r);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
@@ -813,6 +915,7 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) { require_vulkan(); }
 Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
 Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
+Test(vulkan, scores_and_dequantize_into_device_tensors) { require_vulkan(); }
 #endif
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */

@@ -8,7 +8,8 @@
 #include "vk.h"
 
 _Static_assert(KVQ_JOB_CONVERT_FINITE == KVQ_CONVERT_CHECK_FINITE && KVQ_JOB_CONVERT_FITS == KVQ_CONVERT_CHECK_FITS &&
-                   KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR,
+                   KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR &&
+                   KVQ_JOB_CONVERT_MASKED == KVQ_CONVERT_MASKED,
                "the job's check bits are the shader's");
 
 

@@ -106,10 +106,10 @@ typedef enum kvq_memory {
  * KVQ_MEMORY_HOST works on every backend. KVQ_MEMORY_VULKAN_BUFFER works on a Vulkan context
  * created on the runtime's own device (kvq_context_options.vulkan): handle is a VkBuffer of that
  * device (data is ignored) that covers the tensor's elements, created with STORAGE_BUFFER usage, and
- * TRANSFER_SRC usage for inputs and TRANSFER_DST usage for outputs. kvq_append and kvq_attention read
- * and write such tensors in place with compute shaders on the context's queue (their finite-value
- * checks run there too: docs/VULKAN.md says how they differ from host tensors'); the other calls
- * move them through host memory with transfers. Either way the work is done before the call returns,
+ * TRANSFER_SRC usage for inputs and TRANSFER_DST usage for outputs. kvq_append, kvq_attention,
+ * kvq_scores and kvq_dequantize read and write such tensors in place with compute shaders on the
+ * context's queue (their finite-value checks run there too: docs/VULKAN.md says how they differ from
+ * host tensors'); codebook learning moves them through host memory with transfers. Either way the work is done before the call returns,
  * unless the context is asynchronous (kvq_context_set_async), and nothing is written between strided
  * elements. Other backends, and CUDA memory in this build, return KVQ_ERROR_UNSUPPORTED.
  */
@@ -248,8 +248,8 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * the context was created with kvq_context_options.vulkan): one queue submission per call, never
  * waited for by that call, unless the call returns results to host memory (a host output tensor, and
  * the policy statistics that H2O and Q-Hitter read back), where it waits as in synchronous mode.
- * kvq_scores and kvq_dequantize wait for their results (writing them into a device output tensor may
- * still be in flight when they return). The CPU backend is always synchronous: the mode is accepted
+ * kvq_scores and kvq_dequantize wait for results they return to host memory; into device tensors they
+ * are asynchronous like kvq_attention. The CPU backend is always synchronous: the mode is accepted
  * and changes nothing.
  *
  * While a call's work is in flight:
