@@ -154,6 +154,17 @@ kvq_status kvq_tensor_scatter_block(kvq_context *ctx, kvq_buffer *src, uint64_t 
   return convert(ctx, t, start, shape, src, src_offset, src_dtype, src_strides, 1, checks);
 }
 
+kvq_status kvq_device_tokens_check(kvq_context *ctx, const kvq_side_desc *side, kvq_dtype dtype, kvq_buffer *tokens,
+                                   uint64_t offset, uint32_t count) {
+  kvq_backend *be = ctx->backend;
+  kvq_status st = checks_start(ctx);
+  if (st != KVQ_OK) return st;
+  const kvq_job_token_check job = {.side = side, .dtype = dtype, .src = tokens, .src_offset = offset, .count = count,
+                                   .flags = ctx->checks};
+  st = be->ops->check_tokens(be, &job);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "checking device tokens");
+}
+
 kvq_status kvq_device_checks_read(kvq_context *ctx) {
   if (!ctx->checks_recorded && !ctx->checks_pending) return KVQ_OK;
   ctx->checks_recorded = ctx->checks_pending = 0;
@@ -166,6 +177,11 @@ kvq_status kvq_device_checks_read(kvq_context *ctx) {
   if (word & KVQ_JOB_CONVERT_FINITE)
     return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                     "%s: a device tensor holds a non-finite element (checked on the device; see docs/VULKAN.md)", what);
+  if (word & KVQ_JOB_CHECK_RANGE)
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                    "%s: a device key or value is beyond what its layer's method stores (an fp16 norm, scale, minimum or "
+                    "value would overflow; checked on the device, see docs/VULKAN.md)",
+                    what);
   if (word & KVQ_JOB_CONVERT_FITS)
     return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                     "%s: the result overflowed fp32 or does not fit the output's dtype (checked on the device): the output was not written",

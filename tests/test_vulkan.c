@@ -908,6 +908,72 @@ Test(vulkan, scores_and_dequantize_into_device_tensors) {
   runtime_stop(&r);
 }
 
+/*
+ * The per-method range checks of appended tokens (core/token_check.c) hold for device keys and values
+ * too: a token that a method cannot store (an fp16 value, QJL norm, uniform minimum or scale beyond
+ * fp16, a KIVI value beyond 32752, a PolarQuant radius beyond 65440) refuses a synchronous append of
+ * device tensors with KVQ_ERROR_NON_FINITE and changes nothing, exactly where a host append refuses
+ * it, on either side (the other side exact fp32, which refuses nothing finite); asynchronously the
+ * wait reports it.
+ */
+Test(vulkan, device_appends_refuse_what_host_appends_refuse) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { HQ = 4, HKV = 2, D = 64, N = 3 };
+  const kvq_method_config methods[] = {th_exact(KVQ_DTYPE_F16), method(KVQ_METHOD_QJL), th_uniform(4, 32), kivi(2, 16),
+                                       polar(KVQ_ROTATION_DENSE)};
+  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f};
+  static float k[(N + 1) * HKV * D], v[(N + 1) * HKV * D], q[1];
+  fill_kvq(k, v, (N + 1) * HKV * D, q, 1);
+  const int64_t shape[3] = {1, HKV, D};
+  runtime_buffer kb = runtime_buffer_make(&r, NULL, 4 * HKV * D), vb = runtime_buffer_make(&r, NULL, 4 * HKV * D);
+  const kvq_tensor kd = device_tensor(&kb, 0, KVQ_DTYPE_F32, shape, NULL), vd = device_tensor(&vb, 0, KVQ_DTYPE_F32, shape, NULL);
+  int refused = 0;
+  for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++)
+    for (int side = 0; side < 2; side++)
+      for (size_t x = 0; x < sizeof extremes / sizeof extremes[0] && !(m == 1 && side == 1); x++) { /* QJL: keys only */
+        kvq_layer_config layer = th_layer(HQ, HKV, D, side ? th_exact(KVQ_DTYPE_F32) : methods[m], side ? methods[m] : th_exact(KVQ_DTYPE_F32));
+        kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 5);
+        uint32_t host_seq, dev_seq;
+        kvq_cache *host = cache_with_sequence(ctx, &config, &host_seq), *dev = cache_with_sequence(ctx, &config, &dev_seq);
+        th_append(ctx, host, host_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        th_append(ctx, dev, dev_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        float token[2][HKV * D];
+        memcpy(token[0], k + N * HKV * D, sizeof token[0]), memcpy(token[1], v + N * HKV * D, sizeof token[1]);
+        token[side][D + 5] = extremes[x]; /* kv head 1, channel 5 */
+        const kvq_tensor kh = kvq_tensor_host(token[0], KVQ_DTYPE_F32, 3, shape), vh = kvq_tensor_host(token[1], KVQ_DTYPE_F32, 3, shape);
+        memcpy(kb.mapped, token[0], sizeof token[0]), memcpy(vb.mapped, token[1], sizeof token[1]);
+        const kvq_status host_st = kvq_append(host, host_seq, 0, &kh, &vh);
+        kvq_sequence_info before, after;
+        KVQ_CHECK(ctx, kvq_sequence_info_get(dev, dev_seq, 0, &before));
+        const kvq_status dev_st = kvq_append(dev, dev_seq, 0, &kd, &vd);
+        KVQ_CHECK(ctx, kvq_sequence_info_get(dev, dev_seq, 0, &after));
+        cr_assert_eq(dev_st, host_st, "method %zu on side %d, element %g: the device append returned %s, the host append %s (%s)", m,
+                     side, (double)extremes[x], kvq_status_string(dev_st), kvq_status_string(host_st), kvq_context_last_error(ctx));
+        cr_assert(host_st == KVQ_OK || host_st == KVQ_ERROR_NON_FINITE, "%s", kvq_status_string(host_st));
+        cr_assert_eq(after.tokens, before.tokens + (dev_st == KVQ_OK), "a refused append changed the sequence");
+        if (dev_st != KVQ_OK) {
+          refused++;
+          cr_assert(strstr(kvq_context_last_error(ctx), "method stores"), "%s", kvq_context_last_error(ctx));
+        }
+        if (m == 3 && side == 0 && x == 2) { /* asynchronously: the wait reports it */
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+          cr_assert_eq(kvq_append(dev, dev_seq, 0, &kd, &vd), KVQ_OK, "checked on the device: reported at the wait");
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_ERROR_NON_FINITE);
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_OK, "reported once");
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+        }
+        kvq_cache_destroy(host);
+        kvq_cache_destroy(dev);
+      }
+  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1, "%d appends refused", refused);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&kb, &vb};
+  runtime_buffers_free(&r, all, 2);
+  runtime_stop(&r);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
@@ -916,6 +982,7 @@ Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
 Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
 Test(vulkan, scores_and_dequantize_into_device_tensors) { require_vulkan(); }
+Test(vulkan, device_appends_refuse_what_host_appends_refuse) { require_vulkan(); }
 #endif
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */

@@ -265,9 +265,10 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * An error of work in flight (KVQ_ERROR_DEVICE_LOST, a failure the Vulkan validation layer reported in
  * validation runs) is returned by kvq_context_wait, or by the next call that waits for it, with
  * kvq_context_last_error saying what failed. The checks of device tensors that run on the device
- * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, an output that overflows) are returned by
- * kvq_context_wait only, an append with a non-finite device key or value having then taken place with
- * the element stored as 0 (a synchronous append refuses it first); until the wait later calls write
+ * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, a key or value its layer's method cannot
+ * store, an output that overflows) are returned by kvq_context_wait only, an append with such a device
+ * key or value having then taken place (a non-finite element stored as 0; a synchronous append refuses
+ * it first); until the wait later calls write
  * no device outputs. Argument errors, capacity
  * and the finite-value checks of host data are still returned by the call itself.
  *
