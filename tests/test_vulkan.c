@@ -1084,6 +1084,42 @@ Test(vulkan, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
   }
 }
 
+/*
+ * Codebook learning records its k-means steps into one submission each (docs/VULKAN.md): the buffers,
+ * the calibration upload and the first assignment go with the first step's read of the assignment,
+ * each later Lloyd step (update, then assignment) with its read; then one read of the centroids and
+ * the codebooks' upload at the end. Only the assignment comes back per step (the distances are not
+ * read where nothing uses them). Before, every buffer operation and job was a submission of its own
+ * (19 here for 3 steps), and each step read the distances back too.
+ */
+Test(vulkan, codebook_learning_is_one_submission_per_step) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  enum { D = 16, T = 512, G = D / 4, STEPS_MAX = 100 };
+  kvq_method_config c = cq(4, 2);
+  c.cq.iterations = STEPS_MAX;
+  kvq_layer_config layer = th_layer(1, 1, D, c, th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 11);
+  static float cal[T * D];
+  for (int i = 0; i < T * D; i++) cal[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+  const int64_t cal_shape[3] = {T, 1, D};
+  kvq_tensor kt = kvq_tensor_host(cal, KVQ_DTYPE_F32, 3, cal_shape);
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
+  const kvq_backend_stats s = counted(ctx);
+  /* at most STEPS_MAX + 1 assignments read back (G problems of T points, 4 bytes each), and the
+   * centroids (G problems of 4 clusters of 4 floats) */
+  const uint64_t centroids = 4u * G * 4 * 4, steps = (s.bytes_to_host - centroids) / (4u * G * T);
+  cr_assert_eq(s.bytes_to_host, steps * 4u * G * T + centroids, "only assignments and centroids came back: %llu bytes", (unsigned long long)s.bytes_to_host);
+  cr_assert(steps >= 2 && steps <= STEPS_MAX + 1, "%llu assignments read", (unsigned long long)steps);
+  cr_assert_eq(s.submissions, steps + 2, "%llu submissions for %llu k-means steps", (unsigned long long)s.submissions,
+               (unsigned long long)steps);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
 /* ---- A batch of sequences in one call ---------------------------------------------------------------- */
 
 /*
