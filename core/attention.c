@@ -495,13 +495,25 @@ static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uin
  * per run of consecutive kept slots (window tokens straight from the ring, converted from the input
  * dtype), with the 16-bit outputs' range checked before any is written (the host path's check_fits). */
 #define DEQUANTIZE_IN_PLACE_BUDGET ((uint64_t)256 << 20) /* bytes of decoded pages; larger calls are staged */
+
+/* The listed pages the kept tokens at `slot` span ([*page0, + result)), and how many of the tokens
+ * lie in pages (*quantized; the rest are window tokens). */
+static uint32_t spanned_pages(const kvq_cache *cache, const kvq_layer_view *view, const uint32_t *slot, uint32_t count,
+                              uint32_t *quantized, uint32_t *page0) {
+  const uint32_t P = cache->config.page_size;
+  uint32_t q = 0;
+  while (q < count && slot[q] < view->slots) q++;
+  *quantized = q;
+  *page0 = q ? slot[0] / P : 0;
+  return q ? slot[q - 1] / P - *page0 + 1 : 0;
+}
+
 static int dequantize_in_place_fits(const kvq_cache *cache, uint32_t layer, const kvq_layer_view *view, const uint32_t *slot,
                                     uint32_t count) {
-  const uint32_t P = cache->config.page_size;
-  uint32_t quantized = 0;
-  while (quantized < count && slot[quantized] < view->slots) quantized++;
-  const uint64_t pages = quantized ? slot[quantized - 1] / P - slot[0] / P + 1 : 0;
-  return 2 * pages * P * cache->layers[layer].kv_heads * cache->layers[layer].head_dim * 4 <= DEQUANTIZE_IN_PLACE_BUDGET;
+  uint32_t quantized, page0;
+  const uint64_t pages = spanned_pages(cache, view, slot, count, &quantized, &page0);
+  return 2 * pages * cache->config.page_size * cache->layers[layer].kv_heads * cache->layers[layer].head_dim * 4 <=
+         DEQUANTIZE_IN_PLACE_BUDGET;
 }
 
 static kvq_status dequantize_in_place(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, const kvq_layer_view *view,
@@ -514,9 +526,8 @@ static kvq_status dequantize_in_place(kvq_cache *cache, const kvq_sequence *seq,
   const kvq_dtype dtype = cache->config.input_dtype;
   const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, d);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
-  uint32_t quantized = 0;
-  while (quantized < count && slot[quantized] < view->slots) quantized++;
-  const uint32_t page0 = quantized ? slot[0] / P : 0, pages = quantized ? slot[quantized - 1] / P - page0 + 1 : 0;
+  uint32_t quantized, page0;
+  const uint32_t pages = spanned_pages(cache, view, slot, count, &quantized, &page0);
   const uint64_t side_floats = (uint64_t)pages * P * token_floats;
   kvq_buffer *decoded = NULL;
   kvq_status st = pages ? kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, 2 * side_floats * 4, &decoded) : KVQ_OK;

@@ -809,7 +809,7 @@ Test(vulkan, half_precision_device_queries_and_outputs) {
 /*
  * kvq_scores and kvq_dequantize into the runtime's VkBuffers, in place (docs/VULKAN.md): on a
  * StreamingLLM cache whose evictions leave the kept tokens in several runs of slots, with a window
- * that wraps in its ring and fp16 input. Logits (fp16, rows with a one-element gap, causal: the
+ * that wraps in its ring (tokens 48..69 in ring slots 16..31 and 0..5) and fp16 input. Logits (fp16, rows with a one-element gap, causal: the
  * first query row's masked entries are -inf), probabilities (fp32) and dequantized keys (fp32,
  * strided) and values (fp16), each against the same call with host tensors of the same dtypes on
  * the same context: the same bytes, the gaps untouched. Each device call is one submission that
@@ -822,7 +822,7 @@ Test(vulkan, scores_and_dequantize_into_device_tensors) {
   require_vulkan();
   runtime_device r;
   kvq_context *ctx = runtime_with_context(&r);
-  enum { HQ = 4, HKV = 2, D = 64, N = 90, P = 16, W = 16, NQ = 3 }; /* NQ odd: the fp16 logits end on a word */
+  enum { HQ = 4, HKV = 2, D = 64, N = 70, P = 16, W = 16, NQ = 3 }; /* NQ odd: the fp16 logits end on a word */
   kvq_layer_config layer = th_layer(HQ, HKV, D, kivi(2, 16), th_uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, P, W, 16, 1, 13);
   config.policy = kvq_policy_defaults(KVQ_POLICY_STREAMING);
@@ -881,6 +881,18 @@ Test(vulkan, scores_and_dequantize_into_device_tensors) {
   s = counted(ctx);
   cr_assert_eq(s.submissions, 1u, "fp32 keys: %llu submissions", (unsigned long long)s.submissions);
   cr_assert_eq(s.bytes_to_host, 0u, "fp32 keys: %llu bytes back (nothing to check)", (unsigned long long)s.bytes_to_host);
+  /* asynchronously: the same calls leave their work in flight (nothing read back) until the wait,
+   * which gives the same bytes (compared below) */
+  memset(lb.mapped, 0x5a, 2 * NQ * LROW + 2), memset(kb.mapped, 0x5a, 4 * n * TROW), memset(vb.mapped, 0x5a, 2 * n * HKV * D);
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld));
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, &vd));
+  s = counted(ctx);
+  cr_assert_eq(s.bytes_to_host, 0u, "asynchronous calls read back %llu bytes", (unsigned long long)s.bytes_to_host);
+  cr_assert_eq(s.submissions, 2u, "asynchronous calls: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_leq(s.waits, 1u, "asynchronous calls waited %llu times (only the second for the first)", (unsigned long long)s.waits);
+  KVQ_CHECK(ctx, kvq_context_wait(ctx));
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
   const uint16_t *lo = lb.mapped;
   const float *ko = kb.mapped;
   for (int row = 0; row < NQ; row++) {
