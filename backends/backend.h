@@ -216,14 +216,16 @@ typedef struct kvq_backend_stats {
  *   KVQ_JOB_CONVERT_FITS:   a non-finite element, or one the destination dtype rounds to infinity,
  *                           sets bit 2;
  *   KVQ_JOB_CONVERT_NO_WRITE: checks only; KVQ_JOB_CONVERT_IF_CLEAR: writes nothing when the flag
- *                           word is not zero (as a dispatch recorded earlier left it).
+ *                           word is not zero (as a dispatch recorded earlier left it);
+ *   KVQ_JOB_CONVERT_MASKED: with FITS, -infinity passes (masked logits of kvq_scores).
  * Elements of the destination the shape does not reach (gaps between strided rows) are unchanged.
  * Indices are 32-bit: the backend refuses (KVQ_ERROR_UNSUPPORTED) what lies beyond. */
 enum {
   KVQ_JOB_CONVERT_FINITE = 1u,
   KVQ_JOB_CONVERT_FITS = 2u,
   KVQ_JOB_CONVERT_NO_WRITE = 4u,
-  KVQ_JOB_CONVERT_IF_CLEAR = 8u
+  KVQ_JOB_CONVERT_IF_CLEAR = 8u,
+  KVQ_JOB_CONVERT_MASKED = 16u
 };
 typedef struct kvq_tensor_place {
   kvq_buffer *buffer;
@@ -238,6 +240,23 @@ typedef struct kvq_job_convert {
   kvq_buffer *flags;   /* NULL when checks is 0 */
   uint64_t flag_offset;
 } kvq_job_convert;
+
+/* The per-method range checks core makes of appended host tokens (core/token_check.c: what the side's
+ * method can store: EXACT's fp16/bf16 storage, QJL's fp16 norms, UNIFORM's fp16 minimum and scale,
+ * KIVI's |x| <= 32752, PolarQuant's radii), for tokens an append gathered on the device: `count`
+ * tokens [count][kv_heads][head_dim] of `dtype` at src/src_offset (bytes, a multiple of the dtype's
+ * size); any (token, kv head) vector the method cannot store sets KVQ_JOB_CHECK_RANGE in the flag
+ * word at flags/flag_offset. Elements are assumed finite (CONVERT checked them). */
+enum { KVQ_JOB_CHECK_RANGE = 32u };
+typedef struct kvq_job_token_check {
+  const kvq_side_desc *side;
+  kvq_dtype dtype;
+  kvq_buffer *src;
+  uint64_t src_offset;
+  uint32_t count;
+  kvq_buffer *flags;
+  uint64_t flag_offset;
+} kvq_job_token_check;
 
 /* ---- The table ------------------------------------------------------------------------------- */
 
@@ -297,6 +316,10 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: caller device tensors are staged through host memory, core/tensor_device.c).
    * The CONVERT job above, on buffers of this backend (imported caller buffers included). */
   kvq_status (*convert)(kvq_backend *backend, const kvq_job_convert *job);
+
+  /* Optional (NULL: device keys and values are staged through host memory and checked there). The
+   * range checks of device tokens above. */
+  kvq_status (*check_tokens)(kvq_backend *backend, const kvq_job_token_check *job);
 } kvq_backend_ops;
 
 struct kvq_backend {

@@ -213,8 +213,8 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   kvq_policy_plan plan = {0};
   pending_errors pending = {0};
   /* Device keys and values are read in place on the device after the checks below; their finite
-   * check runs there too (docs/VULKAN.md says what differs from host tensors). */
-  const int in_place = kvq_tensor_on_device(ctx, keys) && kvq_tensor_on_device(ctx, values);
+   * and range checks run there too (docs/VULKAN.md says what differs from host tensors). */
+  const int in_place = kvq_tensor_on_device(ctx, keys) && kvq_tensor_on_device(ctx, values) && ctx->backend->ops->check_tokens;
   uint8_t *packed[2] = {NULL, NULL};
   token_source sources[2] = {{0}};
   if (!in_place) {
@@ -237,10 +237,12 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     for (int s = 0; s < 2 && st == KVQ_OK; s++) {
       sources[s] = (token_source){NULL, tokens, (uint64_t)s * token_bytes * count};
       st = kvq_tensor_gather_rows(ctx, tensors[s], 0, count, tokens, sources[s].offset, cache->config.input_dtype);
+      if (st == KVQ_OK)
+        st = kvq_device_tokens_check(ctx, &cache->storage[layer].side[s], cache->config.input_dtype, tokens, sources[s].offset, count);
     }
-    /* Synchronously, a non-finite element refuses the append before anything changes, as for host
-     * tensors: the gather's check word is read now (a submission of its own). Asynchronously the
-     * check is reported by kvq_context_wait (kvq.h). */
+    /* Synchronously, a non-finite element, or one the method cannot store, refuses the append before
+     * anything changes, as for host tensors: the check word is read now (a submission of its own).
+     * Asynchronously the checks are reported by kvq_context_wait (kvq.h). */
     if (st == KVQ_OK && !ctx->async) st = kvq_device_checks_read(ctx);
   }
   if (st != KVQ_OK) goto done;

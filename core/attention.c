@@ -30,7 +30,9 @@ typedef struct attend_item {
   const float *queries;  /* [rows][Hq][d]; NULL when read in place from device_queries */
   const kvq_tensor *device_queries; /* kvq_attention: a device tensor read in place (or NULL) */
   const kvq_tensor *device_output;  /* kvq_attention: a device tensor written in place (or NULL) */
-  float *scores;         /* [rows][Hq][slots + window] (LOGITS / PROBABILITIES) */
+  const kvq_tensor *device_scores;  /* kvq_scores: a device tensor written in place (or NULL) */
+  const uint32_t *kept;  /* kvq_scores in place: the slot of each of the view.kept kept tokens */
+  float *scores;         /* [rows][Hq][slots + window] (LOGITS / PROBABILITIES); NULL with device_scores */
   float *output;         /* [rows][Hq][d] (OUTPUT) */
   double *sums;          /* H2O, Q-Hitter: each slot's probability mass over the item's rows, applied to
                             the statistics only once the whole call succeeded (a failed call changes
@@ -46,6 +48,23 @@ typedef struct batch {
 } batch;
 
 static uint64_t row_width(const attend_item *it) { return (uint64_t)it->view.slots + it->view.window; }
+
+/* kvq_scores into a device tensor, in place: the kept columns of one sequence's score rows (the
+ * batch's rows from score_offset, view.slots + view.window wide), one conversion per run of
+ * consecutive kept slots, into rows [row0, + query_count) of the caller's tensor. */
+static kvq_status scatter_scores(kvq_context *ctx, kvq_buffer *scores, const kvq_attention_seq *v, const attend_item *it,
+                                 uint32_t row0, uint32_t query_heads, uint32_t checks) {
+  const uint64_t width = (uint64_t)v->quantized + v->window;
+  const int64_t strides[3] = {(int64_t)(query_heads * width), (int64_t)width, 1};
+  kvq_status st = KVQ_OK;
+  for (uint32_t j = 0, len; j < it->view.kept && st == KVQ_OK; j += len) {
+    for (len = 1; j + len < it->view.kept && it->kept[j + len] == it->kept[j] + len;) len++;
+    const uint32_t start[3] = {row0, 0, j}, shape[3] = {v->query_count, query_heads, len};
+    st = kvq_tensor_scatter_block(ctx, scores, (v->score_offset + it->kept[j]) * 4, KVQ_DTYPE_F32, strides, it->device_scores,
+                                  start, shape, checks);
+  }
+  return st;
+}
 
 /* Runs the jobs for one batch whose views are built; copies results to the items' host arrays. */
 static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch *b, attend_item *const *parts,
@@ -121,8 +140,9 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
   /* Results come back in one read per buffer (one submission on a backend that batches): the rows of
    * the batch's sequences lie one after the other. */
   float *host = NULL, *sums = NULL;
-  int host_outputs = 0;
+  int host_outputs = 0, host_scores = 0;
   for (uint32_t i = 0; upto == STAGE_OUTPUT && i < b->seq_count; i++) host_outputs += !parts[i]->device_output;
+  for (uint32_t i = 0; upto != STAGE_OUTPUT && i < b->seq_count; i++) host_scores += !parts[i]->device_scores;
   if (upto == STAGE_OUTPUT && host_outputs < (int)b->seq_count) {
     /* Device outputs, in place: every one checked (fp32 overflow, the output dtype's range) before
      * any is written, and none written when a check of the call failed (queries included). */
@@ -142,8 +162,17 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
              (uint64_t)b->seqs[i].query_count * row_floats * 4);
   } else if (upto != STAGE_OUTPUT) {
+    /* Device scores, in place: checked (finite, masked logits aside; the scores' dtype) before any
+     * is written, as outputs are. */
+    const uint32_t check = KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE | (upto == STAGE_LOGITS ? KVQ_JOB_CONVERT_MASKED : 0u);
+    for (int pass = 0; pass < 2 && st == KVQ_OK; pass++)
+      for (uint32_t i = 0; i < b->seq_count && st == KVQ_OK; i++)
+        if (parts[i]->device_scores)
+          st = scatter_scores(ctx, scores, &b->seqs[i], parts[i], part_row0[i], L->query_heads, pass ? KVQ_JOB_CONVERT_IF_CLEAR : check);
+    if (st != KVQ_OK) return st;
     for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
       const kvq_attention_seq *v = &b->seqs[i];
+      if (parts[i]->device_scores) continue;
       const uint64_t n = (uint64_t)v->quantized + v->window;
       st = be->ops->buffer_read(be, scores, v->score_offset * 4, parts[i]->scores + (uint64_t)part_row0[i] * L->query_heads * n,
                                 (uint64_t)v->query_count * L->query_heads * n * 4);
@@ -162,8 +191,8 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     free(sums);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
   }
-  /* host results were read (a wait); device outputs stay in flight until the call ends */
-  if ((host_outputs || upto != STAGE_OUTPUT || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
+  /* host results were read (a wait); device outputs and scores stay in flight until the call ends */
+  if ((host_outputs || host_scores || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
     return kvq_fail_backend(ctx, st, "finishing");
   return KVQ_OK;
 }
@@ -383,24 +412,34 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   if ((st = kvq_tensor_check(ctx, scores, "kvq_scores scores", expect)) != KVQ_OK) return st;
   const kvq_layer_config *L = &cache->layers[layer];
   const uint64_t rows = (uint64_t)item.rows * L->query_heads;
-  float *q = malloc(rows * L->head_dim * 4);
-  item.scores = malloc(rows * width * 4 + 4);
+  /* device tensors are read and written in place (and checked there) where the backend can */
+  const int device_queries = kvq_tensor_on_device(ctx, queries), device_scores = kvq_tensor_on_device(ctx, scores);
+  float *q = device_queries ? NULL : malloc(rows * L->head_dim * 4);
+  item.scores = device_scores ? NULL : malloc(rows * width * 4 + 4);
   uint32_t *kept = malloc(sizeof(uint32_t) * n + 4);
   item.queries = q;
-  if (!q || !item.scores || !kept) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
+  if ((!q && !device_queries) || (!item.scores && !device_scores) || !kept)
+    st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_scores: out of host memory");
+  ctx->checks_what = "kvq_scores";
   if (st == KVQ_OK) {
+    kvq_layer_view_kept(cache, item.seq, &item.view, kept, NULL);
+    item.kept = kept;
+    item.device_queries = device_queries ? queries : NULL;
+    item.device_scores = device_scores ? scores : NULL;
+  }
+  if (st == KVQ_OK && q) {
     st = kvq_tensor_read(ctx, queries, q, KVQ_DTYPE_F32);
     if (st == KVQ_OK) st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
   if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
-  if (st == KVQ_OK && n != width) { /* evicted tokens' slots leave the rows: kept tokens only, in order */
-    kvq_layer_view_kept(cache, item.seq, &item.view, kept, NULL);
-    for (uint64_t r = 0; r < rows; r++)
-      for (uint32_t j = 0; j < n; j++) item.scores[r * n + j] = item.scores[r * width + kept[j]];
+  if (st == KVQ_OK && !device_scores) {
+    if (n != width) /* evicted tokens' slots leave the rows: kept tokens only, in order */
+      for (uint64_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < n; j++) item.scores[r * n + j] = item.scores[r * width + kept[j]];
+    st = check_finite_results(ctx, item.scores, rows * n, kind == KVQ_SCORES_LOGITS, "kvq_scores");
+    if (st == KVQ_OK) st = check_fits(ctx, item.scores, rows * n, scores->dtype, "kvq_scores");
+    if (st == KVQ_OK) st = kvq_tensor_write(ctx, scores, item.scores);
   }
-  if (st == KVQ_OK) st = check_finite_results(ctx, item.scores, rows * n, kind == KVQ_SCORES_LOGITS, "kvq_scores");
-  if (st == KVQ_OK) st = check_fits(ctx, item.scores, rows * n, scores->dtype, "kvq_scores");
-  if (st == KVQ_OK) st = kvq_tensor_write(ctx, scores, item.scores);
   free(q);
   free(kept);
   free(item.scores);
@@ -451,6 +490,82 @@ static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uin
   return st;
 }
 
+/* Decoded tokens of kvq_dequantize written in place into device tensors: every page the kept tokens
+ * [first, first + count) span decoded by one DEQUANTIZE job per side into scratch, then one conversion
+ * per run of consecutive kept slots (window tokens straight from the ring, converted from the input
+ * dtype), with the 16-bit outputs' range checked before any is written (the host path's check_fits). */
+#define DEQUANTIZE_IN_PLACE_BUDGET ((uint64_t)256 << 20) /* bytes of decoded pages; larger calls are staged */
+
+/* The listed pages the kept tokens at `slot` span ([*page0, + result)), and how many of the tokens
+ * lie in pages (*quantized; the rest are window tokens). */
+static uint32_t spanned_pages(const kvq_cache *cache, const kvq_layer_view *view, const uint32_t *slot, uint32_t count,
+                              uint32_t *quantized, uint32_t *page0) {
+  const uint32_t P = cache->config.page_size;
+  uint32_t q = 0;
+  while (q < count && slot[q] < view->slots) q++;
+  *quantized = q;
+  *page0 = q ? slot[0] / P : 0;
+  return q ? slot[q - 1] / P - *page0 + 1 : 0;
+}
+
+static int dequantize_in_place_fits(const kvq_cache *cache, uint32_t layer, const kvq_layer_view *view, const uint32_t *slot,
+                                    uint32_t count) {
+  uint32_t quantized, page0;
+  const uint64_t pages = spanned_pages(cache, view, slot, count, &quantized, &page0);
+  return 2 * pages * cache->config.page_size * cache->layers[layer].kv_heads * cache->layers[layer].head_dim * 4 <=
+         DEQUANTIZE_IN_PLACE_BUDGET;
+}
+
+static kvq_status dequantize_in_place(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, const kvq_layer_view *view,
+                                      const uint32_t *slot, uint32_t count, const kvq_tensor *const outs[2]) {
+  kvq_context *ctx = cache->ctx;
+  kvq_backend *be = ctx->backend;
+  const kvq_layer_storage *ls = &cache->storage[layer];
+  const uint32_t P = cache->config.page_size, d = ls->config.head_dim;
+  const uint64_t token_floats = (uint64_t)ls->config.kv_heads * d;
+  const kvq_dtype dtype = cache->config.input_dtype;
+  const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, d);
+  const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
+  uint32_t quantized, page0;
+  const uint32_t pages = spanned_pages(cache, view, slot, count, &quantized, &page0);
+  const uint64_t side_floats = (uint64_t)pages * P * token_floats;
+  kvq_buffer *decoded = NULL;
+  kvq_status st = pages ? kvq_scratch(cache, KVQ_SCRATCH_OUTPUT, 2 * side_floats * 4, &decoded) : KVQ_OK;
+  for (int s = 0; s < 2 && st == KVQ_OK && pages; s++) {
+    if (!outs[s]) continue;
+    kvq_job_dequantize job = {.side = &ls->side[s], .pages = ls->pages[s], .count = pages, .slots = seq->pages + page0,
+                              .out = decoded, .out_offset = s * side_floats * 4};
+    if ((st = be->ops->dequantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(ctx, st, "dequantizing");
+  }
+  const int64_t packed[3] = {(int64_t)token_floats, d, 1};
+  ctx->checks_what = "kvq_dequantize";
+  /* fp32 outputs hold every decoded value (the host path checks nothing for them): without a 16-bit
+   * output, one unchecked pass; with one, its check first and every write only if it passed */
+  int checked = 0;
+  for (int s = 0; s < 2; s++) checked |= outs[s] && outs[s]->dtype != KVQ_DTYPE_F32;
+  for (int pass = !checked; pass < 2 && st == KVQ_OK; pass++)
+    for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+      if (!outs[s] || (pass == 0 && outs[s]->dtype == KVQ_DTYPE_F32)) continue;
+      const uint32_t checks = !checked ? 0u : pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE;
+      for (uint32_t k = 0, len; k < count && st == KVQ_OK; k += len) {
+        const uint32_t start[3] = {k, 0, 0};
+        if (k < quantized) { /* decoded pages */
+          for (len = 1; k + len < quantized && slot[k + len] == slot[k] + len;) len++;
+          const uint32_t shape[3] = {len, ls->config.kv_heads, d};
+          st = kvq_tensor_scatter_block(ctx, decoded, (s * side_floats + (uint64_t)(slot[k] - page0 * P) * token_floats) * 4,
+                                        KVQ_DTYPE_F32, packed, outs[s], start, shape, checks);
+        } else { /* window tokens: consecutive positions, up to where the ring wraps */
+          const uint32_t ring_slot = (view->window_first + (slot[k] - view->slots)) % cache->ring_capacity;
+          len = count - k < cache->ring_capacity - ring_slot ? count - k : cache->ring_capacity - ring_slot;
+          const uint32_t shape[3] = {len, ls->config.kv_heads, d};
+          st = kvq_tensor_scatter_block(ctx, ls->ring[s], ring_offset + ring_slot * token_bytes, dtype, packed, outs[s], start,
+                                        shape, checks);
+        }
+      }
+    }
+  return st;
+}
+
 static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
                                   const kvq_tensor *keys, const kvq_tensor *values) {
   kvq_context *ctx = cache->ctx;
@@ -473,8 +588,15 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
       return st;
   float *buffers[2] = {NULL, NULL};
   uint32_t *slots = malloc(sizeof(uint32_t) * n);
-  if (!slots) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
-  else kvq_layer_view_kept(cache, seq, &view, slots, NULL);
+  if (!slots) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+  kvq_layer_view_kept(cache, seq, &view, slots, NULL);
+  /* device outputs are written in place when every output is one (else all are staged) */
+  if ((!keys || kvq_tensor_on_device(ctx, keys)) && (!values || kvq_tensor_on_device(ctx, values)) &&
+      dequantize_in_place_fits(cache, layer, &view, slots + first, (uint32_t)count)) {
+    st = dequantize_in_place(cache, seq, layer, &view, slots + first, (uint32_t)count, outs);
+    free(slots);
+    return st;
+  }
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     if (!outs[s]) continue;
     buffers[s] = malloc(count * L->kv_heads * L->head_dim * sizeof(float));

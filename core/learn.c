@@ -69,8 +69,8 @@ kvq_status kvq_kmeans(kvq_context *ctx, kvq_rng *rng, const kvq_kmeans_set *set,
       return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_learn: out of host memory");
   kvq_buffer *data = NULL, *weights = NULL, *cb = NULL, *assignment = NULL, *distance = NULL;
   uint32_t *assigned = malloc(sizeof(uint32_t) * pts), *previous = malloc(sizeof(uint32_t) * pts);
-  float *dist = malloc(sizeof(float) * pts);
-  if (!assigned || !previous || !dist) {
+  float *dist = objective ? malloc(sizeof(float) * pts) : NULL;
+  if (!assigned || !previous || (objective && !dist)) {
     free(assigned), free(previous), free(dist);
     return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_codebooks_learn: out of host memory");
   }
@@ -79,7 +79,8 @@ kvq_status kvq_kmeans(kvq_context *ctx, kvq_rng *rng, const kvq_kmeans_set *set,
   if (st == KVQ_OK && set->weights) st = be->ops->buffer_create(be, (uint64_t)set->points * 4, &weights);
   if (st == KVQ_OK) st = be->ops->buffer_create(be, cents * 4, &cb);
   if (st == KVQ_OK) st = be->ops->buffer_create(be, pts * 4, &assignment);
-  if (st == KVQ_OK) st = be->ops->buffer_create(be, pts * 4, &distance);
+  /* the distances only where the objective is wanted: each step then reads back the assignment alone */
+  if (st == KVQ_OK && objective) st = be->ops->buffer_create(be, pts * 4, &distance);
   if (st == KVQ_OK) st = be->ops->buffer_write(be, data, 0, set->data, pts * set->dims * 4);
   if (st == KVQ_OK && weights) st = be->ops->buffer_write(be, weights, 0, set->weights, (uint64_t)set->points * 4);
   if (st == KVQ_OK) st = be->ops->buffer_write(be, cb, 0, centroids, cents * 4);
@@ -88,7 +89,7 @@ kvq_status kvq_kmeans(kvq_context *ctx, kvq_rng *rng, const kvq_kmeans_set *set,
   for (;; step++) {
     if (st == KVQ_OK) st = be->ops->kmeans_assign(be, &job);
     if (st == KVQ_OK) st = be->ops->buffer_read(be, assignment, 0, assigned, pts * 4);
-    if (st == KVQ_OK) st = be->ops->buffer_read(be, distance, 0, dist, pts * 4);
+    if (st == KVQ_OK && objective) st = be->ops->buffer_read(be, distance, 0, dist, pts * 4);
     if (st != KVQ_OK) break;
     if (objective) {
       double sum = 0.0;
@@ -202,9 +203,8 @@ static kvq_status learn_cq(kvq_cache *cache, uint32_t layer, int side, const flo
 
 /* ---- The API -------------------------------------------------------------------------------------- */
 
-kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values,
-                               const float *weights) {
-  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+static kvq_status learn_call(kvq_cache *cache, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values,
+                             const float *weights) {
   kvq_context *ctx = cache->ctx;
   if (layer >= cache->config.layer_count)
     return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_codebooks_learn: layer %u, the cache has %u layers", layer,
@@ -287,4 +287,13 @@ kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tenso
   free(learned[0]), free(learned[1]);
   if (st == KVQ_OK) kvq_clear_error(ctx);
   return st;
+}
+
+kvq_status kvq_codebooks_learn(kvq_cache *cache, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values,
+                               const float *weights) {
+  if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  /* a deferred call: each k-means step's jobs go with the read of its assignment, one submission
+   * per step (docs/VULKAN.md); always waited for, since the codebooks are the cache's afterwards */
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end_waiting(cache->ctx, learn_call(cache, layer, keys, values, weights));
 }

@@ -47,6 +47,18 @@ kvq_status kvq_tensor_gather_rows(kvq_context *ctx, const kvq_tensor *t, uint32_
  * recorded so far in the call passed. */
 kvq_status kvq_tensor_scatter_rows(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, const kvq_tensor *t, uint32_t row0,
                                    uint32_t rows, uint32_t checks);
+/* Records: a block of `t`, elements start + [0, shape) of its three dimensions, from src at byte
+ * src_offset with element strides src_strides, of src_dtype (converted to t's dtype), with the
+ * KVQ_JOB_CONVERT_* checks of kvq_tensor_scatter_rows (kvq_scores and kvq_dequantize write their
+ * outputs this way, one block per run of kept tokens). */
+kvq_status kvq_tensor_scatter_block(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, kvq_dtype src_dtype,
+                                    const int64_t src_strides[3], const kvq_tensor *t, const uint32_t start[3],
+                                    const uint32_t shape[3], uint32_t checks);
+/* Records the per-method range checks of `count` appended tokens of one side gathered on the device
+ * (in `dtype` at byte `offset` of `tokens`), into the call's check word (KVQ_JOB_CHECK_RANGE). The
+ * backend has check_tokens. */
+kvq_status kvq_device_tokens_check(kvq_context *ctx, const kvq_side_desc *side, kvq_dtype dtype, kvq_buffer *tokens,
+                                   uint64_t offset, uint32_t count);
 /* The call's check word: read back (a wait) and turned into a status, KVQ_ERROR_NON_FINITE with a
  * message when a check failed; KVQ_OK when the call recorded none. */
 kvq_status kvq_device_checks_read(kvq_context *ctx);

@@ -106,8 +106,10 @@ static kvq_status checks_start(kvq_context *ctx) {
   return KVQ_OK;
 }
 
-static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, uint32_t rows, kvq_buffer *packed,
-                          uint64_t packed_offset, kvq_dtype packed_dtype, int to_tensor, uint32_t checks) {
+/* One CONVERT job between a block of `t` (elements start + [0, shape) of its three dimensions) and
+ * kvq's buffer `ours` at byte ours_offset with element strides ours_strides, in either direction. */
+static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, const uint32_t start[3], const uint32_t shape[3], kvq_buffer *ours,
+                          uint64_t ours_offset, kvq_dtype ours_dtype, const int64_t ours_strides[3], int to_tensor, uint32_t checks) {
   kvq_backend *be = ctx->backend;
   kvq_status st = checks ? checks_start(ctx) : KVQ_OK;
   if (st != KVQ_OK) return st;
@@ -117,13 +119,14 @@ static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, 
   const kvq_device_memory memory = kvq_tensor_memory(t);
   if ((st = be->ops->buffer_import(be, &memory, first + bytes, &buffer)) != KVQ_OK)
     return kvq_fail_backend(ctx, st, "importing a device tensor");
-  const kvq_tensor_place caller = {buffer, t->dtype, t->offset / kvq_dtype_size(t->dtype) + (uint64_t)row0 * (uint64_t)t->strides[0],
-                                   {t->strides[0], t->strides[1], t->strides[2]}};
-  const kvq_tensor_place ours = {packed, packed_dtype, packed_offset / kvq_dtype_size(packed_dtype),
-                                 {t->shape[1] * t->shape[2], t->shape[2], 1}};
-  const kvq_job_convert job = {.shape = {rows, (uint32_t)t->shape[1], (uint32_t)t->shape[2]},
-                               .src = to_tensor ? ours : caller,
-                               .dst = to_tensor ? caller : ours,
+  uint64_t at = t->offset / kvq_dtype_size(t->dtype);
+  for (int i = 0; i < 3; i++) at += (uint64_t)start[i] * (uint64_t)t->strides[i];
+  const kvq_tensor_place caller = {buffer, t->dtype, at, {t->strides[0], t->strides[1], t->strides[2]}};
+  const kvq_tensor_place place = {ours, ours_dtype, ours_offset / kvq_dtype_size(ours_dtype),
+                                  {ours_strides[0], ours_strides[1], ours_strides[2]}};
+  const kvq_job_convert job = {.shape = {shape[0], shape[1], shape[2]},
+                               .src = to_tensor ? place : caller,
+                               .dst = to_tensor ? caller : place,
                                .checks = checks,
                                .flags = checks ? ctx->checks : NULL};
   st = be->ops->convert(be, &job);
@@ -133,12 +136,33 @@ static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, 
 
 kvq_status kvq_tensor_gather_rows(kvq_context *ctx, const kvq_tensor *t, uint32_t row0, uint32_t rows, kvq_buffer *dst,
                                   uint64_t dst_offset, kvq_dtype dst_dtype) {
-  return convert(ctx, t, row0, rows, dst, dst_offset, dst_dtype, 0, KVQ_JOB_CONVERT_FINITE);
+  const uint32_t start[3] = {row0, 0, 0}, shape[3] = {rows, (uint32_t)t->shape[1], (uint32_t)t->shape[2]};
+  const int64_t packed[3] = {t->shape[1] * t->shape[2], t->shape[2], 1};
+  return convert(ctx, t, start, shape, dst, dst_offset, dst_dtype, packed, 0, KVQ_JOB_CONVERT_FINITE);
 }
 
 kvq_status kvq_tensor_scatter_rows(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, const kvq_tensor *t, uint32_t row0,
                                    uint32_t rows, uint32_t checks) {
-  return convert(ctx, t, row0, rows, src, src_offset, KVQ_DTYPE_F32, 1, checks);
+  const uint32_t start[3] = {row0, 0, 0}, shape[3] = {rows, (uint32_t)t->shape[1], (uint32_t)t->shape[2]};
+  const int64_t packed[3] = {t->shape[1] * t->shape[2], t->shape[2], 1};
+  return convert(ctx, t, start, shape, src, src_offset, KVQ_DTYPE_F32, packed, 1, checks);
+}
+
+kvq_status kvq_tensor_scatter_block(kvq_context *ctx, kvq_buffer *src, uint64_t src_offset, kvq_dtype src_dtype,
+                                    const int64_t src_strides[3], const kvq_tensor *t, const uint32_t start[3],
+                                    const uint32_t shape[3], uint32_t checks) {
+  return convert(ctx, t, start, shape, src, src_offset, src_dtype, src_strides, 1, checks);
+}
+
+kvq_status kvq_device_tokens_check(kvq_context *ctx, const kvq_side_desc *side, kvq_dtype dtype, kvq_buffer *tokens,
+                                   uint64_t offset, uint32_t count) {
+  kvq_backend *be = ctx->backend;
+  kvq_status st = checks_start(ctx);
+  if (st != KVQ_OK) return st;
+  const kvq_job_token_check job = {.side = side, .dtype = dtype, .src = tokens, .src_offset = offset, .count = count,
+                                   .flags = ctx->checks};
+  st = be->ops->check_tokens(be, &job);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "checking device tokens");
 }
 
 kvq_status kvq_device_checks_read(kvq_context *ctx) {
@@ -153,6 +177,11 @@ kvq_status kvq_device_checks_read(kvq_context *ctx) {
   if (word & KVQ_JOB_CONVERT_FINITE)
     return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                     "%s: a device tensor holds a non-finite element (checked on the device; see docs/VULKAN.md)", what);
+  if (word & KVQ_JOB_CHECK_RANGE)
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                    "%s: a device key or value is beyond what its layer's method stores (an fp16 norm, scale, minimum or "
+                    "value would overflow; checked on the device, see docs/VULKAN.md)",
+                    what);
   if (word & KVQ_JOB_CONVERT_FITS)
     return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                     "%s: the result overflowed fp32 or does not fit the output's dtype (checked on the device): the output was not written",

@@ -46,6 +46,8 @@
 #define KVQ_CONVERT_CHECK_FITS 2u   /* flag a non-finite element or one the destination dtype cannot hold */
 #define KVQ_CONVERT_NO_WRITE 4u     /* check only */
 #define KVQ_CONVERT_IF_CLEAR 8u     /* write nothing when the flag word is not zero */
+#define KVQ_CONVERT_MASKED 16u      /* CHECK_FITS passes -infinity (masked logits, kvq_scores) */
+#define KVQ_CHECK_RANGE 32u         /* set by shaders/token_check.comp: a token its method cannot store */
 
 #if defined(GL_core_profile) || defined(VULKAN)
 #define KVQ_PUSH_MEMBER(name) uint name;

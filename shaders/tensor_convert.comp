@@ -45,7 +45,8 @@ void main() {
     bool overflows = pc.window_dtype == KVQ_LAYOUT_F16 ? (out_bits & 0x7c00u) == 0x7c00u
                    : pc.window_dtype == KVQ_LAYOUT_BF16 ? (out_bits & 0x7f80u) == 0x7f80u
                                                          : false;
-    if (!finite || overflows) atomicOr(results[pc.dst_word], KVQ_CONVERT_CHECK_FITS);
+    bool masked = (pc.flags & KVQ_CONVERT_MASKED) != 0u && isinf(x) && x < 0.0;
+    if ((!finite || overflows) && !masked) atomicOr(results[pc.dst_word], KVQ_CONVERT_CHECK_FITS);
   }
   if ((pc.flags & KVQ_CONVERT_NO_WRITE) != 0u) return;
   if (pc.window_dtype == KVQ_LAYOUT_F32) {

@@ -70,6 +70,15 @@ kvq_method_config th_cq(uint32_t channels, uint32_t bits) {
   return c;
 }
 
+kvq_method_config th_polar(kvq_rotation rotation) {
+  kvq_method_config c = kvq_method_defaults(KVQ_METHOD_POLAR, 128);
+  c.polar.levels = 3;
+  c.polar.bits[0] = 3, c.polar.bits[1] = 2, c.polar.bits[2] = 2;
+  c.polar.rotation = rotation;
+  c.polar.codebook = KVQ_CODEBOOK_OFFLINE;
+  return c;
+}
+
 kvq_method_config th_exact(kvq_dtype dtype) {
   kvq_method_config c = kvq_method_defaults(KVQ_METHOD_EXACT, 128);
   c.exact.dtype = dtype;

@@ -38,6 +38,8 @@ kvq_method_config th_qjl(uint32_t m, uint32_t k, uint32_t m_o);
 kvq_method_config th_uniform(uint32_t bits, uint32_t group);
 kvq_method_config th_kivi(uint32_t bits, uint32_t group_tokens); /* 0: each channel's scale over the page */
 kvq_method_config th_cq(uint32_t channels, uint32_t bits);
+/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
+kvq_method_config th_polar(kvq_rotation rotation);
 kvq_method_config th_exact(kvq_dtype dtype);
 
 /* A one-layer config with the given methods. */

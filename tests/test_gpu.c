@@ -78,18 +78,6 @@ Test(gpu, agrees_with_committed_golden_files, .timeout = 600) {
 
 /* ---- Odd sizes: files the CPU writes here, checked on the backend under test ------------------------- */
 
-static kvq_method_config method(kvq_method m) { return kvq_method_defaults(m, 64); }
-
-/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
-static kvq_method_config polar(kvq_rotation rotation) {
-  kvq_method_config c = method(KVQ_METHOD_POLAR);
-  c.polar.levels = 3;
-  c.polar.bits[0] = 3, c.polar.bits[1] = 2, c.polar.bits[2] = 2;
-  c.polar.rotation = rotation;
-  c.polar.codebook = KVQ_CODEBOOK_OFFLINE;
-  return c;
-}
-
 /*
  * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8, and 12 (more query heads than the fused
  * attention takes per pass); every input dtype; with and without a residual window. Each case's two
@@ -117,7 +105,7 @@ static void check_odd_sizes(void) {
       else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
       else if (pair == 2) keys = th_kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
       else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
-      else if (pair == 4) keys = polar(KVQ_ROTATION_DENSE), values = polar(KVQ_ROTATION_HADAMARD);
+      else if (pair == 4) keys = th_polar(KVQ_ROTATION_DENSE), values = th_polar(KVQ_ROTATION_HADAMARD);
       else keys = th_cq(4, 8), values = th_cq(2, 5);
       snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
       c->name = names[count];
@@ -418,7 +406,7 @@ Test(gpu, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
 
 Test(gpu, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
   require_gpu();
-  check_batch(polar(KVQ_ROTATION_DENSE), polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
+  check_batch(th_polar(KVQ_ROTATION_DENSE), th_polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
 }
 
 Test(gpu, a_batch_of_sequences_accumulates_in_one_call, .timeout = 300) {

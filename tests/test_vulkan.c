@@ -674,6 +674,186 @@ Test(vulkan, half_precision_device_queries_and_outputs) {
   runtime_stop(&r);
 }
 
+/*
+ * kvq_scores and kvq_dequantize into the runtime's VkBuffers, in place (docs/VULKAN.md): on a
+ * StreamingLLM cache whose evictions leave the kept tokens in several runs of slots, with a window
+ * that wraps in its ring (tokens 48..69 in ring slots 16..31 and 0..5) and fp16 input. Logits (fp16, rows with a one-element gap, causal: the
+ * first query row's masked entries are -inf), probabilities (fp32) and dequantized keys (fp32,
+ * strided) and values (fp16), each against the same call with host tensors of the same dtypes on
+ * the same context: the same bytes, the gaps untouched. Each device call is one submission that
+ * brings back nothing but the 4-byte check word (none for fp32-only dequantized tokens: the host
+ * path checks nothing there either) and moves up only its conversions' 64 bytes each and its jobs'
+ * metadata; the staging path read the whole tensor back and wrote it again. Logits beyond fp16
+ * fail with KVQ_ERROR_NON_FINITE and write nothing, as with host tensors.
+ */
+Test(vulkan, scores_and_dequantize_into_device_tensors) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { HQ = 4, HKV = 2, D = 64, N = 70, P = 16, W = 16, NQ = 3 }; /* NQ odd: the fp16 logits end on a word */
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F16, P, W, 16, 1, 13);
+  config.policy = kvq_policy_defaults(KVQ_POLICY_STREAMING);
+  config.policy.recent = W + P;
+  static float k[N * HKV * D], v[N * HKV * D], q[NQ * HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, NQ * HQ * D);
+  uint32_t seq;
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
+  for (uint32_t t = 0; t < N; t++) th_append(ctx, cache, seq, 0, k, v, t, 1, HKV, D, KVQ_DTYPE_F16);
+  uint32_t positions[N];
+  size_t kept = 0;
+  KVQ_CHECK(ctx, kvq_sequence_positions(cache, seq, 0, positions, N, &kept));
+  cr_assert_lt(kept, (size_t)N, "the policy evicted tokens");
+  size_t runs = 1; /* runs of consecutive positions: at least as many as runs of slots */
+  for (size_t j = 1; j < kept; j++) runs += positions[j] != positions[j - 1] + 1;
+  cr_assert_gt(runs, 1u, "the kept tokens lie in several runs");
+  const uint32_t n = (uint32_t)kept, LROW = HQ * n + 1;
+  /* logits fp16 [NQ][HQ][n] with rows of LROW; probabilities fp32; keys fp32 with rows of TROW floats */
+  enum { TROW = HKV * D + 4 };
+  const int64_t qshape[3] = {NQ, HQ, D}, sshape[3] = {NQ, HQ, n}, lstrides[3] = {LROW, n, 1};
+  const int64_t tshape[3] = {n, HKV, D}, kstrides[3] = {TROW, D, 1};
+  uint16_t *host_logits = malloc(2 * NQ * HQ * n), *host_values = malloc(2 * n * HKV * D);
+  float *host_probs = malloc(4 * NQ * HQ * n), *host_keys = malloc(4 * n * HKV * D);
+  runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q), lb = runtime_buffer_make(&r, NULL, 2 * NQ * LROW + 2);
+  runtime_buffer pb = runtime_buffer_make(&r, NULL, 4 * NQ * HQ * n), kb = runtime_buffer_make(&r, NULL, 4 * n * TROW);
+  runtime_buffer vb = runtime_buffer_make(&r, NULL, 2 * n * HKV * D);
+  kvq_tensor qh = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), qd = device_tensor(&qb, 0, KVQ_DTYPE_F32, qshape, NULL);
+  kvq_tensor lh = kvq_tensor_host(host_logits, KVQ_DTYPE_F16, 3, sshape), ld = device_tensor(&lb, 0, KVQ_DTYPE_F16, sshape, lstrides);
+  kvq_tensor ph = kvq_tensor_host(host_probs, KVQ_DTYPE_F32, 3, sshape), pd = device_tensor(&pb, 0, KVQ_DTYPE_F32, sshape, NULL);
+  kvq_tensor kh = kvq_tensor_host(host_keys, KVQ_DTYPE_F32, 3, tshape), kd = device_tensor(&kb, 0, KVQ_DTYPE_F32, tshape, kstrides);
+  kvq_tensor vh = kvq_tensor_host(host_values, KVQ_DTYPE_F16, 3, tshape), vd = device_tensor(&vb, 0, KVQ_DTYPE_F16, tshape, NULL);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lh));
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_PROBABILITIES, &ph));
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kh, &vh));
+  cr_assert_eq(host_logits[n - 1], 0xfc00, "the first row cannot see the last tokens: -inf");
+  /* the conversions of each call: queries (device only), then the outputs' check and write passes */
+  const uint64_t conversions = 64u * 2 * runs;
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld));
+  kvq_backend_stats s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "logits: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "logits: %llu bytes back (the check word only)", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, 64u + conversions + 256u, "logits: %llu bytes up", (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_PROBABILITIES, &pd));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "probabilities: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "probabilities: %llu bytes back", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, sizeof q + conversions + 256u, "probabilities: %llu bytes up", (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, &vd));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "dequantize: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 4u, "dequantize: %llu bytes back", (unsigned long long)s.bytes_to_host);
+  cr_assert_leq(s.bytes_to_device, 2 * (conversions + 64u * N / P) + 8u * N / P, "dequantize: %llu bytes up",
+                (unsigned long long)s.bytes_to_device);
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, NULL));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "fp32 keys: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(s.bytes_to_host, 0u, "fp32 keys: %llu bytes back (nothing to check)", (unsigned long long)s.bytes_to_host);
+  /* asynchronously: the same calls leave their work in flight (nothing read back) until the wait,
+   * which gives the same bytes (compared below) */
+  memset(lb.mapped, 0x5a, 2 * NQ * LROW + 2), memset(kb.mapped, 0x5a, 4 * n * TROW), memset(vb.mapped, 0x5a, 2 * n * HKV * D);
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+  KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld));
+  KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &kd, &vd));
+  s = counted(ctx);
+  cr_assert_eq(s.bytes_to_host, 0u, "asynchronous calls read back %llu bytes", (unsigned long long)s.bytes_to_host);
+  cr_assert_eq(s.submissions, 2u, "asynchronous calls: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_leq(s.waits, 1u, "asynchronous calls waited %llu times (only the second for the first)", (unsigned long long)s.waits);
+  KVQ_CHECK(ctx, kvq_context_wait(ctx));
+  KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+  const uint16_t *lo = lb.mapped;
+  const float *ko = kb.mapped;
+  for (int row = 0; row < NQ; row++) {
+    cr_assert_eq(memcmp(lo + row * LROW, host_logits + row * HQ * n, 2 * HQ * n), 0, "logits row %d differ", row);
+    cr_assert_eq(lo[row * LROW + HQ * n], 0x5a5a, "the gap after logits row %d was written", row);
+  }
+  cr_assert_eq(memcmp(pb.mapped, host_probs, 4 * NQ * HQ * n), 0, "probabilities differ");
+  for (uint32_t t = 0; t < n; t++) {
+    cr_assert_eq(memcmp(ko + t * TROW, host_keys + t * HKV * D, 4 * HKV * D), 0, "key %u differs", t);
+    for (int g = 0; g < 16; g++) cr_assert_eq(((const uint8_t *)(ko + t * TROW + HKV * D))[g], 0x5a, "the gap after key %u was written", t);
+  }
+  cr_assert_eq(memcmp(vb.mapped, host_values, 2 * n * HKV * D), 0, "values differ");
+  /* logits beyond fp16: refused on both paths, the device tensor untouched */
+  for (int i = 0; i < NQ * HQ * D; i++) ((float *)qb.mapped)[i] = q[i] * 100000.0f;
+  memset(lb.mapped, 0x5a, 2 * NQ * LROW + 2);
+  cr_assert_eq(kvq_scores(cache, seq, 0, &qd, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &ld), KVQ_ERROR_NON_FINITE);
+  for (size_t i = 0; i < 2 * NQ * LROW + 2; i++) cr_assert_eq(((const uint8_t *)lb.mapped)[i], 0x5a, "logit byte %zu was written", i);
+  for (int i = 0; i < NQ * HQ * D; i++) q[i] *= 100000.0f;
+  cr_assert_eq(kvq_scores(cache, seq, 0, &qh, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lh), KVQ_ERROR_NON_FINITE);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&qb, &lb, &pb, &kb, &vb};
+  runtime_buffers_free(&r, all, 5);
+  free(host_logits), free(host_values), free(host_probs), free(host_keys);
+  runtime_stop(&r);
+}
+
+/*
+ * The per-method range checks of appended tokens (core/token_check.c) hold for device keys and values
+ * too: a token that a method cannot store (an fp16 value, QJL norm, uniform minimum or scale beyond
+ * fp16, a KIVI value beyond 32752, a PolarQuant radius beyond 65440) refuses a synchronous append of
+ * device tensors with KVQ_ERROR_NON_FINITE and changes nothing, exactly where a host append refuses
+ * it, on either side (the other side exact fp32, which refuses nothing finite); asynchronously the
+ * wait reports it.
+ */
+Test(vulkan, device_appends_refuse_what_host_appends_refuse) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { HQ = 4, HKV = 2, D = 64, N = 3 };
+  const kvq_method_config methods[] = {th_exact(KVQ_DTYPE_F16), kvq_method_defaults(KVQ_METHOD_QJL, D), th_uniform(4, 32), th_kivi(2, 16),
+                                       th_polar(KVQ_ROTATION_DENSE)};
+  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f};
+  static float k[(N + 1) * HKV * D], v[(N + 1) * HKV * D], q[1];
+  fill_kvq(k, v, (N + 1) * HKV * D, q, 1);
+  const int64_t shape[3] = {1, HKV, D};
+  runtime_buffer kb = runtime_buffer_make(&r, NULL, 4 * HKV * D), vb = runtime_buffer_make(&r, NULL, 4 * HKV * D);
+  const kvq_tensor kd = device_tensor(&kb, 0, KVQ_DTYPE_F32, shape, NULL), vd = device_tensor(&vb, 0, KVQ_DTYPE_F32, shape, NULL);
+  int refused = 0;
+  for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++)
+    for (int side = 0; side < 2; side++)
+      for (size_t x = 0; x < sizeof extremes / sizeof extremes[0] && !(m == 1 && side == 1); x++) { /* QJL: keys only */
+        kvq_layer_config layer = th_layer(HQ, HKV, D, side ? th_exact(KVQ_DTYPE_F32) : methods[m], side ? methods[m] : th_exact(KVQ_DTYPE_F32));
+        kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 16, 16, 1, 5);
+        uint32_t host_seq, dev_seq;
+        kvq_cache *host = cache_with_sequence(ctx, &config, &host_seq), *dev = cache_with_sequence(ctx, &config, &dev_seq);
+        th_append(ctx, host, host_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        th_append(ctx, dev, dev_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        float token[2][HKV * D];
+        memcpy(token[0], k + N * HKV * D, sizeof token[0]), memcpy(token[1], v + N * HKV * D, sizeof token[1]);
+        token[side][D + 5] = extremes[x]; /* kv head 1, channel 5 */
+        const kvq_tensor kh = kvq_tensor_host(token[0], KVQ_DTYPE_F32, 3, shape), vh = kvq_tensor_host(token[1], KVQ_DTYPE_F32, 3, shape);
+        memcpy(kb.mapped, token[0], sizeof token[0]), memcpy(vb.mapped, token[1], sizeof token[1]);
+        const kvq_status host_st = kvq_append(host, host_seq, 0, &kh, &vh);
+        kvq_sequence_info before, after;
+        KVQ_CHECK(ctx, kvq_sequence_info_get(dev, dev_seq, 0, &before));
+        const kvq_status dev_st = kvq_append(dev, dev_seq, 0, &kd, &vd);
+        KVQ_CHECK(ctx, kvq_sequence_info_get(dev, dev_seq, 0, &after));
+        cr_assert_eq(dev_st, host_st, "method %zu on side %d, element %g: the device append returned %s, the host append %s (%s)", m,
+                     side, (double)extremes[x], kvq_status_string(dev_st), kvq_status_string(host_st), kvq_context_last_error(ctx));
+        cr_assert(host_st == KVQ_OK || host_st == KVQ_ERROR_NON_FINITE, "%s", kvq_status_string(host_st));
+        cr_assert_eq(after.tokens, before.tokens + (dev_st == KVQ_OK), "a refused append changed the sequence");
+        if (dev_st != KVQ_OK) {
+          refused++;
+          cr_assert(strstr(kvq_context_last_error(ctx), "method stores"), "%s", kvq_context_last_error(ctx));
+        }
+        if (m == 3 && side == 0 && x == 2) { /* asynchronously: the wait reports it */
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+          cr_assert_eq(kvq_append(dev, dev_seq, 0, &kd, &vd), KVQ_OK, "checked on the device: reported at the wait");
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_ERROR_NON_FINITE);
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_OK, "reported once");
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+        }
+        kvq_cache_destroy(host);
+        kvq_cache_destroy(dev);
+      }
+  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1, "%d appends refused", refused);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&kb, &vb};
+  runtime_buffers_free(&r, all, 2);
+  runtime_stop(&r);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
@@ -681,4 +861,44 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) { require_vulkan(); }
 Test(vulkan, device_resident_decode_loop_sync_and_async) { require_vulkan(); }
 Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
+Test(vulkan, scores_and_dequantize_into_device_tensors) { require_vulkan(); }
+Test(vulkan, device_appends_refuse_what_host_appends_refuse) { require_vulkan(); }
 #endif
+
+/* ---- Codebook learning ---------------------------------------------------------------------------- */
+
+/*
+ * Codebook learning records its k-means steps into one submission each (docs/VULKAN.md): the buffers,
+ * the calibration upload and the first assignment go with the first step's read of the assignment,
+ * each later Lloyd step (update, then assignment) with its read; then one read of the centroids and
+ * the codebooks' upload at the end. Only the assignment comes back per step (the distances are not
+ * read where nothing uses them). Before, every buffer operation and job was a submission of its own
+ * (19 here for 3 steps), and each step read the distances back too.
+ */
+Test(vulkan, codebook_learning_is_one_submission_per_step) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  enum { D = 16, T = 512, G = D / 4, STEPS_MAX = 100 };
+  kvq_method_config c = th_cq(4, 2);
+  c.cq.iterations = STEPS_MAX;
+  kvq_layer_config layer = th_layer(1, 1, D, c, th_exact(KVQ_DTYPE_F32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, 16, 0, 4, 1, 11);
+  static float cal[T * D];
+  for (int i = 0; i < T * D; i++) cal[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+  const int64_t cal_shape[3] = {T, 1, D};
+  kvq_tensor kt = kvq_tensor_host(cal, KVQ_DTYPE_F32, 3, cal_shape);
+  kvq_cache *cache;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_codebooks_learn(cache, 0, &kt, NULL, NULL));
+  const kvq_backend_stats s = counted(ctx);
+  /* at most STEPS_MAX + 1 assignments read back (G problems of T points, 4 bytes each), and the
+   * centroids (G problems of 4 clusters of 4 floats) */
+  const uint64_t centroids = 4u * G * 4 * 4, steps = (s.bytes_to_host - centroids) / (4u * G * T);
+  cr_assert_eq(s.bytes_to_host, steps * 4u * G * T + centroids, "only assignments and centroids came back: %llu bytes", (unsigned long long)s.bytes_to_host);
+  cr_assert(steps >= 2 && steps <= STEPS_MAX + 1, "%llu assignments read", (unsigned long long)steps);
+  cr_assert_eq(s.submissions, steps + 2, "%llu submissions for %llu k-means steps", (unsigned long long)s.submissions,
+               (unsigned long long)steps);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}

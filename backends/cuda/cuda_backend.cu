@@ -114,6 +114,7 @@ const kvq_backend_ops cuda_ops = {
     cuda_defer,
     cuda_end_deferred,
     cuda_convert,
+    nullptr, // check_tokens: device tokens are staged and checked on the host (core/append.c)
 };
 
 // Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no

@@ -222,6 +222,7 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job);
 kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job); /* vk_tensor.c */
+kvq_status kvq_vk_check_tokens(kvq_backend *backend, const kvq_job_token_check *job); /* vk_tensor.c */
 
 /* The side layout's fields as the shaders read them (push constants). */
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side);

@@ -410,6 +410,7 @@ static const kvq_backend_ops vk_ops = {
     .defer = kvq_vk_defer,
     .end_deferred = kvq_vk_end_deferred,
     .convert = kvq_vk_convert,
+    .check_tokens = kvq_vk_check_tokens,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

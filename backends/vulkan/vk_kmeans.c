@@ -94,6 +94,6 @@ kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job)
   buffers[KVQ_BINDING_RESULTS] = job->centroids;
   /* a point costs one trip */
   st = run_ranges(b, KVQ_VK_SHADER_kmeans_update, &push, buffers, values, job->points, LOOP_BUDGET);
-  kvq_vk_buffer_free(b, running); /* run_ranges waited for the device */
+  kvq_vk_retire(b, running); /* freed once the recorded dispatches are done (deferred calls submit later) */
   return st;
 }

@@ -8,7 +8,8 @@
 #include "vk.h"
 
 _Static_assert(KVQ_JOB_CONVERT_FINITE == KVQ_CONVERT_CHECK_FINITE && KVQ_JOB_CONVERT_FITS == KVQ_CONVERT_CHECK_FITS &&
-                   KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR,
+                   KVQ_JOB_CONVERT_NO_WRITE == KVQ_CONVERT_NO_WRITE && KVQ_JOB_CONVERT_IF_CLEAR == KVQ_CONVERT_IF_CLEAR &&
+                   KVQ_JOB_CONVERT_MASKED == KVQ_CONVERT_MASKED && KVQ_JOB_CHECK_RANGE == KVQ_CHECK_RANGE,
                "the job's check bits are the shader's");
 
 
@@ -62,5 +63,32 @@ kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job) {
   buffers[KVQ_BINDING_DST] = job->dst.buffer;
   buffers[KVQ_BINDING_RESULTS] = job->checks ? job->flags : NULL;
   st = kvq_vk_dispatch(b, KVQ_VK_SHADER_tensor_convert, &push, buffers, count);
+  return kvq_vk_done(b, st);
+}
+
+/* The range checks of tokens gathered on the device (shaders/token_check.comp): one invocation per
+ * (token, kv head) vector. */
+kvq_status kvq_vk_check_tokens(kvq_backend *backend, const kvq_job_token_check *job) {
+  vk_backend *b = (vk_backend *)backend;
+  const kvq_side_layout *s = &job->side->layout;
+  const uint64_t esize = kvq_dtype_size(job->dtype), vectors = (uint64_t)job->count * s->kv_heads;
+  if (vectors == 0) return KVQ_OK;
+  kvq_status st = kvq_vk_check_range(b, job->src, job->src_offset, vectors * s->head_dim * esize, "the tokens to check");
+  if (st == KVQ_OK) st = kvq_vk_check_range(b, job->flags, job->flag_offset, 4, "a token check's flag word");
+  if (st == KVQ_OK && (job->src_offset % esize || job->flag_offset % 4))
+    st = kvq_vk_error(b, KVQ_ERROR_INTERNAL, "a token check of misaligned tokens or flag word");
+  if (st == KVQ_OK && job->src_offset / esize + vectors * s->head_dim > UINT32_MAX)
+    st = kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "tokens to check lie beyond the 2^32 elements kvq's shaders index");
+  if (st != KVQ_OK) return st;
+  kvq_push push = {0};
+  kvq_vk_push_side(&push, job->side);
+  push.input_dtype = (uint32_t)job->dtype;
+  push.count = (uint32_t)vectors;
+  push.src_word = (uint32_t)(job->src_offset / esize); /* an element index */
+  push.dst_word = (uint32_t)(job->flag_offset / 4);
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  buffers[KVQ_BINDING_SRC] = job->src;
+  buffers[KVQ_BINDING_RESULTS] = job->flags;
+  st = kvq_vk_dispatch(b, KVQ_VK_SHADER_token_check, &push, buffers, vectors);
   return kvq_vk_done(b, st);
 }

@@ -106,10 +106,10 @@ typedef enum kvq_memory {
  * KVQ_MEMORY_HOST works on every backend. KVQ_MEMORY_VULKAN_BUFFER works on a Vulkan context
  * created on the runtime's own device (kvq_context_options.vulkan): handle is a VkBuffer of that
  * device (data is ignored) that covers the tensor's elements, created with STORAGE_BUFFER usage, and
- * TRANSFER_SRC usage for inputs and TRANSFER_DST usage for outputs. kvq_append and kvq_attention read
- * and write such tensors in place with compute shaders on the context's queue (their finite-value
- * checks run there too: docs/VULKAN.md says how they differ from host tensors'); the other calls
- * move them through host memory with transfers. Either way the work is done before the call returns,
+ * TRANSFER_SRC usage for inputs and TRANSFER_DST usage for outputs. kvq_append, kvq_attention,
+ * kvq_scores and kvq_dequantize read and write such tensors in place with compute shaders on the
+ * context's queue (their finite-value checks run there too: docs/VULKAN.md says how they differ from
+ * host tensors'); codebook learning moves them through host memory with transfers. Either way the work is done before the call returns,
  * unless the context is asynchronous (kvq_context_set_async), and nothing is written between strided
  * elements. KVQ_MEMORY_CUDA_DEVICE works on a CUDA context: data is a device pointer (cudaMalloc,
  * or managed memory) of the context's device; kvq moves the elements through host memory with
@@ -253,8 +253,8 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * the context was created with kvq_context_options.vulkan): one queue submission per call, never
  * waited for by that call, unless the call returns results to host memory (a host output tensor, and
  * the policy statistics that H2O and Q-Hitter read back), where it waits as in synchronous mode.
- * kvq_scores and kvq_dequantize wait for their results (writing them into a device output tensor may
- * still be in flight when they return). The CPU backend is always synchronous: the mode is accepted
+ * kvq_scores and kvq_dequantize wait for results they return to host memory; into device tensors they
+ * are asynchronous like kvq_attention. The CPU backend is always synchronous: the mode is accepted
  * and changes nothing.
  *
  * While a call's work is in flight:
@@ -270,9 +270,10 @@ KVQ_API kvq_status kvq_context_create(const kvq_context_options *options, kvq_co
  * An error of work in flight (KVQ_ERROR_DEVICE_LOST, a failure the Vulkan validation layer reported in
  * validation runs) is returned by kvq_context_wait, or by the next call that waits for it, with
  * kvq_context_last_error saying what failed. The checks of device tensors that run on the device
- * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, an output that overflows) are returned by
- * kvq_context_wait only, an append with a non-finite device key or value having then taken place with
- * the element stored as 0 (a synchronous append refuses it first); until the wait later calls write
+ * (KVQ_ERROR_NON_FINITE: a non-finite query, key or value, a key or value its layer's method cannot
+ * store, an output that overflows) are returned by kvq_context_wait only, an append with such a device
+ * key or value having then taken place (a non-finite element stored as 0; a synchronous append refuses
+ * it first); until the wait later calls write
  * no device outputs. Argument errors, capacity
  * and the finite-value checks of host data are still returned by the call itself.
  *
