@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../method_configs.h"
 #include "core/gpu_plan.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
@@ -247,25 +248,6 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   return bad;
 }
 
-static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
-  return (kvq_method_config){.method = KVQ_METHOD_QJL, .qjl = {.sketch_dim = m, .outlier_count = k, .outlier_sketch_dim = mo}};
-}
-static kvq_method_config uniform(uint32_t bits, uint32_t group) {
-  return (kvq_method_config){.method = KVQ_METHOD_UNIFORM, .uniform = {.bits = bits, .group_size = group}};
-}
-static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
-  return (kvq_method_config){.method = KVQ_METHOD_KIVI, .kivi = {.bits = bits, .group_tokens = group_tokens}};
-}
-static kvq_method_config exact(kvq_dtype dtype) { return (kvq_method_config){.method = KVQ_METHOD_EXACT, .exact = {.dtype = dtype}}; }
-static kvq_method_config polar(uint32_t levels, const uint32_t *bits, kvq_rotation rotation, kvq_codebook_source codebook) {
-  kvq_method_config m = {.method = KVQ_METHOD_POLAR, .polar = {.levels = levels, .rotation = rotation, .codebook = codebook}};
-  for (uint32_t l = 0; l < levels; l++) m.polar.bits[l] = bits[l];
-  return m;
-}
-static kvq_method_config cq(uint32_t channels, uint32_t bits) {
-  return (kvq_method_config){.method = KVQ_METHOD_CQ, .cq = {.channels = channels, .bits = bits, .iterations = 8}};
-}
-
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: cuda_attention_reference OUTPUT\n");
@@ -274,17 +256,17 @@ int main(int argc, char **argv) {
   const uint32_t b4222[] = {4, 2, 2, 2}, b323[] = {3, 2, 3};
   const kvq_dtype F32 = KVQ_DTYPE_F32, F16 = KVQ_DTYPE_F16, BF16 = KVQ_DTYPE_BF16;
   const spec specs[] = {
-      {"QJL m=64 k=4 m_o=32 keys, UNIFORM 3 bits G=8 values, 2/2 heads, fp32 window, H2O sums", 2, 2, F32, 1, 1, qjl(64, 4, 32), uniform(3, 8)},
-      {"QJL m=32 k=0 keys, KIVI 2 bits Gt=8 values, 4/1 heads, bf16 window", 4, 1, BF16, 1, 0, qjl(32, 0, 32), kivi(2, 8)},
-      {"UNIFORM 4 bits G=16 keys, EXACT fp16 values, 6/2 heads, fp16 window, H2O sums", 6, 2, F16, 1, 1, uniform(4, 16), exact(F16)},
-      {"KIVI 3 bits whole page keys, EXACT bf16 values, 1/1 heads, no window", 1, 1, F32, 0, 0, kivi(3, 0), exact(BF16)},
-      {"EXACT fp16 keys, PolarQuant dense offline L=4 values, 1/1 heads, fp32 window, H2O sums", 1, 1, F32, 1, 1, exact(F16),
-       polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE)},
+      {"QJL m=64 k=4 m_o=32 keys, UNIFORM 3 bits G=8 values, 2/2 heads, fp32 window, H2O sums", 2, 2, F32, 1, 1, mc_qjl(64, 4, 32), mc_uniform(3, 8)},
+      {"QJL m=32 k=0 keys, KIVI 2 bits Gt=8 values, 4/1 heads, bf16 window", 4, 1, BF16, 1, 0, mc_qjl(32, 0, 32), mc_kivi(2, 8)},
+      {"UNIFORM 4 bits G=16 keys, EXACT fp16 values, 6/2 heads, fp16 window, H2O sums", 6, 2, F16, 1, 1, mc_uniform(4, 16), mc_exact(F16)},
+      {"KIVI 3 bits whole page keys, EXACT bf16 values, 1/1 heads, no window", 1, 1, F32, 0, 0, mc_kivi(3, 0), mc_exact(BF16)},
+      {"EXACT fp16 keys, PolarQuant dense offline L=4 values, 1/1 heads, fp32 window, H2O sums", 1, 1, F32, 1, 1, mc_exact(F16),
+       mc_polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE)},
       {"PolarQuant Hadamard offline L=3 keys, CQ c=4 b=6 learned values, 3/1 heads, bf16 window", 3, 1, BF16, 1, 0,
-       polar(3, b323, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE), cq(4, 6)},
+       mc_polar(3, b323, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE), mc_cq(4, 6)},
       {"PolarQuant dense L=4 keys, PolarQuant Hadamard learned L=4 values, 2/2 heads, fp16 window", 2, 2, F16, 1, 0,
-       polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
-      {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, cq(2, 8), exact(F32)},
+       mc_polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), mc_polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
+      {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, mc_cq(2, 8), mc_exact(F32)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {

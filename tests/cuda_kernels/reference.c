@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../method_configs.h"
 #include "backends/cpu/cpu.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
@@ -210,25 +211,6 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   return bad;
 }
 
-static kvq_method_config qjl(uint32_t m, uint32_t k, uint32_t mo) {
-  return (kvq_method_config){.method = KVQ_METHOD_QJL, .qjl = {.sketch_dim = m, .outlier_count = k, .outlier_sketch_dim = mo}};
-}
-static kvq_method_config uniform(uint32_t bits, uint32_t group) {
-  return (kvq_method_config){.method = KVQ_METHOD_UNIFORM, .uniform = {.bits = bits, .group_size = group}};
-}
-static kvq_method_config kivi(uint32_t bits, uint32_t group_tokens) {
-  return (kvq_method_config){.method = KVQ_METHOD_KIVI, .kivi = {.bits = bits, .group_tokens = group_tokens}};
-}
-static kvq_method_config exact(kvq_dtype dtype) { return (kvq_method_config){.method = KVQ_METHOD_EXACT, .exact = {.dtype = dtype}}; }
-static kvq_method_config polar(uint32_t levels, const uint32_t *bits, kvq_rotation rotation, kvq_codebook_source codebook) {
-  kvq_method_config m = {.method = KVQ_METHOD_POLAR, .polar = {.levels = levels, .rotation = rotation, .codebook = codebook}};
-  for (uint32_t l = 0; l < levels; l++) m.polar.bits[l] = bits[l];
-  return m;
-}
-static kvq_method_config cq(uint32_t channels, uint32_t bits) {
-  return (kvq_method_config){.method = KVQ_METHOD_CQ, .cq = {.channels = channels, .bits = bits, .iterations = 8}};
-}
-
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: cuda_kernels_reference OUTPUT\n");
@@ -236,15 +218,15 @@ int main(int argc, char **argv) {
   }
   const uint32_t b4222[] = {4, 2, 2, 2}, b323[] = {3, 2, 3};
   const spec specs[] = {
-      {"QJL m=64 k=4 m_o=32, UNIFORM 3 bits G=16, fp32 input", KVQ_DTYPE_F32, qjl(64, 4, 32), uniform(3, 16)},
-      {"QJL m=32 k=0, UNIFORM 4 bits G=32, bf16 input", KVQ_DTYPE_BF16, qjl(32, 0, 32), uniform(4, 32)},
-      {"KIVI 2 bits Gt=8, EXACT fp16, fp16 input", KVQ_DTYPE_F16, kivi(2, 8), exact(KVQ_DTYPE_F16)},
-      {"KIVI 3 bits whole page, EXACT bf16, fp32 input", KVQ_DTYPE_F32, kivi(3, 0), exact(KVQ_DTYPE_BF16)},
+      {"QJL m=64 k=4 m_o=32, UNIFORM 3 bits G=16, fp32 input", KVQ_DTYPE_F32, mc_qjl(64, 4, 32), mc_uniform(3, 16)},
+      {"QJL m=32 k=0, UNIFORM 4 bits G=32, bf16 input", KVQ_DTYPE_BF16, mc_qjl(32, 0, 32), mc_uniform(4, 32)},
+      {"KIVI 2 bits Gt=8, EXACT fp16, fp16 input", KVQ_DTYPE_F16, mc_kivi(2, 8), mc_exact(KVQ_DTYPE_F16)},
+      {"KIVI 3 bits whole page, EXACT bf16, fp32 input", KVQ_DTYPE_F32, mc_kivi(3, 0), mc_exact(KVQ_DTYPE_BF16)},
       {"PolarQuant dense offline L=4, PolarQuant Hadamard offline L=3", KVQ_DTYPE_F32,
-       polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), polar(3, b323, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE)},
+       mc_polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), mc_polar(3, b323, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_OFFLINE)},
       {"PolarQuant Hadamard learned L=4, CQ c=4 b=6 learned, fp16 input", KVQ_DTYPE_F16,
-       polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE), cq(4, 6)},
-      {"CQ c=2 b=8 learned, EXACT fp32, bf16 input", KVQ_DTYPE_BF16, cq(2, 8), exact(KVQ_DTYPE_F32)},
+       mc_polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE), mc_cq(4, 6)},
+      {"CQ c=2 b=8 learned, EXACT fp32, bf16 input", KVQ_DTYPE_BF16, mc_cq(2, 8), mc_exact(KVQ_DTYPE_F32)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {
