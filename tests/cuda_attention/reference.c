@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../method_configs.h"
+#include "../fixture_inputs.h"
 #include "core/gpu_plan.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
@@ -47,16 +47,7 @@ static int fail(const char *what, kvq_context *ctx) {
   return 1;
 }
 
-/* A deterministic input in [-2, 2) with a few large channels (QJL's outliers). */
-static float value_at(uint32_t i, uint32_t salt) {
-  uint32_t u = (i + 1u) * 2654435761u ^ (salt * 40503u);
-  u ^= u >> 15;
-  u *= 2246822519u;
-  u ^= u >> 13;
-  float v = ((float)(u & 0xffffu) / 65535.0f - 0.5f) * 4.0f;
-  if (i % D == 5u || i % D == 11u) v *= 6.0f;
-  return v;
-}
+static float value_at(uint32_t i, uint32_t salt) { return fx_value_at(i, salt, D, 5u, 11u); }
 
 static int write_all(FILE *f, const void *p, size_t bytes) { return fwrite(p, 1, bytes, f) == bytes ? 0 : 1; }
 

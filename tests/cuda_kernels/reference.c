@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../method_configs.h"
+#include "../fixture_inputs.h"
 #include "backends/cpu/cpu.h"
 #include "core/halfconv.h"
 #include "core/internal.h"
@@ -32,16 +32,7 @@ static int fail(const char *what, kvq_context *ctx) {
   return 1;
 }
 
-/* A deterministic input with a few large channels (QJL's outliers) and varied scales. */
-static float value_at(uint32_t i, uint32_t salt) {
-  uint32_t u = (i + 1u) * 2654435761u ^ (salt * 40503u);
-  u ^= u >> 15;
-  u *= 2246822519u;
-  u ^= u >> 13;
-  float v = ((float)(u & 0xffffu) / 65535.0f - 0.5f) * 4.0f;
-  if (i % D == 5u || i % D == 41u) v *= 6.0f;
-  return v;
-}
+static float value_at(uint32_t i, uint32_t salt) { return fx_value_at(i, salt, D, 5u, 41u); }
 
 static void put_element(uint8_t *p, kvq_dtype dtype, size_t i, float v) {
   if (dtype == KVQ_DTYPE_F32) {

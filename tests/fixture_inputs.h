@@ -1,11 +1,11 @@
 /*
- * Method configurations spelled out field by field (no defaults filled in), for the programs that
- * write test fixtures through the public API: the CUDA kernel references (tests/cuda_kernels,
- * tests/cuda_attention) and the CUDA backend's test. Header-only: those programs link kvq but not the
- * Criterion helpers of tests/helpers.c.
+ * What the programs that write test fixtures through the public API share (the CUDA kernel references
+ * of tests/cuda_kernels and tests/cuda_attention, the CUDA backend's test): method configurations
+ * spelled out field by field (no defaults filled in) and a deterministic input. Header-only: those
+ * programs link kvq but not the Criterion helpers of tests/helpers.c.
  */
-#ifndef KVQ_TESTS_METHOD_CONFIGS_H
-#define KVQ_TESTS_METHOD_CONFIGS_H
+#ifndef KVQ_TESTS_FIXTURE_INPUTS_H
+#define KVQ_TESTS_FIXTURE_INPUTS_H
 
 #include "kvq/kvq.h"
 
@@ -33,4 +33,16 @@ static inline kvq_method_config mc_cq(uint32_t channels, uint32_t bits) {
   return (kvq_method_config){.method = KVQ_METHOD_CQ, .cq = {.channels = channels, .bits = bits, .iterations = 8}};
 }
 
-#endif /* KVQ_TESTS_METHOD_CONFIGS_H */
+/* Element i of a deterministic input in [-2, 2) (a hash of i and salt), six times larger in channels
+ * `outlier_a` and `outlier_b` of every head_dim d (QJL's outliers). */
+static inline float fx_value_at(uint32_t i, uint32_t salt, uint32_t d, uint32_t outlier_a, uint32_t outlier_b) {
+  uint32_t u = (i + 1u) * 2654435761u ^ (salt * 40503u);
+  u ^= u >> 15;
+  u *= 2246822519u;
+  u ^= u >> 13;
+  float v = ((float)(u & 0xffffu) / 65535.0f - 0.5f) * 4.0f;
+  if (i % d == outlier_a || i % d == outlier_b) v *= 6.0f;
+  return v;
+}
+
+#endif /* KVQ_TESTS_FIXTURE_INPUTS_H */
