@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/score.cuh"
 #include "backends/cuda/kernels/softmax.cuh"
 #include "backends/cuda/kernels/weighted_sum.cuh"
+#include "../cuda_emu/qjl_bound.h"
 #include "fixture.h"
 
 #include <algorithm>
@@ -131,8 +132,10 @@ static float window_value(const fixture_case &fc, int side, unsigned seq, unsign
 // then scaled: one float product here (u), the double product rounded to float there (u). So
 // |gpu - cpu| <= scale (gamma_n + 2 u + n 2^-53) A (1 + u) <= (n + 3) u scale A for n <= 2^10; A
 // is computed here from the same factors in double. QJL's page logits (the estimator: signed sums of
-// query parts, norms and c_d) have no derived bound yet: their difference is printed and that check
-// skipped; QJL's window logits and masks are checked.
+// query parts, norms and c_d) have their own bound, tests/cuda_emu/qjl_bound.h's
+// qjl_terms_logit_bound (the key dot's derivation, scaled by scale, plus the rounding of the product
+// on each side): s (in_float + in_double) + u s (magnitude + in_float) + (u + 2^-53 + u 2^-53) s
+// (magnitude + in_double).
 static void test_score(const fixture_case &fc) {
   const kvq_attention_fixture &c = fc.c;
   const std::string name = c.name;
@@ -148,8 +151,8 @@ static void test_score(const fixture_case &fc) {
   for (float &x : abs_prepared) x = std::fabs(x);
   const unsigned *meta = fc.meta.data();
   const std::vector<seq_view> seqs = sequences(fc);
-  size_t masks_wrong = 0, over = 0, checked = 0, skipped = 0, masked = 0;
-  double worst = 0.0, worst_skipped = 0.0; // |gpu - cpu| / (scale A); QJL: / (1 + |cpu|)
+  size_t masks_wrong = 0, over = 0, checked = 0, qjl_checked = 0, qjl_over = 0, masked = 0;
+  double worst = 0.0, worst_qjl = 0.0, worst_qjl_relative = 0.0; // |gpu - cpu| / (scale A); QJL: / its bound, / (1 + |cpu|)
   for (unsigned i = 0; i < seqs.size(); i++) {
     const seq_view &q = seqs[i];
     for (unsigned row = 0; row < q.rows; row++)
@@ -171,7 +174,7 @@ static void test_score(const fixture_case &fc) {
           }
           double A = 0.0;
           unsigned terms = d;
-          bool qjl_page = false;
+          double qjl_bound = -1.0;
           if (t >= q.quantized) {
             for (unsigned ch = 0; ch < d; ch++) A += std::fabs(static_cast<double>(qv[ch]) * window_value(fc, 0, i, t, kvh, ch));
           } else {
@@ -179,7 +182,8 @@ static void test_score(const fixture_case &fc) {
             const kvq_io io_value = {const_cast<unsigned *>(fc.s[0].pool.data()), qv, KVQ_LAYOUT_F32, fc.s[0].fixed0(), fc.s[0].fixed1(),
                                      pf ? abs_prepared.data() + qrow * pf : nullptr};
             const kvq_io *io = &io_value;
-            if (s.method == KVQ_LAYOUT_QJL) qjl_page = true;
+            if (s.method == KVQ_LAYOUT_QJL)
+              qjl_bound = qjl_terms_logit_bound(qjl_dot_terms(io, s, qv, fc.prepared.data() + qrow * pf, block, t % P), a.scale);
             else if (s.method == KVQ_LAYOUT_CQ) {
               A = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits); // the |entries| summed
               terms = d / s.channels;
@@ -192,9 +196,11 @@ static void test_score(const fixture_case &fc) {
                 A += std::fabs(static_cast<double>(qv[ch]) * kvq_cuda_decode_channel(io, s, block, kvh, t % P, ch));
           }
           const double diff = std::fabs(static_cast<double>(gpu) - cpu);
-          if (qjl_page) {
-            skipped++;
-            worst_skipped = std::max(worst_skipped, diff / (1.0 + std::fabs(static_cast<double>(cpu))));
+          if (qjl_bound >= 0.0) {
+            qjl_checked++;
+            if (!(diff <= qjl_bound)) qjl_over++;
+            if (qjl_bound > 0.0) worst_qjl = std::max(worst_qjl, diff / qjl_bound);
+            worst_qjl_relative = std::max(worst_qjl_relative, diff / (1.0 + std::fabs(static_cast<double>(cpu))));
             continue;
           }
           checked++;
@@ -214,11 +220,12 @@ static void test_score(const fixture_case &fc) {
   check(r.ok && over == 0 && checked > 0, name + ": SCORE's logits are the CPU's within (n + 3) 2^-24 scale sum |a_i b_i|",
         std::to_string(over) + " of " + std::to_string(checked) + " logits past the bound");
   check(r.ok && stray == 0, name + ": SCORE writes no score entry that no sequence owns", std::to_string(stray) + " written");
-  if (skipped) {
-    std::printf("# %s: SCORE's QJL page logits: largest |gpu - cpu| / (1 + |cpu|) %.3g over %zu logits\n", name.c_str(), worst_skipped,
-                skipped);
-    std::printf("ok %d - %s: SCORE's QJL page logits # SKIP no derived float-vs-double bound for the estimator yet\n", ++tap_number,
-                name.c_str());
+  if (s.method == KVQ_LAYOUT_QJL) {
+    std::printf("# %s: SCORE's QJL page logits: largest |gpu - cpu| / bound %.3g, / (1 + |cpu|) %.3g, over %zu logits\n", name.c_str(),
+                worst_qjl, worst_qjl_relative, qjl_checked);
+    check(r.ok && qjl_over == 0 && qjl_checked > 0,
+          name + ": SCORE's QJL page logits are the CPU's within the estimator's derived bound times scale (qjl_bound.h)",
+          std::to_string(qjl_over) + " of " + std::to_string(qjl_checked) + " logits past the bound");
   }
 }
 
