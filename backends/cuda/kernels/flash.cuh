@@ -22,8 +22,8 @@
 //       a, meta, scratch, output)
 // Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
 // KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
-// memory (kvq_cuda_flash: 2 KiB + 8 bytes static, KVQ_FLASH_HEADS_PER_PASS x 64 floats and the block
-// reduction's partials; kvq_cuda_flash_combine: none).
+// memory (static shared memory: kvq_cuda_flash 2064 bytes as ptxas lays it out, KVQ_FLASH_HEADS_PER_PASS
+// x 64 floats of probabilities and the block reduction's two partials; kvq_cuda_flash_combine none).
 //
 // kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
 //   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
