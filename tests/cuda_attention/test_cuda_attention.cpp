@@ -543,7 +543,7 @@ static void test_flash(const fixture_case &fc) {
   }
   size_t stray = 0;
   for (size_t k = 0; k < owned.size(); k++) stray += !owned[k] && !is_garbage(output[k]);
-  std::printf("# %s: the fused attention's largest |gpu - cpu| / bound: %.3g over %zu outputs (%zu in rows that see nothing)\n",
+  std::printf("# %s: the fused attention's largest |gpu - cpu| / bound: %.3g over %zu outputs (and %zu in rows that see nothing)\n",
               name.c_str(), worst, checked, zero_rows);
   check(r.ok && over == 0 && too_coarse == 0 && checked > 0,
         name + ": the fused attention (FLASH, COMBINE) gives the CPU's output within the derived bound",
