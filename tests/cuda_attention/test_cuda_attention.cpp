@@ -1,5 +1,5 @@
-// The CUDA backend's attention kernels (backends/cuda/kernels/score.cuh, softmax.cuh, weighted_sum.cuh)
-// run on kvq's CUDA emulation against the CPU backend: for every case of the fixture (fixture.h,
+// The CUDA backend's attention kernels (backends/cuda/kernels/score.cuh, softmax.cuh, weighted_sum.cuh,
+// and the fused flash.cuh: test_flash) run on kvq's CUDA emulation against the CPU backend: for every case of the fixture (fixture.h,
 // written by reference.c), each kernel runs on the CPU's input of its job (SCORE on the pools and
 // the CPU's prepared queries; SOFTMAX on the CPU's logits; ACCUMULATE and WEIGHTED_SUM on the CPU's
 // probabilities), so that each check stands apart, with the job's packed metadata as a GPU backend
