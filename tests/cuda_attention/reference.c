@@ -303,7 +303,7 @@ int main(int argc, char **argv) {
       {"PolarQuant dense L=4 keys, PolarQuant Hadamard learned L=4 values, 2/2 heads, fp16 window", 2, 2, F16, 1, 0,
        polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
       {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, cq(2, 8), exact(F32)},
-      {"EXACT fp32 keys, UNIFORM 4 bits G=16 values, 10/1 heads, fp32 window", 10, 1, F32, 1, 0, exact(F32), uniform(4, 16)},
+      {"EXACT fp32 keys, UNIFORM 4 bits G=16 values, 9/1 heads, fp32 window", 9, 1, F32, 1, 0, exact(F32), uniform(4, 16)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {
