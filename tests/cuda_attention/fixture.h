@@ -13,6 +13,9 @@
  *   prepared                             query_rows x query_heads x prepared_floats fp32: the CPU's
  *                                        PREPARE_QUERY of the queries against the keys
  *   meta                                 meta_words: kvq_gpu_pack_attention of the job (unfused plan)
+ *   fused meta                           fused_meta_words (0 where the fused plan does not fuse the
+ *                                        job): kvq_gpu_pack_attention of the job without accumulate
+ *                                        under the fused plan (kvq_gpu_plan_attention(job, 1, ...))
  *   logits                               score_floats fp32: the scores buffer after the CPU's SCORE
  *                                        (entries no sequence owns keep the fill pattern)
  *   probabilities                        score_floats fp32: after the CPU's SOFTMAX
@@ -39,6 +42,8 @@ typedef struct kvq_attention_fixture {
   uint32_t meta_words, units[KVQ_ATTENTION_FIXTURE_KERNELS], rotated_sums, scratch_bytes;
   uint32_t score_floats, accumulate_floats, output_floats;
   uint32_t sequences, listed_pages; /* sequences of the batch, pages they list */
+  /* the fused plan of the job without accumulate: whether it fuses, its units, metadata and scratch */
+  uint32_t fused, fused_units[KVQ_ATTENTION_FIXTURE_KERNELS], fused_meta_words, fused_scratch_bytes;
 } kvq_attention_fixture;
 
 #endif

@@ -10,11 +10,15 @@
  *   seq 0  3 pages at slots 7, 2, 5 (logical pages 0, 1, 3: page 2 evicted), 37 tokens (the last page
  *          partial, 5 tokens), dead tokens 3 and 7 of page 0 and 15 of page 1; a window of 6 tokens
  *          at positions 53.. through a ring of 8 (wrapping); 2 query rows at positions 55.., causal
- *   seq 1  2 pages at slots 0, 3, token 0 dead, no window, 1 query row, no mask
+ *   seq 1  5 pages at slots 0, 3, 6, 7, 2 (logical pages 0..4; slots 7 and 2 also seq 0's), 80
+ *          tokens (two flash splits of 64 and 16), tokens 0 and 73 dead, no window, 1 query row, no mask
  *   seq 2  no pages, a window of 7 at positions 3.. in a ring of 7 (wrapping), 1 query row at
  *          position 4, causal
  *   seq 3  1 page (logical 2, positions 32..47) at slot 6, 1 query row at position 10, causal: every
  *          slot masked (probabilities 0, output 0)
+ * The fused (flash) plan of the same batch without the accumulate sums (which only the unfused
+ * plan gives; the outputs are the same) is written too where the plan fuses the job (not with
+ * PolarQuant values).
  * Query rows: seq 1 row 0, seq 3 row 1, seq 0 rows 2..3, seq 2 row 4. Scores and sums lie with
  * gaps between the sequences. Cases without a window give seq 0 and seq 2 none (seq 2 then has no slot).
  */
@@ -32,7 +36,7 @@
 _Static_assert(KVQ_ATTENTION_FIXTURE_SIDE_FIELDS == KVQ_SIDE_FIELD_COUNT, "fixture.h: the side fields");
 _Static_assert(KVQ_ATTENTION_FIXTURE_KERNELS == KVQ_PLAN_KERNELS, "fixture.h: the plan's kernels");
 
-enum { D = 16, P = 16, POOL = 8, ROWS = 5, SEQS = 4, LISTED = 6, CALIBRATION = 256, GAP = 5 };
+enum { D = 16, P = 16, POOL = 8, ROWS = 5, SEQS = 4, LISTED = 9, CALIBRATION = 256, GAP = 5 };
 
 typedef struct spec {
   const char *name;
@@ -93,11 +97,11 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   kvq_attention_seq seqs[SEQS] = {
       {.page_first = 0, .quantized = 37, .window = W0, .window_first = 53, .ring_capacity = 8, .ring_offset = 0,
        .query_first = 2, .query_count = 2, .query_position = 55, .mask = KVQ_MASK_CAUSAL},
-      {.page_first = 3, .quantized = 32, .window = 0, .window_first = 32, .ring_capacity = 8, .ring_offset = 0,
+      {.page_first = 3, .quantized = 80, .window = 0, .window_first = 32, .ring_capacity = 8, .ring_offset = 0,
        .query_first = 0, .query_count = 1, .query_position = 31, .mask = KVQ_MASK_NONE},
-      {.page_first = 5, .quantized = 0, .window = W2, .window_first = 3, .ring_capacity = 7,
+      {.page_first = 8, .quantized = 0, .window = W2, .window_first = 3, .ring_capacity = 7,
        .ring_offset = 8 * token_floats * esize, .query_first = 4, .query_count = 1, .query_position = 4, .mask = KVQ_MASK_CAUSAL},
-      {.page_first = 5, .quantized = 16, .window = 0, .window_first = 48, .ring_capacity = 8, .ring_offset = 0,
+      {.page_first = 8, .quantized = 16, .window = 0, .window_first = 48, .ring_capacity = 8, .ring_offset = 0,
        .query_first = 1, .query_count = 1, .query_position = 10, .mask = KVQ_MASK_CAUSAL},
   };
   uint64_t score_floats = 0, accumulate_floats = 0;
@@ -108,8 +112,9 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     score_floats += n * seqs[i].query_count * HQ + GAP;
     accumulate_floats += n + GAP;
   }
-  const uint32_t page_slots[LISTED] = {7, 2, 5, 0, 3, 6}, page_index[LISTED] = {0, 1, 3, 0, 1, 2};
-  const uint32_t page_alive[LISTED] = {0xffffu & ~(1u << 3 | 1u << 7), 0xffffu & ~(1u << 15), 0xffffu, 0xfffeu, 0xffffu, 0xffffu};
+  const uint32_t page_slots[LISTED] = {7, 2, 5, 0, 3, 6, 7, 2, 6}, page_index[LISTED] = {0, 1, 3, 0, 1, 2, 3, 4, 2};
+  const uint32_t page_alive[LISTED] = {0xffffu & ~(1u << 3 | 1u << 7), 0xffffu & ~(1u << 15), 0xffffu, 0xfffeu, 0xffffu,
+                                       0xffffu, 0xffffu, 0xffffu & ~(1u << 9), 0xffffu};
   const uint32_t ring_bytes = (uint32_t)((8 + 7) * token_floats * esize), pf = kvq_prepared_floats(&side[0]->layout);
 
   /* The pools: every slot quantized from its own tokens (slot 5, seq 0's last page, from 5), then
@@ -193,6 +198,14 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   if (!bad && kvq_gpu_plan_attention(&job, 0, &plan, why, sizeof why) != KVQ_OK) bad = fail(why, NULL);
   if (!bad && (plan.fused || plan.pages != LISTED || !(meta = calloc(plan.meta_words, 4)))) bad = fail("the plan", NULL);
   if (!bad) kvq_gpu_pack_attention(&job, &plan, meta);
+  /* the fused plan of the same job without the accumulate sums */
+  kvq_job_attention fused_job = job;
+  fused_job.accumulate = NULL;
+  kvq_gpu_attention_plan fused;
+  uint32_t *fused_meta = NULL;
+  if (!bad && kvq_gpu_plan_attention(&fused_job, 1, &fused, why, sizeof why) != KVQ_OK) bad = fail(why, NULL);
+  if (!bad && fused.fused && !(fused_meta = calloc(fused.meta_words, 4))) bad = fail("out of memory", NULL);
+  if (!bad && fused.fused) kvq_gpu_pack_attention(&fused_job, &fused, fused_meta);
 
   kvq_attention_fixture c = {.query_heads = HQ, .window_dtype = (uint32_t)sp->window_dtype, .alive_words = 1,
                              .accumulate = (uint32_t)sp->accumulate, .scale = job.scale, .pool_pages = POOL, .ring_bytes = ring_bytes,
@@ -205,6 +218,10 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     c.rotated_sums = (uint32_t)plan.rotated_sums;
     c.scratch_bytes = (uint32_t)plan.scratch_bytes;
     for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) c.units[k] = (uint32_t)plan.units[k];
+    c.fused = (uint32_t)fused.fused;
+    c.fused_meta_words = fused.fused ? (uint32_t)fused.meta_words : 0u;
+    c.fused_scratch_bytes = (uint32_t)fused.scratch_bytes;
+    for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) c.fused_units[k] = (uint32_t)fused.units[k];
     for (int s = 0; s < 2; s++) {
       const kvq_side_layout *l = &side[s]->layout;
       uint32_t at = 0;
@@ -224,7 +241,8 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
       bad = write_all(f, pool[0], (size_t)POOL * c.page_bytes[0]) || write_all(f, pool[1], (size_t)POOL * c.page_bytes[1]) ||
             write_all(f, ring[0], ring_bytes) || write_all(f, ring[1], ring_bytes) ||
             write_all(f, queries, sizeof(float) * ROWS * HQ * D) || write_all(f, prepared, sizeof(float) * ROWS * HQ * pf) ||
-            write_all(f, meta, sizeof(uint32_t) * plan.meta_words) || write_all(f, logits, sizeof(float) * score_floats) ||
+            write_all(f, meta, sizeof(uint32_t) * plan.meta_words) ||
+            (c.fused_meta_words && write_all(f, fused_meta, sizeof(uint32_t) * c.fused_meta_words)) || write_all(f, logits, sizeof(float) * score_floats) ||
             write_all(f, scores, sizeof(float) * score_floats) || write_all(f, sums, sizeof(float) * c.accumulate_floats) ||
             write_all(f, output, sizeof(float) * c.output_floats);
     if (bad) fail("writing the fixture", NULL);
@@ -235,7 +253,7 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
   free(pool[0]), free(pool[1]), free(ring[0]), free(ring[1]), free(tokens), free(queries), free(prepared), free(scores), free(logits);
-  free(output), free(sums), free(meta);
+  free(output), free(sums), free(meta), free(fused_meta);
   return bad;
 }
 
@@ -258,6 +276,7 @@ int main(int argc, char **argv) {
       {"PolarQuant dense L=4 keys, PolarQuant Hadamard learned L=4 values, 2/2 heads, fp16 window", 2, 2, F16, 1, 0,
        mc_polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), mc_polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
       {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, mc_cq(2, 8), mc_exact(F32)},
+      {"EXACT fp32 keys, UNIFORM 4 bits G=16 values, 9/1 heads, fp32 window", 9, 1, F32, 1, 0, mc_exact(F32), mc_uniform(4, 16)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {

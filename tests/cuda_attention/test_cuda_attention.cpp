@@ -1,5 +1,5 @@
-// The CUDA backend's attention kernels (backends/cuda/kernels/score.cuh, softmax.cuh, weighted_sum.cuh)
-// run on kvq's CUDA emulation against the CPU backend: for every case of the fixture (fixture.h,
+// The CUDA backend's attention kernels (backends/cuda/kernels/score.cuh, softmax.cuh, weighted_sum.cuh,
+// and the fused flash.cuh: test_flash) run on kvq's CUDA emulation against the CPU backend: for every case of the fixture (fixture.h,
 // written by reference.c), each kernel runs on the CPU's input of its job (SCORE on the pools and
 // the CPU's prepared queries; SOFTMAX on the CPU's logits; ACCUMULATE and WEIGHTED_SUM on the CPU's
 // probabilities), so that each check stands apart, with the job's packed metadata as a GPU backend
@@ -10,9 +10,11 @@
 // A plain TAP program, run plain, under ThreadSanitizer and under ASan + UBSan (meson.build).
 // usage: test_cuda_attention FIXTURE
 #include "../cuda_emu/tap.h"
+#include "backends/cuda/kernels/flash.cuh"
 #include "backends/cuda/kernels/score.cuh"
 #include "backends/cuda/kernels/softmax.cuh"
 #include "backends/cuda/kernels/weighted_sum.cuh"
+#include "../cuda_emu/qjl_bound.h"
 #include "fixture.h"
 
 #include <algorithm>
@@ -41,7 +43,7 @@ struct fixture_case {
   kvq_attention_fixture c;
   side_data s[2];
   std::vector<float> queries, prepared, logits, probabilities, sums, output;
-  std::vector<unsigned> meta;
+  std::vector<unsigned> meta, fused_meta;
 };
 
 template <class T> static bool read_into(FILE *f, std::vector<T> &v, size_t count) {
@@ -71,7 +73,7 @@ static bool read_case(FILE *f, fixture_case &fc) {
   }
   const size_t rows = static_cast<size_t>(c.query_rows) * c.query_heads;
   return ok && read_into(f, fc.queries, rows * fc.s[0].side.head_dim) && read_into(f, fc.prepared, rows * c.prepared_floats) &&
-         read_into(f, fc.meta, c.meta_words) && read_into(f, fc.logits, c.score_floats) && read_into(f, fc.probabilities, c.score_floats) &&
+         read_into(f, fc.meta, c.meta_words) && read_into(f, fc.fused_meta, c.fused_meta_words) && read_into(f, fc.logits, c.score_floats) && read_into(f, fc.probabilities, c.score_floats) &&
          read_into(f, fc.sums, c.accumulate_floats) && read_into(f, fc.output, c.output_floats);
 }
 
@@ -123,6 +125,51 @@ static float window_value(const fixture_case &fc, int side, unsigned seq, unsign
   return kvq_cuda_window_value(a, fc.meta.data(), fc.s[side].ring.data(), seq, t, h, c);
 }
 
+// The bound on |gpu - cpu| of the logit of query row `row`, head h against slot t of sequence i
+// (unmasked), derived at test_score: (n + 3) u scale A, or QJL's page logits' own. A: sum |a_i b_i|
+// (0 for QJL's page logits). abs_prepared: the prepared queries' absolute values.
+struct logit_bound {
+  double bound, A;
+  bool qjl;
+};
+static float window_value(const fixture_case &fc, int side, unsigned seq, unsigned t, unsigned h, unsigned c);
+static logit_bound score_bound(const fixture_case &fc, const std::vector<float> &abs_prepared, unsigned i, unsigned row, unsigned h,
+                               unsigned t) {
+  const kvq_cuda_attention a = params(fc, 0);
+  const kvq_cuda_side &s = a.side;
+  const unsigned H = fc.c.query_heads, d = s.head_dim, P = s.page_size, pf = fc.c.prepared_floats;
+  const unsigned *meta = fc.meta.data();
+  const unsigned kvh = kvq_cuda_kv_head(a, h);
+  const size_t qrow = static_cast<size_t>(kvq_gpu_seq(meta, i, KVQ_SEQ_QUERY_FIRST) + row) * H + h;
+  const float *qv = fc.queries.data() + qrow * d;
+  const unsigned quantized = kvq_gpu_seq(meta, i, KVQ_SEQ_QUANTIZED);
+  double A = 0.0;
+  unsigned terms = d;
+  double qjl_bound = -1.0;
+  if (t >= quantized) {
+    for (unsigned ch = 0; ch < d; ch++) A += std::fabs(static_cast<double>(qv[ch]) * window_value(fc, 0, i, t, kvh, ch));
+  } else {
+    const unsigned block = (kvq_gpu_page_slot(meta, i, t, P) * s.kv_heads + kvh) * s.head_bytes;
+    const kvq_io io_value = {const_cast<unsigned *>(fc.s[0].pool.data()), qv, KVQ_LAYOUT_F32, fc.s[0].fixed0(), fc.s[0].fixed1(),
+                             pf ? abs_prepared.data() + qrow * pf : nullptr};
+    const kvq_io *io = &io_value;
+    if (s.method == KVQ_LAYOUT_QJL)
+      qjl_bound = qjl_terms_logit_bound(qjl_dot_terms(io, s, qv, fc.prepared.data() + qrow * pf, block, t % P), a.scale);
+    else if (s.method == KVQ_LAYOUT_CQ) {
+      A = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits); // the |entries| summed
+      terms = d / s.channels;
+    } else if (s.method == KVQ_LAYOUT_POLAR) {
+      const unsigned tables = kvq_polar_tables(kvh, s.codebook, s.levels, s.level_bits);
+      for (unsigned ch = 0; ch < d; ch++)
+        A += std::fabs(static_cast<double>(io->prepared[ch]) * kvq_polar_decode_coord(io, block, t % P, ch, P, d, s.levels, s.level_bits, tables));
+    } else
+      for (unsigned ch = 0; ch < d; ch++)
+        A += std::fabs(static_cast<double>(qv[ch]) * kvq_cuda_decode_channel(io, s, block, kvh, t % P, ch));
+  }
+  if (qjl_bound >= 0.0) return {qjl_bound, 0.0, true};
+  return {(terms + 3.0) * u * a.scale * A, A, false};
+}
+
 // SCORE. Every logit the CPU masks (-inf) must be -inf, bit for bit; the others are q.k of n float
 // pairs (n = head_dim; CQ: n = head_dim / c table entries) whose factors are the CPU's floats bit for
 // bit (the query or prepared query; the decoded key, rotated coordinates, table entries or the ring's
@@ -131,14 +178,16 @@ static float window_value(const fixture_case &fc, int side, unsigned seq, unsign
 // then scaled: one float product here (u), the double product rounded to float there (u). So
 // |gpu - cpu| <= scale (gamma_n + 2 u + n 2^-53) A (1 + u) <= (n + 3) u scale A for n <= 2^10; A
 // is computed here from the same factors in double. QJL's page logits (the estimator: signed sums of
-// query parts, norms and c_d) have no derived bound yet: their difference is printed and that check
-// skipped; QJL's window logits and masks are checked.
+// query parts, norms and c_d) have their own bound, tests/cuda_emu/qjl_bound.h's
+// qjl_terms_logit_bound (the key dot's derivation, scaled by scale, plus the rounding of the product
+// on each side): s (in_float + in_double) + u s (magnitude + in_float) + (u + 2^-53 + u 2^-53) s
+// (magnitude + in_double).
 static void test_score(const fixture_case &fc) {
   const kvq_attention_fixture &c = fc.c;
   const std::string name = c.name;
   const kvq_cuda_attention a = params(fc, 0);
   const kvq_cuda_side &s = a.side;
-  const unsigned H = c.query_heads, d = s.head_dim, P = s.page_size, pf = c.prepared_floats;
+  const unsigned H = c.query_heads, pf = c.prepared_floats;
   std::vector<float> scores = garbage(c.score_floats);
   const kvq_emu::Result r = kvq_emu::launch(kvq_cuda_score, dim3(c.units[KVQ_PLAN_SCORE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
                                             static_cast<const unsigned *>(fc.meta.data()), static_cast<const unsigned *>(fc.s[0].pool.data()),
@@ -146,17 +195,13 @@ static void test_score(const fixture_case &fc) {
                                             static_cast<const float *>(fc.queries.data()), pf ? fc.prepared.data() : nullptr, scores.data());
   std::vector<float> abs_prepared(fc.prepared);
   for (float &x : abs_prepared) x = std::fabs(x);
-  const unsigned *meta = fc.meta.data();
   const std::vector<seq_view> seqs = sequences(fc);
-  size_t masks_wrong = 0, over = 0, checked = 0, skipped = 0, masked = 0;
-  double worst = 0.0, worst_skipped = 0.0; // |gpu - cpu| / (scale A); QJL: / (1 + |cpu|)
+  size_t masks_wrong = 0, over = 0, checked = 0, qjl_checked = 0, qjl_over = 0, masked = 0;
+  double worst = 0.0, worst_qjl = 0.0, worst_qjl_relative = 0.0; // |gpu - cpu| / (scale A); QJL: / its bound, / (1 + |cpu|)
   for (unsigned i = 0; i < seqs.size(); i++) {
     const seq_view &q = seqs[i];
     for (unsigned row = 0; row < q.rows; row++)
       for (unsigned h = 0; h < H; h++) {
-        const unsigned kvh = kvq_cuda_kv_head(a, h);
-        const size_t qrow = static_cast<size_t>(q.query_first + row) * H + h;
-        const float *qv = fc.queries.data() + qrow * d;
         for (unsigned t = 0; t < q.n; t++) {
           const size_t at = q.score_offset + (static_cast<size_t>(row) * H + h) * q.n + t;
           const float cpu = fc.logits[at], gpu = scores[at];
@@ -169,36 +214,18 @@ static void test_score(const fixture_case &fc) {
             masks_wrong++;
             continue;
           }
-          double A = 0.0;
-          unsigned terms = d;
-          bool qjl_page = false;
-          if (t >= q.quantized) {
-            for (unsigned ch = 0; ch < d; ch++) A += std::fabs(static_cast<double>(qv[ch]) * window_value(fc, 0, i, t, kvh, ch));
-          } else {
-            const unsigned block = (kvq_gpu_page_slot(meta, i, t, P) * s.kv_heads + kvh) * s.head_bytes;
-            const kvq_io io_value = {const_cast<unsigned *>(fc.s[0].pool.data()), qv, KVQ_LAYOUT_F32, fc.s[0].fixed0(), fc.s[0].fixed1(),
-                                     pf ? abs_prepared.data() + qrow * pf : nullptr};
-            const kvq_io *io = &io_value;
-            if (s.method == KVQ_LAYOUT_QJL) qjl_page = true;
-            else if (s.method == KVQ_LAYOUT_CQ) {
-              A = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits); // the |entries| summed
-              terms = d / s.channels;
-            } else if (s.method == KVQ_LAYOUT_POLAR) {
-              const unsigned tables = kvq_polar_tables(kvh, s.codebook, s.levels, s.level_bits);
-              for (unsigned ch = 0; ch < d; ch++)
-                A += std::fabs(static_cast<double>(io->prepared[ch]) * kvq_polar_decode_coord(io, block, t % P, ch, P, d, s.levels, s.level_bits, tables));
-            } else
-              for (unsigned ch = 0; ch < d; ch++)
-                A += std::fabs(static_cast<double>(qv[ch]) * kvq_cuda_decode_channel(io, s, block, kvh, t % P, ch));
-          }
+          const logit_bound lb = score_bound(fc, abs_prepared, i, row, h, t);
+          const double A = lb.A, qjl_bound = lb.qjl ? lb.bound : -1.0;
           const double diff = std::fabs(static_cast<double>(gpu) - cpu);
-          if (qjl_page) {
-            skipped++;
-            worst_skipped = std::max(worst_skipped, diff / (1.0 + std::fabs(static_cast<double>(cpu))));
+          if (qjl_bound >= 0.0) {
+            qjl_checked++;
+            if (!(diff <= qjl_bound)) qjl_over++;
+            if (qjl_bound > 0.0) worst_qjl = std::max(worst_qjl, diff / qjl_bound);
+            worst_qjl_relative = std::max(worst_qjl_relative, diff / (1.0 + std::fabs(static_cast<double>(cpu))));
             continue;
           }
           checked++;
-          const double bound = (terms + 3.0) * u * a.scale * A;
+          const double bound = lb.bound;
           if (diff > bound) over++;
           if (A > 0.0) worst = std::max(worst, diff / (a.scale * A));
         }
@@ -214,11 +241,12 @@ static void test_score(const fixture_case &fc) {
   check(r.ok && over == 0 && checked > 0, name + ": SCORE's logits are the CPU's within (n + 3) 2^-24 scale sum |a_i b_i|",
         std::to_string(over) + " of " + std::to_string(checked) + " logits past the bound");
   check(r.ok && stray == 0, name + ": SCORE writes no score entry that no sequence owns", std::to_string(stray) + " written");
-  if (skipped) {
-    std::printf("# %s: SCORE's QJL page logits: largest |gpu - cpu| / (1 + |cpu|) %.3g over %zu logits\n", name.c_str(), worst_skipped,
-                skipped);
-    std::printf("ok %d - %s: SCORE's QJL page logits # SKIP no derived float-vs-double bound for the estimator yet\n", ++tap_number,
-                name.c_str());
+  if (s.method == KVQ_LAYOUT_QJL) {
+    std::printf("# %s: SCORE's QJL page logits: largest |gpu - cpu| / bound %.3g, / (1 + |cpu|) %.3g, over %zu logits\n", name.c_str(),
+                worst_qjl, worst_qjl_relative, qjl_checked);
+    check(r.ok && qjl_over == 0 && qjl_checked > 0,
+          name + ": SCORE's QJL page logits are the CPU's within the estimator's derived bound times scale (qjl_bound.h)",
+          std::to_string(qjl_over) + " of " + std::to_string(qjl_checked) + " logits past the bound");
   }
 }
 
@@ -411,6 +439,122 @@ static void test_weighted_sum(const fixture_case &fc) {
   check(r.ok && stray == 0, name + ": WEIGHTED_SUM writes no output row that no sequence owns", std::to_string(stray) + " written");
 }
 
+// The fused attention (flash.cuh): kvq_cuda_flash, then kvq_cuda_flash_combine, with the fused
+// plan's metadata and units (reference.c: the job without accumulate sums, so cases with PolarQuant
+// values alone are not fused), into scratch and output full of garbage, against the CPU's output of
+// the same job (SCORE, SOFTMAX, WEIGHTED_SUM in double). The combine runs on a 2-D grid with spare
+// blocks. Output rows that see no slot must be 0 exactly (as the CPU's); rows no sequence owns keep
+// their garbage. The bound, per output (r, h, c), with the CPU's float logits x_t and probabilities
+// p_t over the row's visible slots, M = max x_t, D = max (M - x_t), v_t the value channel (the same
+// floats on both sides: the shared decoders, or the ring's token), V = sum_t p_t |v_t|, S the
+// sequence's splits, u = 2^-24, to first order:
+//   - the GPU's logits differ from the CPU's by at most B_t (SCORE's bound, score_bound): that moves
+//     the normalized probabilities to p_t e^(delta_t - delta_bar) (delta_bar their p-weighted mean),
+//     so the output by at most sum_t p_t |v_t| (B_t + B_max);
+//   - the GPU's unnormalized weight of slot t is expf(fl(x_t - m_s)) expf(fl(m_s - M)) (m_s its
+//     split's maximum, exact): relative error at most
+//     u |x_t - m_s| + 4 u + u |m_s - M| + 4 u = (|x_t - M| + 8) u (CUDA's expf within 2 ulp, 4 u
+//     relative, as in test_softmax; the emulator's is correctly rounded), which moves
+//     the numerator's term by at most (M - x_t + 8) u;
+//   - the numerator: the split's float sum of count <= 64 products p v (at most 65 roundings on each
+//     term: the product and the additions, or FMAs), the combine's w o_s (1) and its sum over the S
+//     splits (S): (64 + S + 2) u on V;
+//   - the denominator (sum p = 1 exactly): the weights' (D + 8) u, the split's block sum (fewer than
+//     64 roundings on each term), w l_s (1) and the sum over the splits (S): relative (D + 72 + S) u,
+//     which moves out = num / den by at most |o| (D + 72 + S) u <= V (D + 72 + S) u;
+//   - the division (u |o| <= u V), and the CPU: its probabilities rounded to float (u V), its double
+//     sum (below n 2^-53 V <= u V) and its output rounded to float (u V): 4 u V.
+// So |gpu - cpu| <= sum_t p_t |v_t| (B_t + B_max + u (M - x_t)) + V u (D + 2 (64 + S) + 22), with
+// 22 = 8 + 2 (the numerator) + 8 (the denominator) + 4. The second-order terms (products of these
+// relative errors, e^delta - 1 - delta) are below 2^-10 of the first-order ones while the relative
+// terms sum to less than 2^-10 (checked per row), so the bound is taken times 1 + 2^-9.
+static void test_flash(const fixture_case &fc) {
+  const kvq_attention_fixture &c = fc.c;
+  const std::string name = c.name;
+  if (!c.fused) {
+    check(c.rotated_sums != 0, name + ": the fused plan declines the job only for PolarQuant values (rotated sums)", "declined");
+    return;
+  }
+  const kvq_cuda_attention a = params(fc, 0), av = params(fc, 1);
+  const kvq_cuda_side &vs = av.side;
+  const unsigned H = c.query_heads, d = vs.head_dim, P = vs.page_size, pf = c.prepared_floats;
+  std::vector<float> scratch = garbage(c.fused_scratch_bytes / 4u), output = garbage(c.output_floats);
+  const unsigned *meta = fc.fused_meta.data();
+  kvq_emu::Result r = kvq_emu::launch(
+      kvq_cuda_flash, dim3(c.fused_units[KVQ_PLAN_FLASH]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a, vs, meta,
+      static_cast<const unsigned *>(fc.s[0].pool.data()), fc.s[0].fixed0(), fc.s[0].fixed1(), static_cast<const void *>(fc.s[0].ring.data()),
+      static_cast<const unsigned *>(fc.s[1].pool.data()), fc.s[1].fixed0(), fc.s[1].fixed1(), static_cast<const void *>(fc.s[1].ring.data()),
+      static_cast<const float *>(fc.queries.data()), pf ? static_cast<const float *>(fc.prepared.data()) : nullptr, scratch.data());
+  const unsigned combine = c.fused_units[KVQ_PLAN_COMBINE], gx = 3u;
+  if (r.ok)
+    r = kvq_emu::launch(kvq_cuda_flash_combine, dim3(gx, (combine + gx - 1u) / gx + 1u), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
+                        static_cast<const float *>(scratch.data()), output.data());
+  std::vector<float> abs_prepared(fc.prepared);
+  for (float &x : abs_prepared) x = std::fabs(x);
+  const std::vector<seq_view> seqs = sequences(fc);
+  const kvq_io io_value = {const_cast<unsigned *>(fc.s[1].pool.data()), nullptr, KVQ_LAYOUT_F32, fc.s[1].fixed0(), fc.s[1].fixed1(), nullptr};
+  std::vector<bool> owned(c.output_floats, false);
+  size_t over = 0, checked = 0, zeros_wrong = 0, zero_rows = 0, too_coarse = 0;
+  double worst = 0.0; // |gpu - cpu| / bound
+  for (unsigned i = 0; i < seqs.size(); i++) {
+    const seq_view &q = seqs[i];
+    const unsigned S = kvq_flash_splits(q.n);
+    for (unsigned row = 0; row < q.rows; row++)
+      for (unsigned h = 0; h < H; h++) {
+        const unsigned kvh = kvq_cuda_kv_head(a, h);
+        const size_t base = q.score_offset + (static_cast<size_t>(row) * H + h) * q.n, o = (static_cast<size_t>(q.query_first + row) * H + h) * d;
+        double M = -INFINITY, D = 0.0, Bmax = 0.0;
+        std::vector<double> B(q.n, 0.0);
+        for (unsigned t = 0; t < q.n; t++)
+          if (!std::isinf(fc.logits[base + t])) M = std::max(M, static_cast<double>(fc.logits[base + t]));
+        for (unsigned t = 0; t < q.n; t++) {
+          if (std::isinf(fc.logits[base + t])) continue;
+          D = std::max(D, M - fc.logits[base + t]);
+          B[t] = score_bound(fc, abs_prepared, i, row, h, t).bound;
+          Bmax = std::max(Bmax, B[t]);
+        }
+        const double relative = 2.0 * Bmax + u * (2.0 * D + 2.0 * (64.0 + S) + 22.0);
+        if (!(relative < std::ldexp(1.0, -10))) too_coarse++;
+        for (unsigned ch = 0; ch < d; ch++) {
+          owned[o + ch] = true;
+          double V = 0.0, first = 0.0;
+          for (unsigned t = 0; t < q.n; t++) {
+            const float p = fc.probabilities[base + t];
+            if (std::isinf(fc.logits[base + t]) || p == 0.0f) continue;
+            const double v = t >= q.quantized ? window_value(fc, 1, i, t, kvh, ch)
+                                              : kvq_cuda_decode_channel(&io_value, vs, (kvq_gpu_page_slot(fc.meta.data(), i, t, P) * vs.kv_heads + kvh) * vs.head_bytes,
+                                                                        kvh, t % P, ch);
+            V += p * std::fabs(v);
+            first += p * std::fabs(v) * (B[t] + Bmax + u * (M - fc.logits[base + t]));
+          }
+          const double bound = (first + V * u * (D + 2.0 * (64.0 + S) + 22.0)) * (1.0 + std::ldexp(1.0, -9));
+          const float cpu = fc.output[o + ch], gpu = output[o + ch];
+          if (M == -INFINITY) { // nothing visible: 0 exactly
+            zero_rows++;
+            zeros_wrong += !(gpu == 0.0f && cpu == 0.0f);
+            continue;
+          }
+          const double diff = std::fabs(static_cast<double>(gpu) - cpu);
+          checked++;
+          if (!(diff <= bound)) over++;
+          if (bound > 0.0) worst = std::max(worst, diff / bound);
+        }
+      }
+  }
+  size_t stray = 0;
+  for (size_t k = 0; k < owned.size(); k++) stray += !owned[k] && !is_garbage(output[k]);
+  std::printf("# %s: the fused attention's largest |gpu - cpu| / bound: %.3g over %zu outputs (and %zu in rows that see nothing)\n",
+              name.c_str(), worst, checked, zero_rows);
+  check(r.ok && over == 0 && too_coarse == 0 && checked > 0,
+        name + ": the fused attention (FLASH, COMBINE) gives the CPU's output within the derived bound",
+        r.ok ? std::to_string(over) + " of " + std::to_string(checked) + " outputs past the bound, " + std::to_string(too_coarse) +
+                   " rows past the first-order condition"
+             : r.message);
+  check(r.ok && zeros_wrong == 0, name + ": the fused attention gives 0 where a row sees no slot (as the CPU)",
+        std::to_string(zeros_wrong) + " of " + std::to_string(zero_rows) + " differ");
+  check(r.ok && stray == 0, name + ": the fused attention writes no output row that no sequence owns", std::to_string(stray) + " written");
+}
+
 int main(int argc, char **argv) {
   FILE *f = argc == 2 ? std::fopen(argv[1], "rb") : nullptr;
   if (!f) {
@@ -423,10 +567,11 @@ int main(int argc, char **argv) {
     test_softmax(fc);
     test_accumulate(fc);
     test_weighted_sum(fc);
+    test_flash(fc);
   }
   const bool complete = std::feof(f) != 0;
   std::fclose(f);
-  check(complete && cases == 8, "the fixture holds the 8 cases, read to its end");
+  check(complete && cases == 9, "the fixture holds the 9 cases, read to its end");
   std::printf("1..%d\n", tap_number);
   return tap_failures ? 1 : 0;
 }

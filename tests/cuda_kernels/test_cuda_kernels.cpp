@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/dequantize.cuh"
 #include "backends/cuda/kernels/key_dots.cuh"
 #include "backends/cuda/kernels/quantize.cuh"
+#include "../cuda_emu/qjl_bound.h"
 #include "fixture.h"
 
 #include <cmath>
@@ -201,64 +202,13 @@ static void test_prepare(const fixture_case &fc) {
 // Every method but QJL sums n products (or CQ's n = d / c table entries) whose factors are the CPU's
 // floats bit for bit (the decoded key or rotated coordinates; the prepared query), in float here and
 // in double on the CPU: the bound of test_prepare, (n + 2) 2^-24 sum |a_i b_i|, with sum |a_i b_i|
-// from the same factors. QJL's estimator has a bound of its own, derived below (qjl_dot_bound).
-//
-// QJL's estimator (core/methods/qjl.h, kvq_qjl_score; the CPU's qjl_dot_page: the same functions, the
-// same order, in double). Both sides get the same floats: the query q, the prepared S q (p_r, the
-// CPU's), S and S_o, the page's outlier list O (k channels), sign bits sigma_r = +-1 and fp16 norms
-// (exact floats). For one sketch part with n rows (n = m for the inliers, m_o for the outliers), in
-// exact arithmetic:
-//   A_r = sum_{c in O} S[r][c] q_c                        (the outlier channels' products, in list order)
-//   P_r = p_r - A_r (inliers) or A_r (outliers)           (kvq_qjl_query_parts4)
-//   T   = sum_r sigma_r P_r                               (the signed sum, rows in order)
-//   E   = ((C / n) |k_part|) T                            (kvq_qjl_estimate; C the CPU's double c_d)
-//   X   = E_in + E_out                                    (E_out only when k > 0)
-// With u = 2^-24 (float) or 2^-53 (double), gamma_j = j u / (1 - j u), and no underflow (Higham,
-// Accuracy and Stability, 3.1 and Lemma 3.3: gamma_a + gamma_b + gamma_a gamma_b <= gamma_(a+b)):
-//   - A_r, a sum of k products (an FMA each on a GPU, or a product and an add): |err| <= gamma_k M_r,
-//     M_r = sum_{c in O} |S[r][c] q_c|;
-//   - P_r = p_r - A_r rounds once more: |err| <= gamma_k M_r + u (|p_r| + (1 + gamma_k) M_r)
-//     <= gamma_(k+1) R_r, with R_r = |p_r| + M_r (inliers) or M_r (outliers), and |P_r| <= R_r;
-//   - T, n signed terms summed from 0 (n - 1 roundings): |err| <= sum_r gamma_(k+1) R_r +
-//     gamma_(n-1) (1 + gamma_(k+1)) sum_r R_r <= gamma_(n+k) W, W = sum_r R_r, and |T| <= W;
-//   - E: c_d rounded to float (the kernel's, not the CPU's double: 1 rounding on the GPU only), / n,
-//     * |k|, * T: at most 4 roundings, |err| <= K (gamma_(n+k) W + gamma_4 (1 + gamma_(n+k)) W) <=
-//     gamma_(n+k+4) K W, K = C |k_part| / n;
-//   - X = E_in + E_out rounds once: |err| <= sum over the parts of gamma_(n+k+5) K W (the same bound
-//     holds for k = 0, where there is one part and no addition).
-// So the GPU's float result is within sum_parts gamma_(n+k+5) K W of X, the CPU's double result within
-// sum_parts gamma'_(n+k+5) K W (gamma' with 2^-53), and the CPU's result rounded to float (the
-// fixture's dots) within u |x| <= u (1 + gamma'_(n+k+5)) sum_parts K W more:
-//   |gpu - cpu| <= sum_parts (gamma_(n+k+5) + gamma'_(n+k+5) + u (1 + gamma'_(n+k+5))) K W.
-// K uses the fixture's float c_d (|C| <= c_d_float (1 + 2u)); W and K are evaluated in double from
-// the same floats, each a sum of fewer than 2^11 non-negative terms (relative error below 2^-40), so
-// the bound is evaluated times (1 + 2^-40). It is a worst case (every rounding at its largest, in the
-// same direction): the differences seen are far below it, and a kernel that drops one row's term,
-// or the outlier part, is off by about K |P_r| or |E_out|, far above it.
-static double gamma_n(double n, double u) { return n * u / (1.0 - n * u); }
-
+// from the same factors. QJL's estimator has a bound of its own, derived in
+// tests/cuda_emu/qjl_bound.h (qjl_dot_terms, shared with tests/cuda_attention): the GPU's float estimate and the CPU's double one rounded to float differ by at most
+// sum_parts (gamma_(n+k+5) + gamma'_(n+k+5) + u (1 + gamma'_(n+k+5))) K W.
 static double qjl_dot_bound(const kvq_io *io, const fixture_case &fc, unsigned block, unsigned t, unsigned row) {
-  const kvq_cuda_side &s = fc.side;
-  const unsigned P = s.page_size, d = s.head_dim, m = s.sketch_dim, mo = s.outlier_sketch_dim, k = s.outliers;
-  const double u = std::ldexp(1.0, -24), ud = std::ldexp(1.0, -53);
-  const double c_d = std::fabs(static_cast<double>(s.qjl_constant)) * (1.0 + 2.0 * u);
-  const float *q = fc.queries.data() + static_cast<size_t>(row) * d, *p = fc.prepared.data() + static_cast<size_t>(row) * fc.c.prepared_floats;
-  unsigned list[KVQ_MAX_OUTLIERS];
-  kvq_qjl_load_list(io, block, P, m, mo, k, list);
-  double bound = 0.0;
-  for (unsigned outer = 0; outer < (k > 0 ? 2u : 1u); outer++) {
-    const unsigned n = outer ? mo : m;
-    double W = 0.0;
-    for (unsigned r = 0; r < n; r++) {
-      double R = outer ? 0.0 : std::fabs(static_cast<double>(p[r]));
-      for (unsigned j = 0; j < k; j++) R += std::fabs(static_cast<double>(kvq_qjl_sketch(io, outer, r, list[j], d)) * q[list[j]]);
-      W += R;
-    }
-    const double K = c_d / n * kvq_qjl_norm(io, block, outer, t, P, m, mo, k);
-    const double j = n + k + 5.0;
-    bound += (gamma_n(j, u) + gamma_n(j, ud) + u * (1.0 + gamma_n(j, ud))) * K * W;
-  }
-  return bound * (1.0 + std::ldexp(1.0, -40));
+  const float *q = fc.queries.data() + static_cast<size_t>(row) * fc.side.head_dim;
+  const float *p = fc.prepared.data() + static_cast<size_t>(row) * fc.c.prepared_floats;
+  return qjl_terms_dot_bound(qjl_dot_terms(io, fc.side, q, p, block, t));
 }
 
 static void test_dots(const fixture_case &fc) {

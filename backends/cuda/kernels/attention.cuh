@@ -3,7 +3,7 @@
 // core/gpu_attention.h's functions, the Vulkan shaders' too) and block reductions.
 //
 // The host side of every kernel here (the backend's, as backends/vulkan does it):
-//   kvq_gpu_plan_attention(job, 0, &plan, ...)   the unfused plan (fused kernels: not written yet)
+//   kvq_gpu_plan_attention(job, 0, &plan, ...)   the unfused plan (the fused one: flash.cuh)
 //   kvq_gpu_pack_attention(job, &plan, words)    plan.meta_words 32-bit words, uploaded as they are;
 //                                                `meta` below is their device address
 //   kernel k is launched with plan.units[KVQ_PLAN_k] blocks (grid (units), or any grid (x, y) with

@@ -2,6 +2,7 @@
 // every architecture kvq targets, every warning an error.
 #include "convert.cuh"
 #include "dequantize.cuh"
+#include "flash.cuh"
 #include "key_dots.cuh"
 #include "kmeans.cuh"
 #include "prepare.cuh"

@@ -1,0 +1,188 @@
+// The fused decode attention on the GPU (flash-decoding; backends/backend.h, kvq_job_attention), the
+// fused plan's two kernels, every sequence of the batch in one launch each, as shaders/flash.glsl,
+// flash_logits.comp, flash_values.comp and flash_combine.comp with the same plan, metadata and
+// scratch (core/gpu_plan.h): a sequence's n slots are cut into splits of KVQ_FLASH_SPLIT (64)
+// tokens, and each block takes one (query row r, kv head, head pass, split) with up to
+// KVQ_FLASH_HEADS_PER_PASS (8) query heads of the kv head's GQA group (larger groups take more
+// passes), so that each key and each value is decoded once for all of them.
+//
+// The host (as backends/vulkan does):
+//   kvq_gpu_plan_attention(job, 1, &plan, ...)   plan.fused is 1 unless the job has accumulate sums,
+//                                                PolarQuant values (plan.rotated_sums) or a flash
+//                                                scratch past 4 GiB: then the unfused kernels
+//                                                (score.cuh, softmax.cuh, weighted_sum.cuh)
+//   kvq_gpu_pack_attention(job, &plan, words)    plan.meta_words words, uploaded as they are (`meta`)
+//   scratch                                      fp32, plan.scratch_bytes (each sequence's from its
+//                                                KVQ_SEQ_SCRATCH, laid out as kvq_flash_*_at say)
+// then, on one stream, in this order (no launch where units is 0):
+//   kvq_cuda_flash<<<plan.units[KVQ_PLAN_FLASH], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
+//       a, values, meta, key_pages, key_fixed0, key_fixed1, key_ring, value_pages, value_fixed0,
+//       value_fixed1, value_ring, queries, prepared, scratch)
+//   kvq_cuda_flash_combine<<<plan.units[KVQ_PLAN_COMBINE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
+//       a, meta, scratch, output)
+// Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
+// KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
+// memory (static shared memory: kvq_cuda_flash 2064 bytes as ptxas lays it out, KVQ_FLASH_HEADS_PER_PASS
+// x 64 floats of probabilities and the block reduction's two partials; kvq_cuda_flash_combine none).
+//
+// kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
+//   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
+//   values     kvq_cuda_side: the values' layout (any method but PolarQuant, which the plan never fuses)
+//   meta       the fused plan's metadata words
+//   key_pages, key_fixed0, key_fixed1, key_ring, queries, prepared: as kvq_cuda_score's (score.cuh)
+//   value_pages, value_fixed0, value_fixed1, value_ring: as kvq_cuda_weighted_sum's (weighted_sum.cuh)
+//   scratch    fp32, written: for each (r, h) of the block's heads, from the sequence's KVQ_SEQ_SCRATCH,
+//              with R = query_count x query_heads row-heads and row_head = r * query_heads + h:
+//     kvq_flash_prob_at(n, row_head, t)       p_t = expf(x_t - m) for the split's slots t < n (0 where
+//                                             masked), x_t = scale * q.k_t (kvq_cuda_key_dot, or q
+//                                             with the ring's token; summed in kvq_acc, then one float
+//                                             product, as SCORE)
+//     kvq_flash_max_at(R, n, row_head, s)     m, the split's largest visible x (-inf: none visible)
+//     kvq_flash_sum_at(R, n, row_head, s)     l = sum of the split's p_t (float, kvq_cuda_block_sum)
+//     kvq_flash_out_at(R, n, d, row_head, s, c)  o_c = sum over the split's slots in order of p_t v_t[c]
+//                                             (float), v_t the value method's decode or the ring's token
+//   Thread i of the block: first slot t = split * 64 + i (its key decoded once, dotted with each head's
+//   query), then channels c = i, i + 64, ... of the split's values (each value decoded once).
+//
+// kvq_cuda_flash_combine: output ((query_first + r) * query_heads + h) * head_dim + c (fp32 `output`,
+//   [rows][query_heads][head_dim]) = sum_s e^(m_s - M) o_s[c] / sum_s e^(m_s - M) l_s, M the largest
+//   m_s, splits with m_s = -inf skipped; 0 where no slot of the row is visible or the sequence has
+//   no slot (as the CPU and the unfused WEIGHTED_SUM; Vulkan's combine gives 0 / 0 for the first and
+//   writes nothing for the second). a: query_heads and side.head_dim (the values'). A thread per (r, h, c) of a
+//   sequence, c fastest (KVQ_PLAN_COMBINE: 64 per block).
+#ifndef KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
+#define KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
+
+#include "attention.cuh"
+#include "key_dots.cuh"
+
+static_assert(KVQ_FLASH_SPLIT == KVQ_CUDA_ATTENTION_THREADS, "flash.cuh: a thread per slot of a split");
+
+// The block's (r, kv head, pass, split) from its unit in the sequence (KVQ_PLAN_FLASH, split fastest);
+// false for units past the last row.
+static inline __device__ bool kvq_cuda_flash_unit(const kvq_cuda_attention &a, const unsigned *meta, unsigned seq, unsigned unit,
+                                                  unsigned n, unsigned &r, unsigned &kvh, unsigned &pass, unsigned &split) {
+  const unsigned splits = kvq_flash_splits(n), passes = kvq_flash_passes(a.query_heads / a.side.kv_heads);
+  split = unit % splits;
+  pass = unit / splits % passes;
+  kvh = unit / splits / passes % a.side.kv_heads;
+  r = unit / splits / passes / a.side.kv_heads;
+  return r < kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT);
+}
+
+// The scratch element of sequence seq's flash scratch at offset `at` (a kvq_flash_*_at).
+static inline __device__ size_t kvq_cuda_flash_at(const unsigned *meta, unsigned seq, unsigned at) {
+  return static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_SCRATCH)) + at;
+}
+
+__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+    kvq_cuda_flash(const kvq_cuda_attention a, const kvq_cuda_side values, const unsigned *__restrict__ meta,
+                   const unsigned *__restrict__ key_pages, const float *__restrict__ key_fixed0, const float *__restrict__ key_fixed1,
+                   const void *__restrict__ key_ring, const unsigned *__restrict__ value_pages, const float *__restrict__ value_fixed0,
+                   const float *__restrict__ value_fixed1, const void *__restrict__ value_ring, const float *__restrict__ queries,
+                   const float *__restrict__ prepared, float *__restrict__ scratch) {
+  KVQ_SHARED(float, part, KVQ_CUDA_BLOCK_WARPS);
+  KVQ_SHARED_2D(float, prob, KVQ_FLASH_HEADS_PER_PASS, KVQ_FLASH_SPLIT);
+  const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_FLASH, wg);
+  if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
+  const unsigned n = kvq_gpu_seq_tokens(meta, seq);
+  unsigned r, kvh, pass, split;
+  if (n == 0u || !kvq_cuda_flash_unit(a, meta, seq, kvq_gpu_unit(meta, KVQ_PLAN_FLASH, seq, wg), n, r, kvh, pass, split))
+    return; // uniform too
+  const unsigned lane = threadIdx.x, d = a.side.head_dim, P = a.side.page_size, H = a.query_heads, group = H / a.side.kv_heads;
+  const unsigned h0 = kvh * group + pass * KVQ_FLASH_HEADS_PER_PASS;
+  const unsigned heads = group - pass * KVQ_FLASH_HEADS_PER_PASS < KVQ_FLASH_HEADS_PER_PASS ? group - pass * KVQ_FLASH_HEADS_PER_PASS
+                                                                                            : KVQ_FLASH_HEADS_PER_PASS;
+  const unsigned quantized = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUANTIZED), first = split * KVQ_FLASH_SPLIT;
+  const unsigned count = n - first < KVQ_FLASH_SPLIT ? n - first : KVQ_FLASH_SPLIT, t = first + lane;
+  const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * H;
+  const size_t row0 = static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h0; // the pass's first query row
+
+  // Logits: thread `lane` scores slot t against each head of the pass.
+  const bool visible = t < n && kvq_gpu_visible(meta, seq, r, t, P, a.alive_words) != 0u;
+  kvq_acc logit[KVQ_FLASH_HEADS_PER_PASS];
+  for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = KVQ_ACC(0.0f);
+  const kvq_cuda_side &ks = a.side;
+  const bool by_function = ks.method == KVQ_LAYOUT_QJL || ks.method == KVQ_LAYOUT_POLAR || ks.method == KVQ_LAYOUT_CQ;
+  if (visible && t < quantized) {
+    const unsigned block = kvq_cuda_slot_block(a, meta, seq, t, kvh);
+    if (by_function) { // scored from the prepared queries (QJL's estimator, PolarQuant's R q, CQ's tables), per head
+      for (unsigned g = 0; g < heads; g++) {
+        const kvq_io io_value = {const_cast<unsigned *>(key_pages), queries + (row0 + g) * d, KVQ_LAYOUT_F32, key_fixed0, key_fixed1,
+                                 prepared + (row0 + g) * kvq_cuda_prepared_floats(ks)};
+        logit[g] = kvq_cuda_key_dot(&io_value, ks, block, kvh, t % P);
+      }
+    } else { // EXACT, UNIFORM, KIVI: each channel decoded once for every head
+      const kvq_io io_value = {const_cast<unsigned *>(key_pages), nullptr, KVQ_LAYOUT_F32, key_fixed0, key_fixed1, nullptr};
+      for (unsigned c = 0; c < d; c++) {
+        const float k = kvq_cuda_decode_channel(&io_value, ks, block, kvh, t % P, c);
+        for (unsigned g = 0; g < heads; g++) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
+      }
+    }
+  } else if (visible) {
+    for (unsigned c = 0; c < d; c++) {
+      const float k = kvq_cuda_window_value(a, meta, key_ring, seq, t, kvh, c);
+      for (unsigned g = 0; g < heads; g++) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
+    }
+  }
+  for (unsigned g = 0; g < heads; g++) {
+    const float x = visible ? static_cast<float>(logit[g]) * a.scale : -INFINITY;
+    const float m = kvq_cuda_block_max(x, part);
+    const float p = visible ? expf(x - m) : 0.0f;
+    const float l = kvq_cuda_block_sum(p, part);
+    const unsigned row_head = r * H + h0 + g;
+    prob[g][lane] = p;
+    if (t < n) scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_prob_at(n, row_head, t))] = p;
+    if (lane == 0) {
+      scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, split))] = m;
+      scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, split))] = l;
+    }
+  }
+  __syncthreads(); // every thread's probabilities in prob
+
+  // Values: thread `lane` sums channels c = lane, lane + 64, ... over the split's slots, in order.
+  kvq_cuda_attention av = a; // the values' layout for their page blocks and the ring
+  av.side = values;
+  const kvq_io io_value = {const_cast<unsigned *>(value_pages), nullptr, KVQ_LAYOUT_F32, value_fixed0, value_fixed1, nullptr};
+  for (unsigned c = lane; c < d; c += KVQ_CUDA_ATTENTION_THREADS) {
+    float acc[KVQ_FLASH_HEADS_PER_PASS];
+    for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0f;
+    for (unsigned i = 0; i < count; i++) {
+      bool any = false; // a slot no head of the pass sees adds nothing
+      for (unsigned g = 0; g < heads; g++) any = any || prob[g][i] != 0.0f;
+      if (!any) continue;
+      const unsigned ti = first + i;
+      const float v = ti < quantized ? kvq_cuda_decode_channel(&io_value, values, kvq_cuda_slot_block(av, meta, seq, ti, kvh), kvh, ti % P, c)
+                                     : kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
+      for (unsigned g = 0; g < heads; g++) acc[g] += prob[g][i] * v;
+    }
+    for (unsigned g = 0; g < heads; g++)
+      scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, r * H + h0 + g, split, c))] = acc[g];
+  }
+}
+
+__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+    kvq_cuda_flash_combine(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ scratch,
+                           float *__restrict__ output) {
+  const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_COMBINE, wg);
+  if (seq == meta[KVQ_META_SEQS]) return; // no barrier in this kernel
+  const unsigned id = kvq_gpu_unit(meta, KVQ_PLAN_COMBINE, seq, wg) * KVQ_CUDA_ATTENTION_THREADS + threadIdx.x;
+  const unsigned d = a.side.head_dim, H = a.query_heads, n = kvq_gpu_seq_tokens(meta, seq);
+  const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * H, c = id % d, row_head = id / d;
+  if (row_head >= R) return;
+  const unsigned splits = kvq_flash_splits(n);
+  float M = -INFINITY;
+  for (unsigned s = 0; s < splits; s++) M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
+  float sum = 0.0f, out = 0.0f;
+  for (unsigned s = 0; s < splits; s++) {
+    const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
+    if (m == -INFINITY) continue; // a split without a visible slot
+    const float w = expf(m - M);
+    sum += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
+    out += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, s, c))];
+  }
+  const unsigned r = row_head / H, h = row_head % H;
+  output[(static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c] = sum > 0.0f ? out / sum : 0.0f;
+}
+
+#endif // KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
