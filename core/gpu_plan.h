@@ -1,7 +1,7 @@
 /*
  * How a GPU backend runs an attention job, decided once in core for every GPU backend (the Vulkan
  * backend now, the CUDA backend next): the workgroup size, the flash-decoding constants, the
- * metadata the kernels read and, in C only, the plan (core/gpu_plan.c) that sizes a job's
+ * metadata the kernels read and, in C (and the CUDA backend's C++ host code) only, the plan (core/gpu_plan.c) that sizes a job's
  * dispatches and scratch and packs its metadata. The constants and shared functions are written in
  * the common subset of C, CUDA and GLSL (core/shared_lang.h); shaders/attention.glsl and
  * shaders/flash.glsl read them.
@@ -91,10 +91,15 @@ KVQ_SHARED_FN kvq_u32 kvq_flash_out_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 d, 
 #define KVQ_SEQ_SCRATCH 12u /* the plan: the first float of the sequence's flash scratch */
 #define KVQ_SEQ_WORDS 13u
 
-#if defined(KVQ_LANG_C)
+/* C, and C++ host code that asks for it (the CUDA backend: KVQ_GPU_PLAN_HOST) */
+#if defined(KVQ_LANG_C) || defined(KVQ_GPU_PLAN_HOST)
 #include <stddef.h>
 
 #include "backends/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* What a GPU backend does for one attention job (kvq_gpu_plan_attention). */
 typedef struct kvq_gpu_attention_plan {
@@ -119,6 +124,9 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
                                   char *why, size_t why_size);
 /* Writes the job's metadata, plan->meta_words words, as described at the top. */
 void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attention_plan *plan, uint32_t *meta);
+#ifdef __cplusplus
+}
+#endif
 #endif
 
 #endif /* KVQ_CORE_GPU_PLAN_H */

@@ -1,6 +1,6 @@
 /*
- * Caller tensors in device memory (a runtime's VkBuffer). Where the backend has the CONVERT job
- * (Vulkan), the per-step calls read and write them in place on the device (kvq_tensor_gather_rows,
+ * Caller tensors in device memory (a runtime's VkBuffer or CUDA device pointer). Where the backend
+ * has the CONVERT job (Vulkan, CUDA), the per-step calls read and write them in place on the device (kvq_tensor_gather_rows,
  * kvq_tensor_scatter_rows), with the finite-value checks done there too, into a flag word read back
  * once per call (docs/VULKAN.md). Otherwise, and for the other calls, kvq imports the buffer through
  * its backend and moves the bytes the tensor spans through host memory, where the same checks and
@@ -80,13 +80,15 @@ kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *
 
 
 int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
-  /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
-   * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged). */
   uint64_t first, bytes;
   span(t, &first, &bytes);
-  /* and the shaders index elements in 32 bits (beyond, the staged path still works) */
-  return t->memory == KVQ_MEMORY_VULKAN_BUFFER && ctx->backend->ops->convert && ctx->backend->ops->buffer_import &&
-         t->offset % kvq_dtype_size(t->dtype) == 0 && (first + bytes) % 4 == 0 &&
+  const int vulkan = t->memory == KVQ_MEMORY_VULKAN_BUFFER, cuda = t->memory == KVQ_MEMORY_CUDA_DEVICE;
+  /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
+   * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged).
+   * CUDA's kernel stores 16-bit elements as 16 bits: any end will do. */
+  return (vulkan || cuda) && ctx->backend->ops->convert && ctx->backend->ops->buffer_import &&
+         t->offset % kvq_dtype_size(t->dtype) == 0 && (cuda || (first + bytes) % 4 == 0) &&
+         /* and the kernels index elements in 32 bits (beyond, the staged path still works) */
          (first + bytes) / kvq_dtype_size(t->dtype) < UINT32_MAX && kvq_tensor_count(t) < UINT32_MAX;
 }
 

@@ -3,8 +3,8 @@
  * host code and kernels on the CPU, docs/CUDA.md), against the CPU reference: for every method, the
  * same tokens appended to a cache on each backend must give byte-identical pages (the saved cache
  * files are compared whole) and dequantize to the same values; caller CUDA device pointers as keys,
- * values and outputs; wrong memory kinds and buffers of other backends refused; the jobs without
- * kernels refused with their reason. Skipped, with the reason, where this kvq has no CUDA emulator.
+ * values and outputs; wrong memory kinds and buffers of other backends refused; attention and scores
+ * with caller device pointers in place. Skipped, with the reason, where this kvq has no CUDA emulator.
  */
 #include <math.h>
 #include <stdio.h>
@@ -371,9 +371,14 @@ Test(cuda, buffers_of_other_backends_are_refused) {
   kvq_context_destroy(ctx);
 }
 
-/* The jobs whose kernels are not written yet fail with that reason, and a context that picks its
- * backend itself never lands on the emulator. */
-Test(cuda, jobs_without_kernels_say_so_and_auto_never_picks_the_emulator) {
+/* kvq_attention and kvq_scores on the CUDA backend (SCORE, SOFTMAX and WEIGHTED_SUM: no fused kernel,
+ * so core runs the three), with queries, outputs and scores as host tensors and then as caller CUDA
+ * device pointers (the emulated device's memory is the heap): the same kernels on the same pages and
+ * queries must give the same bits both ways, and in place nothing of the queries, outputs or scores
+ * crosses between host and device (the backend's counters: the host run moves at least the queries
+ * to the device and the outputs back, the device run at most the 4-byte check word back). A context
+ * that picks its backend itself never lands on the emulator. */
+Test(cuda, attention_and_scores_run_in_place_on_device_pointers_and_auto_never_picks_the_emulator) {
   kvq_context *ctx = cuda_context();
   kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), uniform(4, 32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
@@ -381,19 +386,51 @@ Test(cuda, jobs_without_kernels_say_so_and_auto_never_picks_the_emulator) {
   uint32_t seq;
   KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
   KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
-  float *k = tokens_of(KVQ_DTYPE_F32, 5), *q = tokens_of(KVQ_DTYPE_F32, 6), scores[HQ * TOKENS];
-  kvq_tensor kt = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
-  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &kt));
-  kvq_backend_stats stats;
-  cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *v = tokens_of(KVQ_DTYPE_F32, 7), *q = tokens_of(KVQ_DTYPE_F32, 6);
+  kvq_tensor kt = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS), vt = rows(v, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+  kvq_backend_stats stats[2];
+  cr_assert_eq(kvq_context_backend_stats(ctx, &stats[0], 1), KVQ_OK);
   /* 2 full pages per side were quantized, one launch each side and append */
-  cr_assert_geq(stats.submissions, 2u);
-  cr_assert_geq(stats.bytes_to_device, sizeof(float) * TOKENS * HKV * D);
+  cr_assert_geq(stats[0].submissions, 2u);
+  cr_assert_geq(stats[0].bytes_to_device, sizeof(float) * TOKENS * HKV * D);
+  enum { OUT = HQ * D, SCORES = HQ * TOKENS };
+  static float out[2][OUT], scores[2][SCORES];
   const int64_t qshape[3] = {1, HQ, D}, sshape[3] = {1, HQ, TOKENS};
-  kvq_tensor qt = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape), st = kvq_tensor_host(scores, KVQ_DTYPE_F32, 3, sshape);
-  cr_assert_eq(kvq_scores(cache, seq, 0, &qt, KVQ_MASK_NONE, KVQ_SCORES_LOGITS, &st), KVQ_ERROR_UNSUPPORTED);
-  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "not written yet"), "%s", kvq_context_last_error(ctx));
+  for (int m = 0; m < 2; m++) { /* host tensors, then device pointers */
+    for (int i = 0; i < OUT; i++) out[m][i] = NAN;
+    for (int i = 0; i < SCORES; i++) scores[m][i] = NAN;
+    kvq_tensor (*make)(void *, kvq_dtype, uint32_t, const int64_t *) = m ? kvq_tensor_cuda : kvq_tensor_host;
+    kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL, .queries = make(q, KVQ_DTYPE_F32, 3, qshape),
+                                 .output = make(out[m], KVQ_DTYPE_F32, 3, qshape)};
+    cr_assert_eq(kvq_context_backend_stats(ctx, &stats[m], 1), KVQ_OK);
+    KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+    KVQ_CHECK(ctx, kvq_context_wait(ctx));
+    cr_assert_eq(kvq_context_backend_stats(ctx, &stats[m], 1), KVQ_OK);
+    cr_assert_geq(stats[m].submissions, 3u, "SCORE, SOFTMAX and WEIGHTED_SUM launched (%llu launches)",
+                  (unsigned long long)stats[m].submissions);
+    kvq_tensor st = make(scores[m], KVQ_DTYPE_F32, 3, sshape);
+    KVQ_CHECK(ctx, kvq_scores(cache, seq, 0, &req.queries, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
+    KVQ_CHECK(ctx, kvq_context_wait(ctx));
+  }
+  const uint64_t moved = sizeof(float) * OUT;
+  cr_assert_geq(stats[0].bytes_to_device, moved, "host queries uploaded: %llu bytes", (unsigned long long)stats[0].bytes_to_device);
+  cr_assert_geq(stats[0].bytes_to_host, moved, "host outputs read back: %llu bytes", (unsigned long long)stats[0].bytes_to_host);
+  cr_assert_leq(stats[1].bytes_to_device + moved, stats[0].bytes_to_device, "device queries were uploaded: %llu vs %llu bytes",
+                (unsigned long long)stats[1].bytes_to_device, (unsigned long long)stats[0].bytes_to_device);
+  cr_assert_leq(stats[1].bytes_to_host, 4u, "device outputs crossed to the host: %llu bytes", (unsigned long long)stats[1].bytes_to_host);
+  for (int i = 0; i < OUT; i++) {
+    cr_assert(isfinite(out[0][i]), "output %d not written: %g", i, (double)out[0][i]);
+    cr_assert(memcmp(&out[0][i], &out[1][i], 4) == 0, "output %d: %.9g in place, %.9g through the host", i, (double)out[1][i],
+              (double)out[0][i]);
+  }
+  for (int i = 0; i < SCORES; i++) {
+    cr_assert(scores[0][i] >= 0.0f && scores[0][i] <= 1.0f, "probability %d: %g", i, (double)scores[0][i]);
+    cr_assert(memcmp(&scores[0][i], &scores[1][i], 4) == 0, "probability %d: %.9g in place, %.9g through the host", i,
+              (double)scores[1][i], (double)scores[0][i]);
+  }
   free(k);
+  free(v);
   free(q);
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);

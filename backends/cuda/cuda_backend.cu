@@ -6,7 +6,7 @@
 //     thread-model emulator, so that the tests exercise the backend without a GPU.
 // Everything here but the entry point has internal linkage (an anonymous namespace), kernels included,
 // so that both builds live in one libkvq without a clash. This file holds the device and the table;
-// host/*.cuh hold the state and errors, the buffers, the jobs, and the jobs still without kernels.
+// host/*.cuh hold the state and errors, the buffers, the page jobs, the attention jobs, k-means and CONVERT.
 #include "runtime.cuh"
 
 #include "kernels/methods.cuh"
@@ -20,6 +20,8 @@
 
 #include "backends/backend.h"
 #include "cuda_create.h"
+#define KVQ_GPU_PLAN_HOST 1 // the plan of core/gpu_plan.c, in C++
+#include "core/gpu_plan.h"
 
 #if defined(__GNUC__)
 #define KVQ_CUDA_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -37,18 +39,27 @@ struct kvq_buffer {
 
 namespace {
 
+#include "kernels/convert.cuh"
 #include "kernels/dequantize.cuh"
+#include "kernels/kmeans.cuh"
 #include "kernels/prepare.cuh"
 #include "kernels/quantize.cuh"
+#include "kernels/score.cuh"
+#include "kernels/softmax.cuh"
+#include "kernels/weighted_sum.cuh"
+
+// key_dots.cuh's kernel of its own (its tests launch it) is not one of the backend's: SCORE calls its
+// device functions.
+[[maybe_unused]] const auto key_dots_kernel = &kvq_cuda_key_dots;
 
 #include "host/backend.cuh"
 #include "host/memory.cuh"
 #include "host/jobs.cuh"
-#include "host/pending.cuh"
+#include "host/attention.cuh"
+#include "host/kmeans.cuh"
 
 int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout *keys, const kvq_side_layout *values) {
-  // No fused kernel: core runs SCORE, SOFTMAX and WEIGHTED_SUM instead (which, like the k-means steps,
-  // fail at run time until their kernels land: host/pending.cuh).
+  // No fused kernel: core runs SCORE, SOFTMAX and WEIGHTED_SUM instead (host/attention.cuh).
   if (kind == KVQ_JOB_ATTENTION) return 0;
   if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1;
   return (!keys || known_method(keys->method)) && (!values || known_method(values->method));

@@ -241,7 +241,8 @@ static unsigned ref_convert(const unsigned shape[3], const place &s, const std::
         if ((checks & KVQ_CUDA_CONVERT_FINITE) && !std::isfinite(x)) flag |= KVQ_CUDA_CONVERT_FINITE, out = 0u;
         const float back = d.dtype == KVQ_LAYOUT_F32 ? kvq_bits_to_f32(out) : d.dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(out)
                                                                                                        : kvq_bf16_bits_to_f32(out);
-        if ((checks & KVQ_CUDA_CONVERT_FITS) && (!std::isfinite(x) || !std::isfinite(back))) flag |= KVQ_CUDA_CONVERT_FITS;
+        const bool masked = (checks & KVQ_CUDA_CONVERT_MASKED) && x == -std::numeric_limits<float>::infinity();
+        if ((checks & KVQ_CUDA_CONVERT_FITS) && (!std::isfinite(x) || !std::isfinite(back)) && !masked) flag |= KVQ_CUDA_CONVERT_FITS;
         if (!(checks & KVQ_CUDA_CONVERT_NO_WRITE))
           store(dst, d.dtype, d.offset + i0 * d.strides[0] + i1 * d.strides[1] + i2 * d.strides[2], out);
       }
@@ -253,8 +254,11 @@ static kvq_cuda_place device_place(const place &p, std::vector<unsigned char> &b
           {static_cast<unsigned>(p.strides[0]), static_cast<unsigned>(p.strides[1]), static_cast<unsigned>(p.strides[2])}};
 }
 
-// Source elements: ordinary values, ties, subnormals, fp16's edges, huge values, signed zeros, Inf, NaN.
-static unsigned source_bits(unsigned dtype, unsigned i, bool finite_only) {
+// Source elements: ordinary values, ties, subnormals, fp16's edges, huge values, signed zeros, Inf, NaN
+// (inputs 0); finite ones only (1); finite ones and -Inf at every 5th element (2: masked logits).
+static unsigned source_bits(unsigned dtype, unsigned i, unsigned inputs) {
+  if (inputs == 2 && i % 5 == 0) return dtype == KVQ_LAYOUT_F32 ? 0xff800000u : dtype == KVQ_LAYOUT_F16 ? 0xfc00u : 0xff80u;
+  const bool finite_only = inputs != 0;
   static const float special[] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 0x1p-24f, 0x1p-25f,
                                   0x1.8p-25f, 3e-8f, 65504.0f, 65519.99f, 65520.0f, -70000.0f, 3.3e38f, 0x1.fffffep127f, -0.0f,
                                   0.0f, 1e-40f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
@@ -281,19 +285,21 @@ static void test_convert() {
   const size_t src_elements = 13 + 2 * 9 * 16 + 8 * 16 + 1 + 7, dst_elements = 3 + 2 * (9 * 30 + 5) + 8 * 30 + 12 * 2 + 1 + 9;
   struct variant {
     unsigned checks, flag;
-    bool finite_only;
+    unsigned inputs; // source_bits's
     const char *what;
   };
   const variant variants[] = {
-      {0u, 0u, false, "no checks (non-finite copied)"},
-      {KVQ_CUDA_CONVERT_FINITE, 0u, false, "FINITE (non-finite set bit 1 and write 0)"},
-      {KVQ_CUDA_CONVERT_FITS, 0u, false, "FITS (non-finite or overflowing set bit 2)"},
-      {KVQ_CUDA_CONVERT_FINITE | KVQ_CUDA_CONVERT_FITS, 0u, false, "FINITE | FITS"},
-      {KVQ_CUDA_CONVERT_FITS | KVQ_CUDA_CONVERT_NO_WRITE, 0u, false, "FITS | NO_WRITE (checks only)"},
-      {KVQ_CUDA_CONVERT_FINITE, 0u, true, "FINITE of finite inputs (no bit)"},
-      {KVQ_CUDA_CONVERT_FITS, 0u, true, "FITS of finite inputs (bit 2 where fp16 / bf16 overflow)"},
-      {KVQ_CUDA_CONVERT_IF_CLEAR, 0u, false, "IF_CLEAR with a clear word (writes)"},
-      {KVQ_CUDA_CONVERT_IF_CLEAR, KVQ_CUDA_CONVERT_FITS, false, "IF_CLEAR with bit 2 set (writes nothing)"},
+      {0u, 0u, 0u, "no checks (non-finite copied)"},
+      {KVQ_CUDA_CONVERT_FINITE, 0u, 0u, "FINITE (non-finite set bit 1 and write 0)"},
+      {KVQ_CUDA_CONVERT_FITS, 0u, 0u, "FITS (non-finite or overflowing set bit 2)"},
+      {KVQ_CUDA_CONVERT_FINITE | KVQ_CUDA_CONVERT_FITS, 0u, 0u, "FINITE | FITS"},
+      {KVQ_CUDA_CONVERT_FITS | KVQ_CUDA_CONVERT_NO_WRITE, 0u, 0u, "FITS | NO_WRITE (checks only)"},
+      {KVQ_CUDA_CONVERT_FINITE, 0u, 1u, "FINITE of finite inputs (no bit)"},
+      {KVQ_CUDA_CONVERT_FITS, 0u, 1u, "FITS of finite inputs (bit 2 where fp16 / bf16 overflow)"},
+      {KVQ_CUDA_CONVERT_IF_CLEAR, 0u, 0u, "IF_CLEAR with a clear word (writes)"},
+      {KVQ_CUDA_CONVERT_IF_CLEAR, KVQ_CUDA_CONVERT_FITS, 0u, "IF_CLEAR with bit 2 set (writes nothing)"},
+      {KVQ_CUDA_CONVERT_FITS, 0u, 2u, "FITS of finite inputs and -Inf (bit 2)"},
+      {KVQ_CUDA_CONVERT_FITS | KVQ_CUDA_CONVERT_MASKED, 0u, 2u, "FITS | MASKED of finite inputs and -Inf (-Inf passes)"},
   };
   for (unsigned sd : dtypes)
     for (unsigned dd : dtypes) {
@@ -304,7 +310,7 @@ static void test_convert() {
       unsigned bits_seen = 0;
       for (const variant &v : variants) {
         std::vector<unsigned char> src(src_elements * dtype_size(sd), 0x5a);
-        for (size_t e = 0; e < src_elements; e++) store(src, sd, static_cast<int64_t>(e), source_bits(sd, static_cast<unsigned>(e), v.finite_only));
+        for (size_t e = 0; e < src_elements; e++) store(src, sd, static_cast<int64_t>(e), source_bits(sd, static_cast<unsigned>(e), v.inputs));
         std::vector<unsigned char> want(dst_elements * dtype_size(dd) + 2, 0xa5); // two bytes past the last element too
         std::vector<unsigned char> got(want);
         const unsigned want_flag = ref_convert(shape, s, src, d, want, v.checks, v.flag);

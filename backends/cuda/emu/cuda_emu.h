@@ -467,6 +467,87 @@ inline void *thread_main(void *p) {
   return nullptr;
 }
 
+// The OS threads of one launch: one per CUDA thread of a block, started once and given the blocks one
+// after another (starting 64 or 256 threads per block made thread creation most of a launch's time).
+// A worker runs thread_main for each block as a fresh thread would (its thread-locals set anew, the
+// block's state new); the launcher hands out a block, then waits until every worker has left it, so
+// blocks stay ordered one after another as before. Each worker syncs with the launcher alone (its own
+// mutex, which ThreadSanitizer sees): block k's writes happen before block k+1's reads, as a join then
+// a create made them, while the threads of one block stay unordered, so a missing barrier is still a race.
+struct thread_pool {
+  struct worker {
+    thread_pool *pool = nullptr;
+    unsigned tid = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned long long given = 0, finished = 0; // blocks handed to it, blocks it has left
+    bool quit = false;
+    block *b = nullptr;
+  };
+  bool started = false;
+  const std::function<void()> *body = nullptr;
+  std::unique_ptr<worker[]> workers;
+  std::vector<pthread_t> threads;
+
+  static void *main(void *p) {
+    worker &w = *static_cast<worker *>(p);
+    for (unsigned long long seen = 0;;) {
+      block *blk;
+      {
+        std::unique_lock<std::mutex> lk(w.m);
+        w.cv.wait(lk, [&] { return w.quit || w.given != seen; });
+        if (w.quit) return nullptr;
+        seen = w.given;
+        blk = w.b;
+      }
+      start_arg a{blk, w.tid, w.pool->body};
+      thread_main(&a);
+      std::lock_guard<std::mutex> lk(w.m);
+      w.finished = seen;
+      w.cv.notify_all();
+    }
+  }
+  // Starts n workers (fewer when the system refuses one: the caller reports it).
+  void start(unsigned n, const std::function<void()> *f) {
+    started = true;
+    body = f;
+    workers.reset(new worker[n]);
+    threads.reserve(n);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1u << 20);
+    for (unsigned t = 0; t < n; ++t) {
+      workers[t].pool = this;
+      workers[t].tid = t;
+      pthread_t th;
+      if (pthread_create(&th, &attr, main, &workers[t]) != 0) break;
+      threads.push_back(th);
+    }
+    pthread_attr_destroy(&attr);
+  }
+  // Runs one block on every worker and waits for all of them to leave it.
+  void run(block *blk) {
+    for (size_t t = 0; t < threads.size(); ++t) {
+      std::lock_guard<std::mutex> lk(workers[t].m);
+      workers[t].b = blk;
+      ++workers[t].given;
+      workers[t].cv.notify_all();
+    }
+    for (size_t t = 0; t < threads.size(); ++t) {
+      std::unique_lock<std::mutex> lk(workers[t].m);
+      workers[t].cv.wait(lk, [&] { return workers[t].finished == workers[t].given; });
+    }
+  }
+  ~thread_pool() {
+    for (size_t t = 0; t < threads.size(); ++t) {
+      std::lock_guard<std::mutex> lk(workers[t].m);
+      workers[t].quit = true;
+      workers[t].cv.notify_all();
+    }
+    for (pthread_t th : threads) pthread_join(th, nullptr);
+  }
+};
+
 // Runs kernel(args...) on grid x block threads, the blocks one after another; dynamic_bytes of dynamic
 // shared memory per block. Returns the first failure instead of hanging or aborting. A thread that never
 // returns and never waits (an endless loop) still hangs the launch: the test's own timeout ends it.
@@ -488,6 +569,7 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
     gridDim = grid;
     std::apply(kernel, params); // every thread gets its own copy of the arguments, as on the GPU
   };
+  thread_pool pool; // the launch's OS threads, one per CUDA thread of a block, reused block after block
   for (unsigned bz = 0; bz < grid.z && r.ok; ++bz)
     for (unsigned by = 0; by < grid.y && r.ok; ++by)
       for (unsigned bx = 0; bx < grid.x && r.ok; ++bx) {
@@ -502,26 +584,13 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
                                 block::smem_deleter{16});
         std::memset(b.dynamic.get(), 0xA5, dynamic_bytes);
         b.shared_bytes = dynamic_bytes;
-        std::vector<start_arg> starts(n);
-        std::vector<pthread_t> threads;
-        threads.reserve(n);
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, 1u << 20);
-        for (unsigned t = 0; t < n; ++t) {
-          starts[t] = start_arg{&b, t, &body};
-          pthread_t th;
-          if (pthread_create(&th, &attr, thread_main, &starts[t]) != 0) {
-            std::lock_guard<std::mutex> lk(b.m);
-            record_failure(b, "cannot start the block's thread " + std::to_string(t));
-            for (unsigned u = t; u < n; ++u) b.where[u] = state::exited;
-            b.exited += static_cast<unsigned>(n) - t;
-            break;
-          }
-          threads.push_back(th);
+        if (!pool.started) pool.start(static_cast<unsigned>(n), &body);
+        if (pool.threads.size() < n) { // a thread could not be started: the block cannot run
+          std::lock_guard<std::mutex> lk(b.m);
+          record_failure(b, "cannot start the block's thread " + std::to_string(pool.threads.size()));
+        } else {
+          pool.run(&b);
         }
-        pthread_attr_destroy(&attr);
-        for (pthread_t th : threads) pthread_join(th, nullptr);
         if (b.failed) {
           r.ok = false;
           r.message = b.message;

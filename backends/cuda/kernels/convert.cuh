@@ -14,7 +14,8 @@
 //   out = the source bits (equal dtypes), else x converted to the destination dtype;
 //   FINITE (checks & 1): x non-finite: flag |= 1 (atomicOr), out = 0 (+0 of the dtype);
 //   FITS (checks & 2):   x non-finite, or out an fp16 / bf16 infinity or NaN (the dtype rounded x to
-//                        infinity): flag |= 2 (atomicOr);
+//                        infinity): flag |= 2 (atomicOr), except for x = -infinity with MASKED
+//                        (checks & 16: the masked logits of kvq_scores pass);
 //   NO_WRITE (checks & 4): nothing is written; else out is stored (a 16-bit store for fp16 / bf16:
 //                        the other half of a 32-bit word, a gap or a neighbour, is not touched).
 //   IF_CLEAR (checks & 8): thread 0 of each block reads the flag word (atomically) before the block
@@ -42,6 +43,7 @@
 #define KVQ_CUDA_CONVERT_FITS 2u
 #define KVQ_CUDA_CONVERT_NO_WRITE 4u
 #define KVQ_CUDA_CONVERT_IF_CLEAR 8u
+#define KVQ_CUDA_CONVERT_MASKED 16u
 
 // One strided rank-3 tensor place: the buffer's first element, its dtype, offset and strides in elements.
 struct kvq_cuda_place {
@@ -88,7 +90,8 @@ __global__ void __launch_bounds__(KVQ_CUDA_CONVERT_THREADS)
     const bool overflows = dst.dtype == KVQ_LAYOUT_F16    ? (out & 0x7c00u) == 0x7c00u
                            : dst.dtype == KVQ_LAYOUT_BF16 ? (out & 0x7f80u) == 0x7f80u
                                                           : false;
-    if (!finite || overflows) atomicOr(flag, KVQ_CUDA_CONVERT_FITS);
+    const bool masked = (checks & KVQ_CUDA_CONVERT_MASKED) != 0u && x == -INFINITY; // a masked logit (kvq_scores)
+    if ((!finite || overflows) && !masked) atomicOr(flag, KVQ_CUDA_CONVERT_FITS);
   }
   if ((checks & KVQ_CUDA_CONVERT_NO_WRITE) != 0u) return;
   if (dst.dtype == KVQ_LAYOUT_F32) static_cast<unsigned *>(dst.base)[de] = out;
