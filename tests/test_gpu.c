@@ -46,7 +46,8 @@ static void require_gpu(void) {
 /* On the CUDA emulator (each CUDA thread an OS thread, a block at a time) under this build's sanitizers,
  * a case of this suite's size runs for minutes: measured on 2 cores, a batch case 88 s, where the whole
  * suite's budget is a few minutes. Those cases are skipped there, saying so; the emulated run keeps
- * one batch (SCORE, SOFTMAX with ACCUMULATE, WEIGHTED_SUM) and the learned codebooks (the k-means jobs),
+ * two batches (the fused kernels; SCORE, SOFTMAX with ACCUMULATE, WEIGHTED_SUM) and the learned
+ * codebooks (the k-means jobs),
  * and smaller equivalents
  * cover the rest: tests/cuda_attention (every kernel against the CPU, odd sizes, PolarQuant's ROTATE),
  * tests/test_cuda (attention and scores through the API, in place). On a GPU every case runs. */
@@ -419,13 +420,12 @@ static void check_batch(kvq_method_config keys, kvq_method_config values, kvq_po
 
 Test(gpu, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
   require_gpu();
-  skip_on_the_emulator("a second batch");
   check_batch(th_kivi(2, BATCH_P), th_uniform(4, 32), KVQ_POLICY_KEEP_ALL, 21);
 }
 
 Test(gpu, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
   require_gpu();
-  skip_on_the_emulator("a third batch");
+  skip_on_the_emulator("the PolarQuant batch");
   check_batch(th_polar(KVQ_ROTATION_DENSE), th_polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
 }
 

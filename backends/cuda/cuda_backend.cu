@@ -41,6 +41,7 @@ namespace {
 
 #include "kernels/convert.cuh"
 #include "kernels/dequantize.cuh"
+#include "kernels/flash.cuh"
 #include "kernels/kmeans.cuh"
 #include "kernels/prepare.cuh"
 #include "kernels/quantize.cuh"
@@ -59,8 +60,6 @@ namespace {
 #include "host/kmeans.cuh"
 
 int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout *keys, const kvq_side_layout *values) {
-  // No fused kernel: core runs SCORE, SOFTMAX and WEIGHTED_SUM instead (host/attention.cuh).
-  if (kind == KVQ_JOB_ATTENTION) return 0;
   if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1;
   return (!keys || known_method(keys->method)) && (!values || known_method(values->method));
 }
@@ -115,7 +114,7 @@ const kvq_backend_ops cuda_ops = {
     cuda_score,
     cuda_softmax,
     cuda_weighted_sum,
-    nullptr, // attention: no fused kernel yet
+    cuda_attention,
     cuda_kmeans_assign,
     cuda_kmeans_update,
     cuda_finish,

@@ -4,8 +4,8 @@
 // with how much scratch is core's plan (core/gpu_plan.h), made once per job as the Vulkan backend
 // makes it (backends/vulkan/vk_attention.c); its packed metadata words go to the device through
 // upload(), the rotated sums after them in the same scratch allocation. Every buffer a kernel reads or
-// writes is checked against the job's extents before anything is enqueued. No fused kernel: core runs
-// these three for kvq_attention (cuda_supports says 0 for ATTENTION). Part of cuda_backend.cu's
+// writes is checked against the job's extents before anything is enqueued. ATTENTION (below) runs the fused
+// kernels where core's plan takes them, else these three. Part of cuda_backend.cu's
 // translation unit.
 
 kvq_status attention_buffers(cuda_backend *b, const kvq_job_attention *job, const char *what) {
@@ -58,7 +58,8 @@ kvq_status check_side(cuda_backend *b, const kvq_job_attention *job, const kvq_s
 
 // Plans the job, checks every buffer the kernels of `kernels` (KVQ_PLAN_* bits) reach, uploads the
 // metadata and, with `rotated`, places the plan's rotated sums: all before anything is launched.
-enum : unsigned { RUN_SCORE = 1u, RUN_SOFTMAX = 2u, RUN_WEIGHTED_SUM = 4u };
+// RUN_FUSED: the fused kernels where the plan takes them (the plan's flash scratch after the metadata).
+enum : unsigned { RUN_SCORE = 1u, RUN_SOFTMAX = 2u, RUN_WEIGHTED_SUM = 4u, RUN_FUSED = 8u };
 kvq_status attention_prepare(cuda_backend *b, const kvq_job_attention *job, unsigned kernels, const char *what,
                              attention_run *run) {
   *run = attention_run{};
@@ -73,7 +74,7 @@ kvq_status attention_prepare(cuda_backend *b, const kvq_job_attention *job, unsi
   if (!known_method(job->keys->layout.method) || !known_method(job->values->layout.method))
     return unknown_method(b, what, !known_method(job->keys->layout.method) ? job->keys->layout.method : job->values->layout.method);
   char why[200];
-  st = kvq_gpu_plan_attention(job, 0, &run->plan, why, sizeof why);
+  st = kvq_gpu_plan_attention(job, (kernels & RUN_FUSED) != 0, &run->plan, why, sizeof why);
   if (st != KVQ_OK) return fail(b, st, "%s: %s", what, why);
   const kvq_gpu_attention_plan &plan = run->plan;
   const uint32_t H = job->query_heads, d_keys = job->keys->layout.head_dim, d_values = job->values->layout.head_dim;
@@ -103,7 +104,8 @@ kvq_status attention_prepare(cuda_backend *b, const kvq_job_attention *job, unsi
   kvq_gpu_pack_attention(job, &plan, words.data());
   // the rotated sums follow the metadata (16-byte aligned) in the one scratch allocation
   const size_t meta_bytes = (words.size() * sizeof(unsigned) + 15) / 16 * 16;
-  const uint64_t rotated_bytes = (kernels & RUN_WEIGHTED_SUM) && plan.rotated_sums ? plan.scratch_bytes : 0;
+  // the plan's scratch: the rotated sums of the unfused weighted sum, or the fused kernels' splits
+  const uint64_t rotated_bytes = ((kernels & RUN_WEIGHTED_SUM) && plan.rotated_sums) || plan.fused ? plan.scratch_bytes : 0;
   if (rotated_bytes > SIZE_MAX - meta_bytes) return fail(b, KVQ_ERROR_DEVICE_MEMORY, "%s: scratch of %llu bytes", what,
                                                          static_cast<unsigned long long>(rotated_bytes));
   st = scratch(b, meta_bytes + static_cast<size_t>(rotated_bytes));
@@ -179,6 +181,43 @@ kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job)
                                           dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, a, run.meta, fixed(job->values, 0),
                                           fixed(job->values, 1), static_cast<const float *>(run.rotated), at<float>(job->output));
     st = launched(b, e, "the ROTATE kernel (kvq_cuda_rotate)");
+  }
+  return st;
+}
+
+// ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
+// kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine; else,
+// as on Vulkan, the three unfused jobs above, each on its own plan.
+kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
+  cuda_backend *b = as_cuda(backend);
+  attention_run run;
+  kvq_status st = attention_prepare(b, job, RUN_SCORE | RUN_WEIGHTED_SUM | RUN_FUSED, "attention", &run);
+  if (st != KVQ_OK) return st;
+  if (!run.plan.fused) {
+    st = cuda_score(backend, job);
+    if (st == KVQ_OK) st = cuda_softmax(backend, job);
+    if (st == KVQ_OK) st = cuda_weighted_sum(backend, job);
+    return st;
+  }
+  float *splits = run.rotated; // the plan's scratch (attention_prepare places it after the metadata)
+  if (run.plan.scratch_bytes && !splits) return fail(b, KVQ_ERROR_INTERNAL, "attention: a fused plan without scratch");
+  const kvq_cuda_attention keys = attention_constants(job, job->keys), values = attention_constants(job, job->values);
+  if (run.plan.units[KVQ_PLAN_FLASH]) {
+    const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash, attention_grid(run.plan.units[KVQ_PLAN_FLASH]), dim3(KVQ_CUDA_ATTENTION_THREADS),
+                                          0, b->stream, keys, values.side, run.meta,
+                                          static_cast<const unsigned *>(at<unsigned>(job->key_pages)), fixed(job->keys, 0),
+                                          fixed(job->keys, 1), static_cast<const void *>(at<unsigned char>(job->key_ring)),
+                                          static_cast<const unsigned *>(at<unsigned>(job->value_pages)), fixed(job->values, 0),
+                                          fixed(job->values, 1), static_cast<const void *>(at<unsigned char>(job->value_ring)),
+                                          static_cast<const float *>(at<float>(job->queries)),
+                                          static_cast<const float *>(at<float>(job->prepared)), splits);
+    st = launched(b, e, "the fused attention kernel (kvq_cuda_flash)");
+  }
+  if (st == KVQ_OK && run.plan.units[KVQ_PLAN_COMBINE]) {
+    const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash_combine, attention_grid(run.plan.units[KVQ_PLAN_COMBINE]),
+                                          dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta,
+                                          static_cast<const float *>(splits), at<float>(job->output));
+    st = launched(b, e, "the fused attention's combine (kvq_cuda_flash_combine)");
   }
   return st;
 }
