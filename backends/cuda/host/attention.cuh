@@ -128,11 +128,10 @@ kvq_cuda_attention attention_constants(const kvq_job_attention *job, const kvq_s
 
 template <class T> T *at(kvq_buffer *buffer) { return buffer ? reinterpret_cast<T *>(buffer->ptr) : nullptr; }
 
-kvq_status cuda_score(kvq_backend *backend, const kvq_job_attention *job) {
-  cuda_backend *b = as_cuda(backend);
-  attention_run run;
-  kvq_status st = attention_prepare(b, job, RUN_SCORE, "score", &run);
-  if (st != KVQ_OK || run.plan.units[KVQ_PLAN_SCORE] == 0) return st;
+// The unfused kernels of a prepared run (attention_prepare), one job each; cuda_score, cuda_softmax and
+// cuda_weighted_sum prepare their own run, cuda_attention one run for all three.
+kvq_status launch_score(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
+  if (run.plan.units[KVQ_PLAN_SCORE] == 0) return KVQ_OK;
   const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_score, attention_grid(run.plan.units[KVQ_PLAN_SCORE]), dim3(KVQ_CUDA_ATTENTION_THREADS),
                                         0, b->stream, attention_constants(job, job->keys), run.meta,
                                         static_cast<const unsigned *>(at<unsigned>(job->key_pages)), fixed(job->keys, 0),
@@ -142,10 +141,15 @@ kvq_status cuda_score(kvq_backend *backend, const kvq_job_attention *job) {
   return launched(b, e, "the SCORE kernel (kvq_cuda_score)");
 }
 
-kvq_status cuda_softmax(kvq_backend *backend, const kvq_job_attention *job) {
+kvq_status cuda_score(kvq_backend *backend, const kvq_job_attention *job) {
   cuda_backend *b = as_cuda(backend);
   attention_run run;
-  kvq_status st = attention_prepare(b, job, RUN_SOFTMAX, "softmax", &run);
+  const kvq_status st = attention_prepare(b, job, RUN_SCORE, "score", &run);
+  return st != KVQ_OK ? st : launch_score(b, job, run);
+}
+
+kvq_status launch_softmax(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
+  kvq_status st = KVQ_OK;
   const kvq_cuda_attention a = attention_constants(job, job->keys);
   if (st == KVQ_OK && run.plan.units[KVQ_PLAN_SOFTMAX]) {
     const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_softmax, attention_grid(run.plan.units[KVQ_PLAN_SOFTMAX]),
@@ -161,10 +165,15 @@ kvq_status cuda_softmax(kvq_backend *backend, const kvq_job_attention *job) {
   return st;
 }
 
-kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
+kvq_status cuda_softmax(kvq_backend *backend, const kvq_job_attention *job) {
   cuda_backend *b = as_cuda(backend);
   attention_run run;
-  kvq_status st = attention_prepare(b, job, RUN_WEIGHTED_SUM, "weighted sum", &run);
+  const kvq_status st = attention_prepare(b, job, RUN_SOFTMAX, "softmax", &run);
+  return st != KVQ_OK ? st : launch_softmax(b, job, run);
+}
+
+kvq_status launch_weighted_sum(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
+  kvq_status st = KVQ_OK;
   const kvq_cuda_attention a = attention_constants(job, job->values);
   if (st == KVQ_OK && run.plan.rotated_sums && !run.rotated && run.plan.units[KVQ_PLAN_WEIGHTED_SUM])
     st = fail(b, KVQ_ERROR_INTERNAL, "weighted sum: rotated sums without scratch");
@@ -185,18 +194,25 @@ kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job)
   return st;
 }
 
+kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
+  cuda_backend *b = as_cuda(backend);
+  attention_run run;
+  const kvq_status st = attention_prepare(b, job, RUN_WEIGHTED_SUM, "weighted sum", &run);
+  return st != KVQ_OK ? st : launch_weighted_sum(b, job, run);
+}
+
 // ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
 // kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine; else,
-// as on Vulkan, the three unfused jobs above, each on its own plan.
+// as on Vulkan, the three unfused kernels above on the same plan and metadata.
 kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   cuda_backend *b = as_cuda(backend);
   attention_run run;
-  kvq_status st = attention_prepare(b, job, RUN_SCORE | RUN_WEIGHTED_SUM | RUN_FUSED, "attention", &run);
+  kvq_status st = attention_prepare(b, job, RUN_SCORE | RUN_SOFTMAX | RUN_WEIGHTED_SUM | RUN_FUSED, "attention", &run);
   if (st != KVQ_OK) return st;
   if (!run.plan.fused) {
-    st = cuda_score(backend, job);
-    if (st == KVQ_OK) st = cuda_softmax(backend, job);
-    if (st == KVQ_OK) st = cuda_weighted_sum(backend, job);
+    st = launch_score(b, job, run);
+    if (st == KVQ_OK) st = launch_softmax(b, job, run);
+    if (st == KVQ_OK) st = launch_weighted_sum(b, job, run);
     return st;
   }
   float *splits = run.rotated; // the plan's scratch (attention_prepare places it after the metadata)
