@@ -1,6 +1,6 @@
 // Kernels with planted bugs; each must be caught on the CPU: by the emulator itself (divergent
 // barriers and warp operations, bad masks, a timeout), by ThreadSanitizer (a missing barrier) or by
-// AddressSanitizer (an index past shared memory). The build compiles them with nvcc too.
+// AddressSanitizer (an index past shared memory or a per-thread array). The build compiles them with nvcc too.
 #ifndef KVQ_TESTS_CUDA_EMU_BUGS_CUH
 #define KVQ_TESTS_CUDA_EMU_BUGS_CUH
 
@@ -33,6 +33,16 @@ __global__ void bug_dynamic_overflow(float *out) {
   s[threadIdx.x + 1] = 1.0f;
   __syncthreads();
   out[threadIdx.x] = s[threadIdx.x];
+}
+// Bug: an index one past a per-thread array, after a barrier (so that, with fibers, the thread has
+// been switched away and back: AddressSanitizer must still know its stack).
+__global__ void bug_local_overflow(const float *in, float *out, int n) {
+  float local[8];
+  for (int i = 0; i < 8; ++i) local[i] = in[i];
+  __syncthreads();
+  float sum = 0.0f;
+  for (int i = 0; i <= n; ++i) sum += local[i];
+  out[threadIdx.x] = sum;
 }
 // Bug: a full-mask shuffle called by half of the warp.
 __global__ void bug_half_warp_shuffle(float *out) {

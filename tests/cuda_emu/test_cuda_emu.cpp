@@ -154,32 +154,44 @@ static void expect_failure(const std::string &what, const std::string &expect, d
   if (!r.ok) std::printf("# %s\n", r.message.substr(0, r.message.find('\n')).c_str());
 }
 
-static void test_bugs() {
+// The divergence checks, with a block's threads run as `threads` (fibers or OS threads).
+static void test_bugs(kvq_emu::threads_kind threads, const std::string &as) {
+  kvq_emu::threads_mode = static_cast<int>(threads);
   // Divergence and deadlocks are found when they happen, not at the timeout: a short timeout here
   // would not tell them apart.
   std::vector<float> f(256);
   std::vector<unsigned> u(256);
-  expect_failure("a full-mask shuffle called by half of each warp", "__shfl_xor_sync", 5.0, bug_half_warp_shuffle, dim3(2),
+  expect_failure("a full-mask shuffle called by half of each warp" + as, "__shfl_xor_sync", 5.0, bug_half_warp_shuffle, dim3(2),
                  dim3(64), f.data());
-  expect_failure("a return before __syncthreads", "__syncthreads", 5.0, bug_return_before_barrier, dim3(1), dim3(64), f.data(), 40);
-  expect_failure("two halves of a block at different __syncthreads", "must meet at the same __syncthreads", 5.0, bug_different_barriers, dim3(1),
-                 dim3(64), f.data());
-  expect_failure("a mask that leaves out the calling lanes", "does not name the calling lane", 5.0, bug_lane_not_in_mask, dim3(1),
+  expect_failure("a return before __syncthreads" + as, "__syncthreads", 5.0, bug_return_before_barrier, dim3(1), dim3(64), f.data(), 40);
+  expect_failure("two halves of a block at different __syncthreads" + as, "must meet at the same __syncthreads", 5.0, bug_different_barriers,
+                 dim3(1), dim3(64), f.data());
+  expect_failure("a mask that leaves out the calling lanes" + as, "does not name the calling lane", 5.0, bug_lane_not_in_mask, dim3(1),
                  dim3(32), u.data());
-  expect_failure("overlapping masks in one warp", "divergent warp operation", 5.0, bug_mask_mismatch, dim3(1), dim3(32), u.data());
-  expect_failure("a shuffle that reads a lane outside its mask", "which the mask does not name", 5.0, bug_read_outside_mask, dim3(1),
+  expect_failure("overlapping masks in one warp" + as, "divergent warp operation", 5.0, bug_mask_mismatch, dim3(1), dim3(32), u.data());
+  expect_failure("a shuffle that reads a lane outside its mask" + as, "which the mask does not name", 5.0, bug_read_outside_mask, dim3(1),
                  dim3(32), u.data());
-  expect_failure("a mask naming lanes past the end of the block", "does not have", 5.0, bug_lane_not_in_mask, dim3(1), dim3(8), u.data());
+  expect_failure("a mask naming lanes past the end of the block" + as, "does not have", 5.0, bug_lane_not_in_mask, dim3(1), dim3(8), u.data());
+  kvq_emu::threads_mode = 0;
+}
+
+static void test_refusals() {
+  std::vector<float> f(256);
+  // Only OS threads run at once, so only they can wait for a thread that is late: with fibers the
+  // late thread runs to the barrier before the others are resumed.
+  kvq_emu::threads_mode = static_cast<int>(kvq_emu::threads_kind::os);
   kvq_emu::timeout_ms = 200;
-  expect_failure("a thread that keeps the others waiting past the timeout", "timeout", 10.0, bug_late_thread, dim3(1), dim3(64), f.data(),
-                 1500);
+  expect_failure("a thread that keeps the others waiting past the timeout (OS threads)", "timeout", 10.0, bug_late_thread, dim3(1), dim3(64),
+                 f.data(), 1500);
   kvq_emu::timeout_ms = 0;
+  kvq_emu::threads_mode = 0;
   const kvq_emu::Result bad = kvq_emu::launch(emu_reverse, dim3(1), dim3(2048), 0, f.data(), f.data(), static_cast<const float4 *>(nullptr));
   check(!bad.ok && bad.message.find("invalid launch configuration") != std::string::npos, "a block of 2048 threads is refused", bad.message);
 }
 
 int main() {
-  std::printf("1..31\n");
+  // The kernels below run with the default, fibers (KVQ_CUDA_EMU_THREADS unset); the last check with OS threads.
+  std::printf("1..40\n");
   test_block_sum_128();
   test_block_sum_exact<256>(3, 5000, 0.25f, "the reduction with 256 threads (8 warps) is exact on exact data");
   test_block_sum_exact<1024>(2, 4096, 0.5f, "the reduction with the largest block, 1024 threads (32 warps)");
@@ -187,7 +199,13 @@ int main() {
   test_atomics();
   test_warp_ops();
   test_half();
-  test_bugs();
+  test_bugs(kvq_emu::threads_kind::fibers, " (fibers)");
+  test_bugs(kvq_emu::threads_kind::os, " (OS threads)");
+  test_refusals();
   test_block_sum_exact<256>(3, 5000, 0.25f, "the emulator runs kernels again after the failed launches");
+  kvq_emu::threads_mode = static_cast<int>(kvq_emu::threads_kind::os);
+  test_block_sum_exact<256>(3, 5000, 0.25f, "the reduction with 256 threads as OS threads");
+  test_block_sum_exact<1024>(1, 4096, 0.5f, "the reduction with 1024 threads as OS threads");
+  kvq_emu::threads_mode = 0;
   return tap_failures ? 1 : 0;
 }

@@ -3,7 +3,10 @@
 //
 // A kernel is written once in a .cuh against backends/cuda/kernel_lang.cuh; nvcc compiles it for the
 // GPU, and a host C++17 compiler compiles it against this header. Here:
-//   - every CUDA thread of a block is an OS thread; the blocks of a grid run one after another;
+//   - every CUDA thread of a block has its own stack and registers: a fiber (a user-level thread, the
+//     default), or an OS thread (KVQ_CUDA_EMU_THREADS=os). Fibers take turns on the launching thread,
+//     each running until it waits at a barrier or warp operation or returns; OS threads run at once.
+//     The checks below are the same in both; the blocks of a grid run one after another;
 //   - static shared memory (KVQ_SHARED) and dynamic shared memory (KVQ_DYNAMIC_SHARED) are heap blocks
 //     of exactly the declared size, one set per block, so AddressSanitizer reports an index past them;
 //   - __syncthreads and the warp operations (__syncwarp, __shfl*_sync, __ballot_sync, __any_sync,
@@ -12,7 +15,10 @@
 //     no lane calling that its mask leaves out. A violation, a deadlock (every live thread waiting) or a
 //     wait longer than the timeout ends the launch with a failure message instead of a hang or an abort;
 //   - under ThreadSanitizer only __syncthreads and __syncwarp order memory between threads (as on the
-//     GPU), so a missing barrier is reported as a data race.
+//     GPU), so a missing barrier is reported as a data race (fibers are ThreadSanitizer fibers whose
+//     switches order nothing, so the same holds for them).
+// Fibers exist for speed: with OS threads, every barrier of a 128-thread block wakes 128 threads on a
+// machine of few cores, and a golden check spent 118 of its 120 seconds in the kernel (docs/CUDA.md).
 // Half and bf16 come from NVIDIA's own cuda_fp16.h / cuda_bf16.h host paths, vector types from
 // vector_types.h / vector_functions.h (the CUDA toolkit's include directory must be on the path).
 #ifndef KVQ_BACKENDS_CUDA_EMU_CUDA_EMU_H
@@ -33,6 +39,11 @@
 #include <vector_types.h>
 
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -75,9 +86,28 @@
 #define KVQ_CUDA_EMU_TSAN 1
 #endif
 #endif
-#if defined(KVQ_CUDA_EMU_TSAN)
-// ThreadSanitizer's annotation interface (exported by its runtime).
+#if defined(__SANITIZE_ADDRESS__)
+#define KVQ_CUDA_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVQ_CUDA_EMU_ASAN 1
+#endif
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+// AddressSanitizer's fiber interface: where the stack is after a switch (exported by its runtime).
 extern "C" {
+void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
+}
+#endif
+
+#if defined(KVQ_CUDA_EMU_TSAN)
+// ThreadSanitizer's annotation and fiber interfaces (exported by its runtime).
+extern "C" {
+void *__tsan_get_current_fiber(void);
+void *__tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void *fiber);
+void __tsan_switch_to_fiber(void *fiber, unsigned flags);
 void AnnotateHappensBefore(const char *file, int line, const volatile void *addr);
 void AnnotateHappensAfter(const char *file, int line, const volatile void *addr);
 void AnnotateIgnoreSyncBegin(const char *file, int line);
@@ -150,6 +180,20 @@ struct internal_scope {
   internal_scope(const internal_scope &) = delete;
   internal_scope &operator=(const internal_scope &) = delete;
 };
+// The emulator's own memory accesses outside internal_scope (the fibers' bookkeeping, the builtin
+// variables it sets): invisible, while its synchronisation annotations still count.
+struct ignore_accesses {
+  ignore_accesses() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~ignore_accesses() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+  ignore_accesses(const ignore_accesses &) = delete;
+  ignore_accesses &operator=(const ignore_accesses &) = delete;
+};
 inline void tsan_release(const void *addr) {
   AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
   AnnotateHappensBefore(__FILE__, __LINE__, addr);
@@ -164,6 +208,10 @@ inline void tsan_acquire(const void *addr) {
 struct internal_scope { // nothing to hide (user-provided, so that an unused instance is no warning)
   internal_scope() {}
   ~internal_scope() {}
+};
+struct ignore_accesses {
+  ignore_accesses() {}
+  ~ignore_accesses() {}
 };
 inline void tsan_release(const void *) {}
 inline void tsan_acquire(const void *) {}
@@ -226,7 +274,9 @@ struct block {
   std::string message;
   uint3 index{0, 0, 0};
   dim3 dim;
+  struct fiber_runner *fibers = nullptr; // the block's fibers, or null: its threads are OS threads
 };
+inline void fiber_yield(fiber_runner &f);
 
 struct thread_ctx {
   block *b;
@@ -295,6 +345,15 @@ template <class Done> void wait_at(block &b, std::unique_lock<std::mutex> &lk, u
   b.at[tid] = s;
   ++b.blocked;
   check_deadlock(b);
+  if (b.fibers) { // a fiber: the others run until one of them completes the rendezvous (or the launch fails)
+    while (!done()) {
+      if (b.failed) throw aborted{};
+      lk.unlock();
+      fiber_yield(*b.fibers);
+      lk.lock();
+    }
+    return;
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout();
   while (!done()) {
     if (b.failed) throw aborted{};
@@ -453,16 +512,20 @@ struct start_arg {
 inline void *thread_main(void *p) {
   const start_arg &a = *static_cast<start_arg *>(p);
   thread_ctx c{a.b, a.tid};
-  current = &c;
-  const dim3 bd = a.b->dim;
-  threadIdx = make_uint3(a.tid % bd.x, a.tid / bd.x % bd.y, a.tid / (bd.x * bd.y));
-  blockIdx = a.b->index;
-  blockDim = bd;
+  {
+    ignore_accesses quiet; // fibers share these thread-locals: the emulator sets them, the kernel reads them
+    current = &c;
+    const dim3 bd = a.b->dim;
+    threadIdx = make_uint3(a.tid % bd.x, a.tid / bd.x % bd.y, a.tid / (bd.x * bd.y));
+    blockIdx = a.b->index;
+    blockDim = bd;
+  }
   try {
     (*a.body)();
   } catch (const aborted &) {
   }
   thread_exit(*a.b, a.tid);
+  ignore_accesses quiet;
   current = nullptr;
   return nullptr;
 }
@@ -548,6 +611,268 @@ struct thread_pool {
   }
 };
 
+// The threads of a block as fibers: user-level threads taking turns on the launching thread. Each has
+// its own stack (mapped once per launch, a guard page below each, so that an overflow faults instead of
+// writing into a neighbour). The scheduler resumes, in thread order, every fiber that can go on (not
+// started yet, released from a rendezvous, or in a failed launch, where it ends); a fiber runs until it
+// waits at a barrier or warp operation (wait_at yields) or returns. A rendezvous that can never complete
+// is found by check_deadlock as with OS threads; a timeout has nothing to measure here (while one fiber
+// runs no other can arrive), so a loop that never ends hangs the launch as it would on the GPU.
+//
+// The switch saves the callee-saved registers and the stack pointer (x86-64: a few instructions);
+// elsewhere, or with KVQ_CUDA_EMU_UCONTEXT defined, it is swapcontext. Under AddressSanitizer and
+// ThreadSanitizer every switch is announced to the sanitizer (their fiber interfaces). ThreadSanitizer's
+// fibers are switched without synchronisation, so that within a block only the barriers' edges order
+// memory, as with OS threads; a fiber's first switch of a block synchronises with the launching thread
+// (what the launch wrote before), and the launching thread acquires every fiber's end after the block.
+#if defined(__x86_64__) && !defined(KVQ_CUDA_EMU_UCONTEXT)
+#define KVQ_CUDA_EMU_ASM_SWITCH 1
+// Pushes rbp, rbx, r12-r15, stores the stack pointer in *from, loads `to`, pops them and returns there.
+__attribute__((naked, noinline)) inline void stack_switch(void ** /*from*/, void * /*to*/) {
+  __asm__("pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+          "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
+          "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\tret\n");
+}
+// Where a new fiber's first switch returns to: calls r13(r12), the function and argument that
+// fiber_runner::prepare placed where stack_switch pops them. The function never returns.
+__attribute__((naked, noinline)) inline void stack_start() { __asm__("movq %r12, %rdi\n\tcallq *%r13\n\tud2\n"); }
+#endif
+
+struct fiber_runner {
+  static constexpr size_t stack_bytes = 512 * 1024; // sanitizers make frames large; untouched pages cost nothing
+  unsigned n = 0;
+  size_t slot = 0, guard = 0;
+  unsigned char *region = nullptr;
+  size_t region_bytes = 0;
+  std::vector<unsigned char> started, returned; // in the current block
+  unsigned cur = 0;                             // the fiber running, or last run
+  block *b = nullptr;
+  const std::function<void()> *body = nullptr;
+  char end_of_block = 0; // ThreadSanitizer: each fiber's end happens before the launching thread goes on
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+  std::vector<void *> sp; // each fiber's stack pointer while it does not run
+  void *scheduler_sp = nullptr;
+#else
+  std::vector<ucontext_t> uc;
+  ucontext_t scheduler_uc;
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+  std::vector<void *> fake; // AddressSanitizer's fake stack of each fiber, kept across its switches
+  void *scheduler_fake = nullptr;
+  const void *scheduler_bottom = nullptr;
+  size_t scheduler_size = 0;
+#endif
+#if defined(KVQ_CUDA_EMU_TSAN)
+  std::vector<void *> tsan_fiber;
+  void *tsan_scheduler = nullptr;
+#endif
+
+  unsigned char *stack_low(unsigned t) const { return region + t * slot + guard; }
+
+  // Maps the stacks of n fibers; false when the system refuses (the caller reports it).
+  bool start(unsigned count, const std::function<void()> *f) {
+    n = count;
+    body = f;
+    guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    slot = stack_bytes + guard;
+    region_bytes = slot * n;
+    void *m = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return false;
+    region = static_cast<unsigned char *>(m);
+    for (unsigned t = 0; t < n; ++t) mprotect(region + t * slot, guard, PROT_NONE);
+    started.assign(n, 0);
+    returned.assign(n, 0);
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+    sp.assign(n, nullptr);
+#else
+    uc.resize(n);
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+    fake.assign(n, nullptr);
+#endif
+#if defined(KVQ_CUDA_EMU_TSAN)
+    tsan_scheduler = __tsan_get_current_fiber();
+    for (unsigned t = 0; t < n; ++t) tsan_fiber.push_back(__tsan_create_fiber(0));
+#endif
+    return true;
+  }
+  ~fiber_runner() {
+#if defined(KVQ_CUDA_EMU_TSAN)
+    for (void *t : tsan_fiber) __tsan_destroy_fiber(t);
+#endif
+    if (region) munmap(region, region_bytes);
+  }
+
+  // A fiber's life: the kernel's thread, then one last switch back to the scheduler.
+  static void fiber_main(void *self) {
+    fiber_runner &f = *static_cast<fiber_runner *>(self);
+#if defined(KVQ_CUDA_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &f.scheduler_bottom, &f.scheduler_size);
+#endif
+    unsigned me;
+    start_arg a;
+    {
+      ignore_accesses quiet;
+      me = f.cur;
+      a = start_arg{f.b, me, f.body};
+    }
+    thread_main(&a);
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+    void **mine, *to;
+#else
+    ucontext_t *mine, *to;
+#endif
+#if defined(KVQ_CUDA_EMU_TSAN)
+    void *scheduler; // read before this fiber's last release: nothing of the runner is read after it
+#endif
+    {
+      ignore_accesses quiet; // ended before the last switch: the fiber's next block starts without ignores
+      f.returned[me] = 1;
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+      mine = &f.sp[me];
+      to = f.scheduler_sp;
+#else
+      mine = &f.uc[me];
+      to = &f.scheduler_uc;
+#endif
+#if defined(KVQ_CUDA_EMU_TSAN)
+      scheduler = f.tsan_scheduler;
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+      __sanitizer_start_switch_fiber(nullptr, f.scheduler_bottom, f.scheduler_size); // this stack is done
+#endif
+    }
+#if defined(KVQ_CUDA_EMU_TSAN)
+    AnnotateHappensBefore(__FILE__, __LINE__, &f.end_of_block);
+    __tsan_switch_to_fiber(scheduler, 1 /* __tsan_switch_to_fiber_no_sync */);
+#endif
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+    stack_switch(mine, to);
+#else
+    swapcontext(mine, to);
+#endif
+    __builtin_unreachable();
+  }
+#if !defined(KVQ_CUDA_EMU_ASM_SWITCH)
+  static void ucontext_main(unsigned hi, unsigned lo) {
+    fiber_main(reinterpret_cast<void *>(static_cast<uintptr_t>(hi) << 32 | lo));
+  }
+#endif
+
+  // A fresh stack for thread t, whose first switch enters fiber_main.
+  void prepare(unsigned t) {
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+    // stack_switch pops r15, r14, r13, r12, rbx, rbp and returns into stack_start, which calls r13(r12)
+    // with the stack 16-byte aligned as the ABI requires at a call.
+    void **frame = reinterpret_cast<void **>(stack_low(t) + stack_bytes - 72);
+    frame[0] = frame[1] = frame[4] = frame[5] = nullptr;
+    frame[2] = reinterpret_cast<void *>(&fiber_main);
+    frame[3] = this;
+    frame[6] = reinterpret_cast<void *>(&stack_start);
+    sp[t] = frame;
+#else
+    getcontext(&uc[t]);
+    uc[t].uc_stack.ss_sp = stack_low(t);
+    uc[t].uc_stack.ss_size = stack_bytes;
+    uc[t].uc_link = nullptr;
+    const uintptr_t self = reinterpret_cast<uintptr_t>(this);
+    makecontext(&uc[t], reinterpret_cast<void (*)()>(&ucontext_main), 2, static_cast<unsigned>(self >> 32),
+                static_cast<unsigned>(self & 0xffffffffu));
+#endif
+  }
+
+  // From the scheduler into fiber t, until it waits or returns.
+  void resume(unsigned t) {
+    cur = t;
+#if defined(KVQ_CUDA_EMU_TSAN)
+    __tsan_switch_to_fiber(tsan_fiber[t], started[t] ? 1 /* no sync */ : 0);
+#endif
+    started[t] = 1;
+#if defined(KVQ_CUDA_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&scheduler_fake, stack_low(t), stack_bytes);
+#endif
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+    stack_switch(&scheduler_sp, sp[t]);
+#else
+    swapcontext(&scheduler_uc, &uc[t]);
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(scheduler_fake, nullptr, nullptr);
+#endif
+  }
+
+  // Runs one block: every fiber from a fresh stack, in turns, until all have returned.
+  void run(block *blk) {
+    ignore_accesses quiet;
+    b = blk;
+    blk->fibers = this;
+    for (unsigned t = 0; t < n; ++t) {
+      started[t] = returned[t] = 0;
+      prepare(t);
+    }
+    for (;;) {
+      bool ran = false, all_returned = true;
+      for (unsigned t = 0; t < n; ++t) {
+        if (returned[t]) continue;
+        all_returned = false;
+        if (!started[t] || b->where[t] == state::running || b->failed) {
+          resume(t);
+          ran = true;
+        }
+      }
+      if (all_returned) break;
+      if (!ran) { // cannot happen while wait_at checks for deadlocks; here so that the launch never spins
+        std::lock_guard<std::mutex> lk(b->m);
+        record_failure(*b, "deadlock: no thread of the block can go on");
+      }
+    }
+#if defined(KVQ_CUDA_EMU_TSAN)
+    AnnotateHappensAfter(__FILE__, __LINE__, &end_of_block);
+#endif
+    blk->fibers = nullptr;
+  }
+};
+
+// From the running fiber back to the scheduler; it resumes this fiber when it may go on. The
+// thread-locals that make it this CUDA thread are its own again afterwards.
+inline void fiber_yield(fiber_runner &f) {
+  ignore_accesses quiet;
+  thread_ctx *const c = current;
+  const uint3 ti = threadIdx, bi = blockIdx;
+  const dim3 bd = blockDim, gd = gridDim;
+  const unsigned me = f.cur;
+#if defined(KVQ_CUDA_EMU_TSAN)
+  __tsan_switch_to_fiber(f.tsan_scheduler, 1 /* __tsan_switch_to_fiber_no_sync */);
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+  __sanitizer_start_switch_fiber(&f.fake[me], f.scheduler_bottom, f.scheduler_size);
+#endif
+#if defined(KVQ_CUDA_EMU_ASM_SWITCH)
+  stack_switch(&f.sp[me], f.scheduler_sp);
+#else
+  swapcontext(&f.uc[me], &f.scheduler_uc);
+#endif
+#if defined(KVQ_CUDA_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(f.fake[me], &f.scheduler_bottom, &f.scheduler_size);
+#endif
+  current = c;
+  threadIdx = ti;
+  blockIdx = bi;
+  blockDim = bd;
+  gridDim = gd;
+}
+
+// How the threads of a block run: fibers (the default), or OS threads. 0: the environment variable
+// KVQ_CUDA_EMU_THREADS ("os" or "fibers"), else fibers; a test may set it.
+enum class threads_kind { from_environment = 0, fibers = 1, os = 2 };
+inline std::atomic<int> threads_mode{0};
+inline bool use_fibers() {
+  const int m = threads_mode.load();
+  if (m != 0) return m == static_cast<int>(threads_kind::fibers);
+  const char *env = std::getenv("KVQ_CUDA_EMU_THREADS");
+  return !(env && std::strcmp(env, "os") == 0);
+}
+
 // Runs kernel(args...) on grid x block threads, the blocks one after another; dynamic_bytes of dynamic
 // shared memory per block. Returns the first failure instead of hanging or aborting. A thread that never
 // returns and never waits (an endless loop) still hangs the launch: the test's own timeout ends it.
@@ -566,10 +891,16 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
   }
   const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
   const std::function<void()> body = [&] {
-    gridDim = grid;
+    {
+      ignore_accesses quiet;
+      gridDim = grid;
+    }
     std::apply(kernel, params); // every thread gets its own copy of the arguments, as on the GPU
   };
-  thread_pool pool; // the launch's OS threads, one per CUDA thread of a block, reused block after block
+  const bool fibers = use_fibers();
+  thread_pool pool;     // the launch's OS threads, one per CUDA thread of a block, reused block after block
+  fiber_runner runner;  // or its fibers, the same
+  bool runner_started = false;
   for (unsigned bz = 0; bz < grid.z && r.ok; ++bz)
     for (unsigned by = 0; by < grid.y && r.ok; ++by)
       for (unsigned bx = 0; bx < grid.x && r.ok; ++bx) {
@@ -584,12 +915,25 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
                                 block::smem_deleter{16});
         std::memset(b.dynamic.get(), 0xA5, dynamic_bytes);
         b.shared_bytes = dynamic_bytes;
-        if (!pool.started) pool.start(static_cast<unsigned>(n), &body);
-        if (pool.threads.size() < n) { // a thread could not be started: the block cannot run
-          std::lock_guard<std::mutex> lk(b.m);
-          record_failure(b, "cannot start the block's thread " + std::to_string(pool.threads.size()));
+        if (fibers) {
+          if (!runner.region && !runner_started) {
+            runner_started = true;
+            runner.start(static_cast<unsigned>(n), &body);
+          }
+          if (!runner.region) { // the stacks could not be mapped: the block cannot run
+            std::lock_guard<std::mutex> lk(b.m);
+            record_failure(b, "cannot map the stacks of the block's " + std::to_string(n) + " fibers");
+          } else {
+            runner.run(&b);
+          }
         } else {
-          pool.run(&b);
+          if (!pool.started) pool.start(static_cast<unsigned>(n), &body);
+          if (pool.threads.size() < n) { // a thread could not be started: the block cannot run
+            std::lock_guard<std::mutex> lk(b.m);
+            record_failure(b, "cannot start the block's thread " + std::to_string(pool.threads.size()));
+          } else {
+            pool.run(&b);
+          }
         }
         if (b.failed) {
           r.ok = false;

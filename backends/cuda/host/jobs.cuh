@@ -4,7 +4,7 @@
 // translation unit.
 
 // Threads per block: the kernels take any block size. On the GPU the kernels' own (their
-// __launch_bounds__); in the emulator, where every thread is an OS thread, one warp, so that the tests
+// __launch_bounds__); in the emulator, where the threads take turns on one core, one warp, so that the tests
 // stay fast while the threads still stride over work units and channels.
 constexpr unsigned block_threads(unsigned gpu_threads) { return KVQ_CUDA_EMULATED ? 32u : gpu_threads; }
 
