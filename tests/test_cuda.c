@@ -438,3 +438,117 @@ Test(cuda, attention_and_scores_run_in_place_on_device_pointers_and_auto_never_p
   cr_assert_null(strstr(automatic->backend->device, "emulator"), "AUTO chose %s", automatic->backend->device);
   kvq_context_destroy(automatic);
 }
+
+/* A cache's saved file, whole (the caller frees it). */
+static uint8_t *saved_image(kvq_context *ctx, kvq_cache *cache, uint64_t *size) {
+  KVQ_CHECK(ctx, kvq_cache_save_size(cache, size));
+  uint8_t *image = malloc((size_t)*size);
+  cr_assert_not_null(image);
+  size_t written = 0;
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)*size, &written));
+  cr_assert_eq(written, *size);
+  return image;
+}
+
+static void check_same_image(kvq_context *ctx, kvq_cache *a, kvq_cache *b, const char *what, size_t m, int side, double x) {
+  uint64_t size[2];
+  uint8_t *image[2] = {saved_image(ctx, a, &size[0]), saved_image(ctx, b, &size[1])};
+  cr_assert(size[0] == size[1] && memcmp(image[0], image[1], (size_t)size[0]) == 0, "method %zu on side %d, element %g: %s", m, side,
+            x, what);
+  free(image[0]);
+  free(image[1]);
+}
+
+/*
+ * Appended caller device keys and values are checked on the device (the backend's TOKEN_CHECK kernel,
+ * kvq_cuda_token_check, after CONVERT's finite check) and quantized from there, never staged through
+ * the host: what a host append refuses (a NaN; a value whose method cannot store it: EXACT fp16
+ * overflow, QJL's fp16 norm, UNIFORM's fp16 minimum or scale, KIVI's |x| > 32752, PolarQuant's fp16
+ * radii) a device append refuses with the same status, changing nothing (the saved file is the same
+ * bytes); what a host append takes, a device append takes with the host append's bytes, including
+ * 17 more tokens that fill and quantize a page from device memory. Nothing of a device append's keys
+ * or values comes back to the host (at most the 4-byte check word per call). Asynchronously the wait
+ * reports a refusal.
+ */
+Test(cuda, device_appends_are_checked_on_the_device_and_refuse_what_host_appends_refuse, .timeout = 300) {
+  kvq_context *ctx = cuda_context();
+  enum { N = 3, MORE = 17 };
+  const kvq_method_config methods[] = {exact(KVQ_DTYPE_F16), qjl(64, 4, 32), uniform(4, 32), kivi(2, 8),
+                                       polar(KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE)};
+  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f, NAN};
+  enum { EXTREMES = sizeof extremes / sizeof extremes[0] };
+  static float k[(N + 1 + MORE) * HKV * D], v[(N + 1 + MORE) * HKV * D];
+  for (uint32_t i = 0; i < (N + 1 + MORE) * HKV * D; i++) k[i] = value_at(i, 11), v[i] = value_at(i, 12);
+  const int64_t shape[3] = {1, HKV, D}, more_shape[3] = {MORE, HKV, D};
+  static float dk[HKV * D], dv[HKV * D]; /* the emulated device's memory is the heap */
+  const kvq_tensor kd = kvq_tensor_cuda(dk, KVQ_DTYPE_F32, 3, shape), vd = kvq_tensor_cuda(dv, KVQ_DTYPE_F32, 3, shape);
+  const kvq_tensor kmore = kvq_tensor_cuda(k + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor vmore = kvq_tensor_cuda(v + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor kmore_host = kvq_tensor_host(k + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor vmore_host = kvq_tensor_host(v + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  int refused = 0, taken = 0;
+  for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++)
+    for (int side = 0; side < 2; side++)
+      for (size_t x = 0; x < EXTREMES && !(m == 1 && side == 1); x++) { /* QJL: keys only */
+        kvq_layer_config layer = th_layer(HQ, HKV, D, side ? exact(KVQ_DTYPE_F32) : methods[m], side ? methods[m] : exact(KVQ_DTYPE_F32));
+        kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 5);
+        uint32_t host_seq, dev_seq;
+        kvq_cache *host, *dev;
+        KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &host));
+        KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &dev));
+        KVQ_CHECK(ctx, kvq_sequence_add(host, &host_seq));
+        KVQ_CHECK(ctx, kvq_sequence_add(dev, &dev_seq));
+        th_append(ctx, host, host_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        th_append(ctx, dev, dev_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        float token[2][HKV * D];
+        memcpy(token[0], k + N * HKV * D, sizeof token[0]), memcpy(token[1], v + N * HKV * D, sizeof token[1]);
+        token[side][D + 5] = extremes[x]; /* kv head 1, channel 5 */
+        const kvq_tensor kh = kvq_tensor_host(token[0], KVQ_DTYPE_F32, 3, shape), vh = kvq_tensor_host(token[1], KVQ_DTYPE_F32, 3, shape);
+        memcpy(dk, token[0], sizeof dk), memcpy(dv, token[1], sizeof dv);
+        const kvq_status host_st = kvq_append(host, host_seq, 0, &kh, &vh);
+        uint64_t before_size;
+        uint8_t *before = saved_image(ctx, dev, &before_size);
+        kvq_backend_stats stats;
+        cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+        const kvq_status dev_st = kvq_append(dev, dev_seq, 0, &kd, &vd);
+        const char *why = kvq_context_last_error(ctx);
+        cr_assert_eq(dev_st, host_st, "method %zu on side %d, element %g: the device append returned %s, the host append %s (%s)", m,
+                     side, (double)extremes[x], kvq_status_string(dev_st), kvq_status_string(host_st), why);
+        cr_assert(host_st == KVQ_OK || host_st == KVQ_ERROR_NON_FINITE, "%s", kvq_status_string(host_st));
+        if (dev_st != KVQ_OK)
+          cr_assert(strstr(why, isnan(extremes[x]) ? "non-finite" : "method stores"), "element %g: %s", (double)extremes[x], why);
+        cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+        cr_assert_leq(stats.bytes_to_host, 4u, "method %zu on side %d: %llu bytes of the device append came to the host", m, side,
+                      (unsigned long long)stats.bytes_to_host);
+        if (dev_st != KVQ_OK) {
+          refused++;
+          uint64_t after_size;
+          uint8_t *after = saved_image(ctx, dev, &after_size);
+          cr_assert(after_size == before_size && memcmp(before, after, (size_t)before_size) == 0,
+                    "method %zu on side %d, element %g: a refused device append changed the cache", m, side, (double)extremes[x]);
+          free(after);
+        } else {
+          taken++;
+          check_same_image(ctx, host, dev, "the device append's cache differs from the host append's", m, side, extremes[x]);
+          /* and a page filled and quantized from device memory */
+          KVQ_CHECK(ctx, kvq_append(host, host_seq, 0, &kmore_host, &vmore_host));
+          KVQ_CHECK(ctx, kvq_append(dev, dev_seq, 0, &kmore, &vmore));
+          check_same_image(ctx, host, dev, "a page quantized from device tokens differs from the host's", m, side, extremes[x]);
+        }
+        free(before);
+        if (m == 3 && side == 0 && x == 2) { /* asynchronously: the wait reports it */
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+          cr_assert_eq(kvq_append(dev, dev_seq, 0, &kd, &vd), KVQ_OK, "checked on the device: reported at the wait");
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_ERROR_NON_FINITE);
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_OK, "reported once");
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+        }
+        kvq_cache_destroy(host);
+        kvq_cache_destroy(dev);
+      }
+  /* range: EXACT fp16 -70000 (2 sides), QJL -70000 (keys), UNIFORM -70000 (2), KIVI -70000, -60000,
+   * -40000 (2 x 3), PolarQuant -70000 (2); NaN: every method and side (9) */
+  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1 + 9, "%d appends refused", refused);
+  cr_assert_eq(taken, 9 * EXTREMES - refused, "%d appends taken", taken);
+  kvq_context_destroy(ctx);
+}

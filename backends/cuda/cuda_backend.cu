@@ -6,7 +6,8 @@
 //     thread-model emulator, so that the tests exercise the backend without a GPU.
 // Everything here but the entry point has internal linkage (an anonymous namespace), kernels included,
 // so that both builds live in one libkvq without a clash. This file holds the device and the table;
-// host/*.cuh hold the state and errors, the buffers, the page jobs, the attention jobs, k-means and CONVERT.
+// host/*.cuh hold the state and errors, the buffers, the page jobs, the attention jobs, k-means and CONVERT,
+// and the device token checks.
 #include "runtime.cuh"
 
 #include "kernels/methods.cuh"
@@ -47,6 +48,7 @@ namespace {
 #include "kernels/quantize.cuh"
 #include "kernels/score.cuh"
 #include "kernels/softmax.cuh"
+#include "kernels/token_check.cuh"
 #include "kernels/weighted_sum.cuh"
 
 // key_dots.cuh's kernel of its own (its tests launch it) is not one of the backend's: SCORE calls its
@@ -58,6 +60,7 @@ namespace {
 #include "host/jobs.cuh"
 #include "host/attention.cuh"
 #include "host/kmeans.cuh"
+#include "host/token_check.cuh"
 
 int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout *keys, const kvq_side_layout *values) {
   if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1;
@@ -124,7 +127,7 @@ const kvq_backend_ops cuda_ops = {
     cuda_defer,
     cuda_end_deferred,
     cuda_convert,
-    nullptr, // check_tokens: device tokens are staged and checked on the host (core/append.c)
+    cuda_check_tokens,
 };
 
 // Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no
