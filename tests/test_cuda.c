@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/internal.h"
 #include "helpers.h"
@@ -550,5 +551,60 @@ Test(cuda, device_appends_are_checked_on_the_device_and_refuse_what_host_appends
    * -40000 (2 x 3), PolarQuant -70000 (2); NaN: every method and side (9) */
   cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1 + 9, "%d appends refused", refused);
   cr_assert_eq(taken, 9 * EXTREMES - refused, "%d appends taken", taken);
+  kvq_context_destroy(ctx);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  cr_assert_eq(clock_gettime(CLOCK_MONOTONIC, &t), 0);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* kvq_context_device_time on CUDA: the backend brackets each call's work with cudaEvents on its
+ * stream and sums cudaEventElapsedTime (on the emulator, events hold the host clock and the work is
+ * done on the CPU when they are recorded, docs/CUDA.md). The first call starts the count; after an
+ * append, a flush and an attention the time is reported, above 0 (the emulated kernels take host time)
+ * and within the wall time of that work; with no work since, the next call reports 0. More calls than
+ * the backend's ring of events holds spans (16) are read as they come (the oldest span when the ring
+ * is full). */
+Test(cuda, device_time_comes_from_cuda_events, .timeout = 120) {
+  kvq_context *ctx = cuda_context();
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *cache = NULL;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *v = tokens_of(KVQ_DTYPE_F32, 7), *q = tokens_of(KVQ_DTYPE_F32, 6);
+  uint64_t ns = 12345;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns)); /* starts the count: the cache's creation */
+  const uint64_t wall_start = now_ns();
+  kvq_tensor kt = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS), vt = rows(v, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+  KVQ_CHECK(ctx, kvq_flush(cache, seq));
+  static float out[HQ * D];
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const uint64_t wall = now_ns() - wall_start;
+  ns = 0;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_gt(ns, 0u, "no device time reported for an append, a flush and an attention");
+  cr_assert_leq(ns, wall, "device time %llu ns beyond the calls' wall time %llu ns", (unsigned long long)ns, (unsigned long long)wall);
+  ns = 12345;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_eq(ns, 0u, "%llu ns with no work since the previous call", (unsigned long long)ns);
+  /* 40 calls: more spans than the ring holds */
+  const uint64_t wall_start2 = now_ns();
+  for (int i = 0; i < 40; i++) KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const uint64_t wall2 = now_ns() - wall_start2;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_gt(ns, 0u);
+  cr_assert_leq(ns, wall2, "device time %llu ns beyond the calls' wall time %llu ns", (unsigned long long)ns, (unsigned long long)wall2);
+  free(k);
+  free(v);
+  free(q);
+  kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }

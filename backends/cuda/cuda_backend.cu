@@ -69,7 +69,8 @@ int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout 
 
 kvq_status cuda_finish(kvq_backend *backend) {
   cuda_backend *b = as_cuda(backend);
-  kvq_status st = enter(b);
+  kvq_status st = enter_device(b);
+  if (st == KVQ_OK) st = span_end(b);
   if (st == KVQ_OK) st = check(b, cudaStreamSynchronize(b->stream), "waiting for the stream (cudaStreamSynchronize)");
   if (st == KVQ_OK) b->stats.waits++;
   return st;
@@ -81,7 +82,22 @@ void cuda_defer(kvq_backend *backend) { as_cuda(backend)->deferred = true; }
 kvq_status cuda_end_deferred(kvq_backend *backend, int wait) {
   cuda_backend *b = as_cuda(backend);
   b->deferred = false;
-  return wait ? cuda_finish(backend) : KVQ_OK;
+  if (wait) return cuda_finish(backend);
+  kvq_status st = enter_device(b); // the call's span ends after its work, which stays in flight
+  return st == KVQ_OK ? span_end(b) : st;
+}
+
+// The device time of the spans since the previous call (host/backend.cuh): the open span is ended and
+// every ended span read, which waits for the work they measure.
+kvq_status cuda_device_time(kvq_backend *backend, uint64_t *ns) {
+  cuda_backend *b = as_cuda(backend);
+  kvq_status st = enter_device(b);
+  if (st == KVQ_OK) st = span_end(b);
+  while (st == KVQ_OK && b->span_count > 0) st = span_read(b);
+  if (st != KVQ_OK) return st;
+  *ns = b->device_ns;
+  b->device_ns = 0;
+  return KVQ_OK;
 }
 
 void cuda_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
@@ -96,6 +112,10 @@ void cuda_destroy(kvq_backend *backend) {
     cudaStreamSynchronize(b->stream); // nothing of kvq's may still run when its memory goes
     if (b->scratch) cudaFree(b->scratch);
     if (b->owns_stream) cudaStreamDestroy(b->stream);
+    for (unsigned i = 0; i < cuda_backend::spans; i++) {
+      if (b->span_start[i]) cudaEventDestroy(b->span_start[i]);
+      if (b->span_end[i]) cudaEventDestroy(b->span_end[i]);
+    }
   }
   std::free(b);
 }
@@ -122,7 +142,7 @@ const kvq_backend_ops cuda_ops = {
     cuda_kmeans_update,
     cuda_finish,
     cuda_buffer_import,
-    nullptr, // device_time: no cudaEvent timing yet
+    cuda_device_time,
     cuda_stats,
     cuda_defer,
     cuda_end_deferred,

@@ -4,8 +4,11 @@
 // (docs/CUDA.md, "The emulated backend"): there is no GPU behind it.
 //
 //   - device memory is host heap memory (operator new, so AddressSanitizer sees every access past it);
-//   - there is one device; streams and events are tokens: every operation completes before it
-//     returns, in the caller's order, which is one valid schedule of CUDA's in-order streams;
+//   - there is one device; streams are tokens: every operation completes before it returns, in the
+//     caller's order, which is one valid schedule of CUDA's in-order streams;
+//   - events hold the host's steady clock at cudaEventRecord: since the work enqueued before a record
+//     is done by then, cudaEventElapsedTime between two records is the host time the emulated work
+//     between them took (on the CPU: no GPU time is measured here);
 //   - a kernel launch is kvq_emu::launch; a failure it reports (a divergent barrier, a deadlock, a
 //     bad launch configuration) becomes cudaErrorLaunchFailure, sticky as on a GPU, and its message is
 //     kept for cudaGetErrorString's caller (kvq_cuda_emu_last_launch_message).
@@ -18,6 +21,7 @@
 
 #include <driver_types.h>
 
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
@@ -58,6 +62,7 @@ inline const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   default: return "unknown error";
   }
 }
@@ -68,6 +73,7 @@ inline const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
   case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
   case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
   default: return "cudaErrorUnknown";
   }
 }
@@ -130,6 +136,45 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter()); }
+
+// Events: the host's steady clock when recorded (the work before them is done when they are).
+struct event {
+  std::chrono::steady_clock::time_point at;
+  bool recorded;
+};
+inline event *event_of(cudaEvent_t e) { return reinterpret_cast<event *>(e); }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
+  *e = nullptr;
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  event *p = new (std::nothrow) event{};
+  if (!p) return kvq_cuda_emu_rt::note(cudaErrorMemoryAllocation);
+  *e = reinterpret_cast<cudaEvent_t>(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  delete event_of(e);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  event_of(e)->at = std::chrono::steady_clock::now();
+  event_of(e)->recorded = true;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
+}
+// As CUDA: milliseconds from start to end; an event never recorded is cudaErrorInvalidResourceHandle.
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  if (!start || !end || !event_of(start)->recorded || !event_of(end)->recorded)
+    return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(event_of(end)->at - event_of(start)->at).count();
+  return cudaSuccess;
+}
 } // namespace kvq_cuda_emu_rt
 
 #define cudaGetErrorString kvq_cuda_emu_rt::cudaGetErrorString
@@ -146,5 +191,10 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt:
 #define cudaStreamCreateWithFlags kvq_cuda_emu_rt::cudaStreamCreateWithFlags
 #define cudaStreamDestroy kvq_cuda_emu_rt::cudaStreamDestroy
 #define cudaStreamSynchronize kvq_cuda_emu_rt::cudaStreamSynchronize
+#define cudaEventCreate kvq_cuda_emu_rt::cudaEventCreate
+#define cudaEventDestroy kvq_cuda_emu_rt::cudaEventDestroy
+#define cudaEventRecord kvq_cuda_emu_rt::cudaEventRecord
+#define cudaEventSynchronize kvq_cuda_emu_rt::cudaEventSynchronize
+#define cudaEventElapsedTime kvq_cuda_emu_rt::cudaEventElapsedTime
 
 #endif // KVQ_BACKENDS_CUDA_EMU_CUDA_RUNTIME_EMU_H
