@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backends/cuda/cuda_create.h"
 #include "core/internal.h"
 #include "helpers.h"
 
@@ -607,4 +608,100 @@ Test(cuda, device_time_comes_from_cuda_events, .timeout = 120) {
   free(q);
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
+}
+
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+/* The emulated driver's context stack is balanced, the runtime's CUcontext was the context pushed,
+ * and every emulated runtime call since `outside` (the count of calls without a caller's context
+ * current when the runtime's context was handed over) ran with it current. */
+static void check_contexts(void *context, unsigned long long outside, const char *after) {
+  kvq_cuda_emu_context_counts c;
+  kvq_cuda_emu_contexts(&c);
+  cr_assert_gt(c.pushes, 0u, "after %s: the runtime's context was never pushed", after);
+  cr_assert_eq(c.pushes, c.pops, "after %s: %llu pushes, %llu pops", after, c.pushes, c.pops);
+  cr_assert_eq(c.depth, 0u, "after %s: the caller's context stack is %llu deep", after, c.depth);
+  cr_assert_eq(c.last_pushed, context, "after %s: another context was pushed", after);
+  cr_assert_eq(c.calls_outside_context, outside, "after %s: %llu runtime calls ran without the runtime's context current", after,
+               c.calls_outside_context - outside);
+  cr_assert_gt(c.calls_in_context, 0u);
+}
+#endif
+
+/* A CUcontext of the runtime's own (kvq_cuda_device.context): kvq takes cuCtxPushCurrent and
+ * cuCtxPopCurrent from the runtime (cudaGetDriverEntryPointByVersion; on the emulator, stand-ins that
+ * keep a per-thread stack) and makes the context current around every call that touches CUDA: after
+ * each kind of call (context and cache creation, appends from host and device memory, flush, attention,
+ * scores, dequantize, wait, device time, save, destroy) the pushes and pops balance, the stack is as
+ * the caller left it, and no runtime call ran outside the context (a cudaSetDevice inside would put
+ * the primary context in its place, which the pops would find). The results are those of a context
+ * without one (run first, before the runtime's context is handed over). */
+Test(cuda, a_runtimes_cucontext_is_current_around_every_call, .timeout = 120) {
+  require_emulator();
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  static int context_token; /* the emulated driver takes any non-null CUcontext */
+  void *context = &context_token;
+  kvq_context *plain = context_of(KVQ_BACKEND_CUDA), *ctx = NULL;
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), kivi(2, 8));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *cache[2];
+  uint32_t seq[2];
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *v = tokens_of(KVQ_DTYPE_F32, 7), *q = tokens_of(KVQ_DTYPE_F32, 6);
+  static float out[2][HQ * D], deq[2][2][TOKENS * HKV * D];
+  uint8_t *image[2];
+  uint64_t size[2];
+  unsigned long long outside = 0;
+  for (int b = 0; b < 2; b++) {
+    if (b) {
+      kvq_cuda_emu_context_counts c;
+      kvq_cuda_emu_contexts(&c);
+      cr_assert_eq(c.pushes + c.pops + c.depth, 0u, "no context pushed without one");
+      outside = c.calls_outside_context;
+      kvq_cuda_device device = {.device_ordinal = 0, .stream = NULL, .context = context};
+      kvq_context_options opt = kvq_context_options_default();
+      opt.backend = KVQ_BACKEND_CUDA;
+      opt.cuda = &device;
+      cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+      cr_assert_not_null(strstr(ctx->backend->device, "emulator"), "%s", ctx->backend->device);
+      check_contexts(context, outside, "kvq_context_create");
+    }
+    kvq_context *c = b ? ctx : plain;
+    KVQ_CHECK(c, kvq_cache_create(c, &config, &cache[b]));
+    KVQ_CHECK(c, kvq_sequence_add(cache[b], &seq[b]));
+    kvq_tensor kh = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, FIRST_APPEND), vh = rows(v, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, FIRST_APPEND);
+    kvq_tensor kd = rows(k, KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    kvq_tensor vd = rows(v, KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    KVQ_CHECK(c, kvq_append(cache[b], seq[b], 0, &kh, &vh));
+    KVQ_CHECK(c, kvq_append(cache[b], seq[b], 0, &kd, &vd));
+    KVQ_CHECK(c, kvq_flush(cache[b], seq[b]));
+    if (b) check_contexts(context, outside, "cache creation, appends and a flush");
+    const int64_t qshape[3] = {1, HQ, D};
+    kvq_attention_request req = {.sequence = seq[b], .mask = KVQ_MASK_CAUSAL, .queries = kvq_tensor_cuda(q, KVQ_DTYPE_F32, 3, qshape),
+                                 .output = kvq_tensor_cuda(out[b], KVQ_DTYPE_F32, 3, qshape)};
+    KVQ_CHECK(c, kvq_attention(cache[b], 0, &req, 1));
+    static float scores[HQ * TOKENS];
+    const int64_t sshape[3] = {1, HQ, TOKENS};
+    kvq_tensor st = kvq_tensor_host(scores, KVQ_DTYPE_F32, 3, sshape);
+    KVQ_CHECK(c, kvq_scores(cache[b], seq[b], 0, &req.queries, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
+    kvq_tensor dk = rows(deq[b][0], KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, 0, TOKENS), dv = rows(deq[b][1], KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+    KVQ_CHECK(c, kvq_dequantize(cache[b], seq[b], 0, 0, TOKENS, &dk, &dv));
+    KVQ_CHECK(c, kvq_context_wait(c));
+    uint64_t ns = 0;
+    KVQ_CHECK(c, kvq_context_device_time(c, &ns));
+    if (b) check_contexts(context, outside, "attention, scores, dequantize, a wait and the device time");
+    image[b] = saved_image(c, cache[b], &size[b]);
+    kvq_cache_destroy(cache[b]);
+    if (b) check_contexts(context, outside, "saving and destroying the cache");
+  }
+  kvq_context_destroy(ctx);
+  check_contexts(context, outside, "destroying the context");
+  cr_assert(size[0] == size[1] && memcmp(image[0], image[1], (size_t)size[0]) == 0, "the cache made in the runtime's context differs");
+  cr_assert(memcmp(out[0], out[1], sizeof out[0]) == 0, "attention differs in the runtime's context");
+  cr_assert(memcmp(deq[0], deq[1], sizeof deq[0]) == 0, "dequantize differs in the runtime's context");
+  kvq_context_destroy(plain);
+  free(image[0]);
+  free(image[1]);
+  free(k);
+  free(v);
+  free(q);
+#endif
 }

@@ -25,6 +25,12 @@ struct cuda_backend {
   unsigned span_first, span_count; // the ended spans not read yet: span_first, ... (a ring)
   bool span_open;                  // span (span_first + span_count) % spans has started
   uint64_t device_ns;              // the time of the spans read since device_time last returned it
+  // A runtime's CUcontext (kvq_cuda_device.context), made current around every entry point that
+  // touches CUDA (host/context.cuh), with the driver's functions the runtime handed out; null: the
+  // device's primary context, which cudaSetDevice makes current.
+  CUcontext context;
+  CUresult(CUDAAPI *ctx_push)(CUcontext);
+  CUresult(CUDAAPI *ctx_pop)(CUcontext *);
 };
 
 cuda_backend *as_cuda(kvq_backend *backend) { return reinterpret_cast<cuda_backend *>(backend); }
@@ -80,10 +86,13 @@ kvq_status check(cuda_backend *b, cudaError_t e, const char *what) {
 }
 
 // What every entry point does first: a lost device stays lost, and the runtime's current device is
-// per host thread, so it is set for the calling thread each time.
+// per host thread, so it is set for the calling thread each time. With a runtime's CUcontext, the
+// entry point's wrapper (host/context.cuh) made it current: cudaSetDevice would put the primary
+// context in its place.
 kvq_status enter_device(cuda_backend *b) {
   if (b->lost)
     return fail(b, KVQ_ERROR_DEVICE_LOST, "the device was lost earlier (%.200s); the cache must be recreated", b->lost_because);
+  if (b->context) return KVQ_OK;
   return check(b, cudaSetDevice(b->device), "cudaSetDevice");
 }
 
