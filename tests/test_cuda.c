@@ -477,7 +477,9 @@ Test(cuda, device_appends_are_checked_on_the_device_and_refuse_what_host_appends
   enum { N = 3, MORE = 17 };
   const kvq_method_config methods[] = {exact(KVQ_DTYPE_F16), qjl(64, 4, 32), uniform(4, 32), kivi(2, 8),
                                        polar(KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE)};
-  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f, NAN};
+  /* far out, then next to each limit: KIVI's 32752, fp16's largest finite 65504 and the first value
+   * that rounds to fp16 infinity, 65520 (EXACT fp16, QJL's norm), beyond PolarQuant's 65440 */
+  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f, NAN, 32752.0f, 32753.0f, 65504.0f, 65520.0f};
   enum { EXTREMES = sizeof extremes / sizeof extremes[0] };
   static float k[(N + 1 + MORE) * HKV * D], v[(N + 1 + MORE) * HKV * D];
   for (uint32_t i = 0; i < (N + 1 + MORE) * HKV * D; i++) k[i] = value_at(i, 11), v[i] = value_at(i, 12);
@@ -549,8 +551,9 @@ Test(cuda, device_appends_are_checked_on_the_device_and_refuse_what_host_appends
         kvq_cache_destroy(dev);
       }
   /* range: EXACT fp16 -70000 (2 sides), QJL -70000 (keys), UNIFORM -70000 (2), KIVI -70000, -60000,
-   * -40000 (2 x 3), PolarQuant -70000 (2); NaN: every method and side (9) */
-  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1 + 9, "%d appends refused", refused);
+   * -40000 (2 x 3), PolarQuant -70000 (2); NaN: every method and side (9); 32752 nothing; 32753 KIVI
+   * (2); 65504 KIVI and PolarQuant (4); 65520 EXACT fp16, QJL, KIVI and PolarQuant (7) */
+  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1 + 9 + 2 + 4 + 7, "%d appends refused", refused);
   cr_assert_eq(taken, 9 * EXTREMES - refused, "%d appends taken", taken);
   kvq_context_destroy(ctx);
 }
