@@ -8,7 +8,12 @@
 #include "quantize_math.h"
 #include "tensor.h"
 
-static int f16_is_inf(uint32_t bits) { return (bits & 0x7c00u) == 0x7c00u; }
+/* The decisions are core/methods/range.h's (shared with the Vulkan shader and the CUDA kernel that
+ * check device tokens), read from the vector converted to fp32; this file adds what failed, in words. */
+#define KVQ_IO_PARAM const float *io,
+#define KVQ_IO io,
+#define KVQ_IN(i) (io[(i)])
+#include "methods/range.h"
 
 static kvq_status check_vector(kvq_context *ctx, const kvq_side_layout *s, const float *x, const char *side,
                                uint64_t token, uint32_t head) {
@@ -17,64 +22,41 @@ static kvq_status check_vector(kvq_context *ctx, const kvq_side_layout *s, const
     if (!isfinite(x[c]))
       return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u, channel %u is %g", side,
                       (unsigned long long)token, head, c, (double)x[c]);
+  if (s->method > KVQ_LAYOUT_CQ) return kvq_fail(ctx, KVQ_ERROR_INTERNAL, "%s: unknown layout method %u", side, s->method);
+  if (!kvq_range_vector_fails(x, 0, s->method, d, s->dtype, s->group, s->bits)) return KVQ_OK;
   switch (s->method) {
   case KVQ_LAYOUT_EXACT:
-    if (s->dtype == KVQ_LAYOUT_F32) return KVQ_OK;
-    for (uint32_t c = 0; c < d; c++) {
-      uint32_t bits = s->dtype == KVQ_LAYOUT_F16 ? kvq_f32_to_f16_bits(x[c]) : kvq_f32_to_bf16_bits(x[c]);
-      int inf = s->dtype == KVQ_LAYOUT_F16 ? f16_is_inf(bits) : (bits & 0x7f80u) == 0x7f80u;
-      if (inf)
+    for (uint32_t c = 0; c < d; c++)
+      if (kvq_range_exact_fails(x[c], s->dtype))
         return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u, channel %u = %g overflows %s storage",
                         side, (unsigned long long)token, head, c, (double)x[c], s->dtype == KVQ_LAYOUT_F16 ? "fp16" : "bf16");
-    }
-    return KVQ_OK;
-  case KVQ_LAYOUT_QJL: {
-    /* |k_in| and |k_out| never exceed |k| computed the same way (sums of fewer non-negative terms in
-     * the same order, monotone rounding), so checking |k| covers both stored norms. */
-    float sum = 0.0f;
-    for (uint32_t c = 0; c < d; c++) sum = sum + x[c] * x[c];
-    if (f16_is_inf(kvq_f32_to_f16_bits(sqrtf(sum))))
-      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
-                      "%s: token %llu, head %u has norm %g, beyond the fp16 range of QJL's stored norms", side,
-                      (unsigned long long)token, head, sqrt((double)sum));
-    return KVQ_OK;
-  }
+    break;
+  case KVQ_LAYOUT_QJL:
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
+                    "%s: token %llu, head %u has norm %g, beyond the fp16 range of QJL's stored norms", side,
+                    (unsigned long long)token, head, sqrt((double)kvq_range_square_sum(x, 0, d)));
   case KVQ_LAYOUT_UNIFORM:
     for (uint32_t g = 0; g < d / s->group; g++) {
-      float mn = x[g * s->group], mx = mn;
-      for (uint32_t c = g * s->group; c < (g + 1) * s->group; c++) {
-        if (x[c] < mn) mn = x[c];
-        if (x[c] > mx) mx = x[c];
-      }
-      uint32_t params = kvq_uniform_params(mn, mx, s->bits);
-      if (f16_is_inf(params) || f16_is_inf(params >> 16))
+      const float mn = kvq_range_group_min(x, 0, g, s->group), mx = kvq_range_group_max(x, 0, g, s->group);
+      if (kvq_range_uniform_fails(mn, mx, s->bits))
         return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                         "%s: token %llu, head %u, group %u spans [%g, %g]: its fp16 minimum or scale overflows", side,
                         (unsigned long long)token, head, g, (double)mn, (double)mx);
     }
-    return KVQ_OK;
+    break;
   case KVQ_LAYOUT_KIVI:
-    /* A channel's scale spans several tokens, so bound every value: with |x| <= 32752 no group can
-     * reach an fp16 minimum or scale beyond 65504 (the range is at most 65504, the scale at most that). */
     for (uint32_t c = 0; c < d; c++)
-      if (fabsf(x[c]) > 32752.0f)
+      if (kvq_range_kivi_fails(x[c]))
         return kvq_fail(ctx, KVQ_ERROR_NON_FINITE,
                         "%s: token %llu, head %u, channel %u = %g: KIVI stores channel scales in fp16 and needs |x| <= 32752",
                         side, (unsigned long long)token, head, c, (double)x[c]);
-    return KVQ_OK;
-  case KVQ_LAYOUT_POLAR: {
-    /* Block radii are fp16 and the rotation preserves the norm up to fp32 rounding (d 2^-24 relative,
-     * well inside the margin of 65440 against 65504). */
-    float sum = 0.0f;
-    for (uint32_t c = 0; c < d; c++) sum = sum + x[c] * x[c];
-    if (sqrtf(sum) > 65440.0f)
-      return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u has norm %g, beyond PolarQuant's fp16 radii", side,
-                      (unsigned long long)token, head, sqrt((double)sum));
-    return KVQ_OK;
+    break;
+  case KVQ_LAYOUT_POLAR:
+    return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u has norm %g, beyond PolarQuant's fp16 radii", side,
+                    (unsigned long long)token, head, sqrt((double)kvq_range_square_sum(x, 0, d)));
   }
-  case KVQ_LAYOUT_CQ: return KVQ_OK; /* no side data: any finite value has a nearest centroid */
-  }
-  return kvq_fail(ctx, KVQ_ERROR_INTERNAL, "%s: unknown layout method %u", side, s->method);
+  return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u is beyond what its method stores", side,
+                  (unsigned long long)token, head);
 }
 
 kvq_status kvq_check_tokens(kvq_context *ctx, const kvq_side_layout *s, kvq_dtype dtype, const void *raw,

@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "backends/cuda/cuda_create.h"
 #include "core/internal.h"
 #include "helpers.h"
 
@@ -437,4 +439,272 @@ Test(cuda, attention_and_scores_run_in_place_on_device_pointers_and_auto_never_p
   kvq_context *automatic = context_of(KVQ_BACKEND_AUTO);
   cr_assert_null(strstr(automatic->backend->device, "emulator"), "AUTO chose %s", automatic->backend->device);
   kvq_context_destroy(automatic);
+}
+
+/* A cache's saved file, whole (the caller frees it). */
+static uint8_t *saved_image(kvq_context *ctx, kvq_cache *cache, uint64_t *size) {
+  KVQ_CHECK(ctx, kvq_cache_save_size(cache, size));
+  uint8_t *image = malloc((size_t)*size);
+  cr_assert_not_null(image);
+  size_t written = 0;
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)*size, &written));
+  cr_assert_eq(written, *size);
+  return image;
+}
+
+static void check_same_image(kvq_context *ctx, kvq_cache *a, kvq_cache *b, const char *what, size_t m, int side, double x) {
+  uint64_t size[2];
+  uint8_t *image[2] = {saved_image(ctx, a, &size[0]), saved_image(ctx, b, &size[1])};
+  cr_assert(size[0] == size[1] && memcmp(image[0], image[1], (size_t)size[0]) == 0, "method %zu on side %d, element %g: %s", m, side,
+            x, what);
+  free(image[0]);
+  free(image[1]);
+}
+
+/*
+ * Appended caller device keys and values are checked on the device (the backend's TOKEN_CHECK kernel,
+ * kvq_cuda_token_check, after CONVERT's finite check) and quantized from there, never staged through
+ * the host: what a host append refuses (a NaN; a value whose method cannot store it: EXACT fp16
+ * overflow, QJL's fp16 norm, UNIFORM's fp16 minimum or scale, KIVI's |x| > 32752, PolarQuant's fp16
+ * radii) a device append refuses with the same status, changing nothing (the saved file is the same
+ * bytes); what a host append takes, a device append takes with the host append's bytes, including
+ * 17 more tokens that fill and quantize a page from device memory. Nothing of a device append's keys
+ * or values comes back to the host (at most the 4-byte check word per call). Asynchronously the wait
+ * reports a refusal.
+ */
+Test(cuda, device_appends_are_checked_on_the_device_and_refuse_what_host_appends_refuse, .timeout = 300) {
+  kvq_context *ctx = cuda_context();
+  enum { N = 3, MORE = 17 };
+  const kvq_method_config methods[] = {exact(KVQ_DTYPE_F16), qjl(64, 4, 32), uniform(4, 32), kivi(2, 8),
+                                       polar(KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE)};
+  /* far out, then next to each limit: KIVI's 32752, fp16's largest finite 65504 and the first value
+   * that rounds to fp16 infinity, 65520 (EXACT fp16, QJL's norm), beyond PolarQuant's 65440 */
+  const float extremes[] = {-70000.0f, -60000.0f, -40000.0f, 1000.0f, NAN, 32752.0f, 32753.0f, 65504.0f, 65520.0f};
+  enum { EXTREMES = sizeof extremes / sizeof extremes[0] };
+  static float k[(N + 1 + MORE) * HKV * D], v[(N + 1 + MORE) * HKV * D];
+  for (uint32_t i = 0; i < (N + 1 + MORE) * HKV * D; i++) k[i] = value_at(i, 11), v[i] = value_at(i, 12);
+  const int64_t shape[3] = {1, HKV, D}, more_shape[3] = {MORE, HKV, D};
+  static float dk[HKV * D], dv[HKV * D]; /* the emulated device's memory is the heap */
+  const kvq_tensor kd = kvq_tensor_cuda(dk, KVQ_DTYPE_F32, 3, shape), vd = kvq_tensor_cuda(dv, KVQ_DTYPE_F32, 3, shape);
+  const kvq_tensor kmore = kvq_tensor_cuda(k + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor vmore = kvq_tensor_cuda(v + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor kmore_host = kvq_tensor_host(k + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  const kvq_tensor vmore_host = kvq_tensor_host(v + (N + 1) * HKV * D, KVQ_DTYPE_F32, 3, more_shape);
+  int refused = 0, taken = 0;
+  for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++)
+    for (int side = 0; side < 2; side++)
+      for (size_t x = 0; x < EXTREMES && !(m == 1 && side == 1); x++) { /* QJL: keys only */
+        kvq_layer_config layer = th_layer(HQ, HKV, D, side ? exact(KVQ_DTYPE_F32) : methods[m], side ? methods[m] : exact(KVQ_DTYPE_F32));
+        kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 5);
+        uint32_t host_seq, dev_seq;
+        kvq_cache *host, *dev;
+        KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &host));
+        KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &dev));
+        KVQ_CHECK(ctx, kvq_sequence_add(host, &host_seq));
+        KVQ_CHECK(ctx, kvq_sequence_add(dev, &dev_seq));
+        th_append(ctx, host, host_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        th_append(ctx, dev, dev_seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+        float token[2][HKV * D];
+        memcpy(token[0], k + N * HKV * D, sizeof token[0]), memcpy(token[1], v + N * HKV * D, sizeof token[1]);
+        token[side][D + 5] = extremes[x]; /* kv head 1, channel 5 */
+        const kvq_tensor kh = kvq_tensor_host(token[0], KVQ_DTYPE_F32, 3, shape), vh = kvq_tensor_host(token[1], KVQ_DTYPE_F32, 3, shape);
+        memcpy(dk, token[0], sizeof dk), memcpy(dv, token[1], sizeof dv);
+        const kvq_status host_st = kvq_append(host, host_seq, 0, &kh, &vh);
+        uint64_t before_size;
+        uint8_t *before = saved_image(ctx, dev, &before_size);
+        kvq_backend_stats stats;
+        cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+        const kvq_status dev_st = kvq_append(dev, dev_seq, 0, &kd, &vd);
+        const char *why = kvq_context_last_error(ctx);
+        cr_assert_eq(dev_st, host_st, "method %zu on side %d, element %g: the device append returned %s, the host append %s (%s)", m,
+                     side, (double)extremes[x], kvq_status_string(dev_st), kvq_status_string(host_st), why);
+        cr_assert(host_st == KVQ_OK || host_st == KVQ_ERROR_NON_FINITE, "%s", kvq_status_string(host_st));
+        if (dev_st != KVQ_OK)
+          cr_assert(strstr(why, isnan(extremes[x]) ? "non-finite" : "method stores"), "element %g: %s", (double)extremes[x], why);
+        cr_assert_eq(kvq_context_backend_stats(ctx, &stats, 1), KVQ_OK);
+        cr_assert_leq(stats.bytes_to_host, 4u, "method %zu on side %d: %llu bytes of the device append came to the host", m, side,
+                      (unsigned long long)stats.bytes_to_host);
+        if (dev_st != KVQ_OK) {
+          refused++;
+          uint64_t after_size;
+          uint8_t *after = saved_image(ctx, dev, &after_size);
+          cr_assert(after_size == before_size && memcmp(before, after, (size_t)before_size) == 0,
+                    "method %zu on side %d, element %g: a refused device append changed the cache", m, side, (double)extremes[x]);
+          free(after);
+        } else {
+          taken++;
+          check_same_image(ctx, host, dev, "the device append's cache differs from the host append's", m, side, extremes[x]);
+          /* and a page filled and quantized from device memory */
+          KVQ_CHECK(ctx, kvq_append(host, host_seq, 0, &kmore_host, &vmore_host));
+          KVQ_CHECK(ctx, kvq_append(dev, dev_seq, 0, &kmore, &vmore));
+          check_same_image(ctx, host, dev, "a page quantized from device tokens differs from the host's", m, side, extremes[x]);
+        }
+        free(before);
+        if (m == 3 && side == 0 && x == 2) { /* asynchronously: the wait reports it */
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 1));
+          cr_assert_eq(kvq_append(dev, dev_seq, 0, &kd, &vd), KVQ_OK, "checked on the device: reported at the wait");
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_ERROR_NON_FINITE);
+          cr_assert_eq(kvq_context_wait(ctx), KVQ_OK, "reported once");
+          KVQ_CHECK(ctx, kvq_context_set_async(ctx, 0));
+        }
+        kvq_cache_destroy(host);
+        kvq_cache_destroy(dev);
+      }
+  /* range: EXACT fp16 -70000 (2 sides), QJL -70000 (keys), UNIFORM -70000 (2), KIVI -70000, -60000,
+   * -40000 (2 x 3), PolarQuant -70000 (2); NaN: every method and side (9); 32752 nothing; 32753 KIVI
+   * (2); 65504 KIVI and PolarQuant (4); 65520 EXACT fp16, QJL, KIVI and PolarQuant (7) */
+  cr_assert_eq(refused, 2 * (1 + 1 + 1 + 3 + 1) - 1 + 9 + 2 + 4 + 7, "%d appends refused", refused);
+  cr_assert_eq(taken, 9 * EXTREMES - refused, "%d appends taken", taken);
+  kvq_context_destroy(ctx);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  cr_assert_eq(clock_gettime(CLOCK_MONOTONIC, &t), 0);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* kvq_context_device_time on CUDA: the backend brackets each call's work with cudaEvents on its
+ * stream and sums cudaEventElapsedTime (on the emulator, events hold the host clock and the work is
+ * done on the CPU when they are recorded, docs/CUDA.md). The first call starts the count; after an
+ * append, a flush and an attention the time is reported, above 0 (the emulated kernels take host time)
+ * and within the wall time of that work; with no work since, the next call reports 0. More calls than
+ * the backend's ring of events holds spans (16) are read as they come (the oldest span when the ring
+ * is full). */
+Test(cuda, device_time_comes_from_cuda_events, .timeout = 120) {
+  kvq_context *ctx = cuda_context();
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *cache = NULL;
+  uint32_t seq;
+  KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+  KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *v = tokens_of(KVQ_DTYPE_F32, 7), *q = tokens_of(KVQ_DTYPE_F32, 6);
+  uint64_t ns = 12345;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns)); /* starts the count: the cache's creation */
+  const uint64_t wall_start = now_ns();
+  kvq_tensor kt = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS), vt = rows(v, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+  KVQ_CHECK(ctx, kvq_flush(cache, seq));
+  static float out[HQ * D];
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const uint64_t wall = now_ns() - wall_start;
+  ns = 0;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_gt(ns, 0u, "no device time reported for an append, a flush and an attention");
+  cr_assert_leq(ns, wall, "device time %llu ns beyond the calls' wall time %llu ns", (unsigned long long)ns, (unsigned long long)wall);
+  ns = 12345;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_eq(ns, 0u, "%llu ns with no work since the previous call", (unsigned long long)ns);
+  /* 40 calls: more spans than the ring holds */
+  const uint64_t wall_start2 = now_ns();
+  for (int i = 0; i < 40; i++) KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const uint64_t wall2 = now_ns() - wall_start2;
+  KVQ_CHECK(ctx, kvq_context_device_time(ctx, &ns));
+  cr_assert_gt(ns, 0u);
+  cr_assert_leq(ns, wall2, "device time %llu ns beyond the calls' wall time %llu ns", (unsigned long long)ns, (unsigned long long)wall2);
+  free(k);
+  free(v);
+  free(q);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+/* The emulated driver's context stack is balanced, the runtime's CUcontext was the context pushed,
+ * and every emulated runtime call since `outside` (the count of calls without a caller's context
+ * current when the runtime's context was handed over) ran with it current. */
+static void check_contexts(void *context, unsigned long long outside, const char *after) {
+  kvq_cuda_emu_context_counts c;
+  kvq_cuda_emu_contexts(&c);
+  cr_assert_gt(c.pushes, 0u, "after %s: the runtime's context was never pushed", after);
+  cr_assert_eq(c.pushes, c.pops, "after %s: %llu pushes, %llu pops", after, c.pushes, c.pops);
+  cr_assert_eq(c.depth, 0u, "after %s: the caller's context stack is %llu deep", after, c.depth);
+  cr_assert_eq(c.last_pushed, context, "after %s: another context was pushed", after);
+  cr_assert_eq(c.calls_outside_context, outside, "after %s: %llu runtime calls ran without the runtime's context current", after,
+               c.calls_outside_context - outside);
+  cr_assert_gt(c.calls_in_context, 0u);
+}
+#endif
+
+/* A CUcontext of the runtime's own (kvq_cuda_device.context): kvq takes cuCtxPushCurrent and
+ * cuCtxPopCurrent from the runtime (cudaGetDriverEntryPointByVersion; on the emulator, stand-ins that
+ * keep a per-thread stack) and makes the context current around every call that touches CUDA: after
+ * each kind of call (context and cache creation, appends from host and device memory, flush, attention,
+ * scores, dequantize, wait, device time, save, destroy) the pushes and pops balance, the stack is as
+ * the caller left it, and no runtime call ran outside the context (a cudaSetDevice inside would put
+ * the primary context in its place, which the pops would find). The results are those of a context
+ * without one (run first, before the runtime's context is handed over). */
+Test(cuda, a_runtimes_cucontext_is_current_around_every_call, .timeout = 120) {
+  require_emulator();
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  static int context_token; /* the emulated driver takes any non-null CUcontext */
+  void *context = &context_token;
+  kvq_context *plain = context_of(KVQ_BACKEND_CUDA), *ctx = NULL;
+  kvq_layer_config layer = th_layer(HQ, HKV, D, uniform(4, 32), kivi(2, 8));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 8, 1, 3);
+  kvq_cache *cache[2];
+  uint32_t seq[2];
+  float *k = tokens_of(KVQ_DTYPE_F32, 5), *v = tokens_of(KVQ_DTYPE_F32, 7), *q = tokens_of(KVQ_DTYPE_F32, 6);
+  static float out[2][HQ * D], deq[2][2][TOKENS * HKV * D];
+  uint8_t *image[2];
+  uint64_t size[2];
+  unsigned long long outside = 0;
+  for (int b = 0; b < 2; b++) {
+    if (b) {
+      kvq_cuda_emu_context_counts c;
+      kvq_cuda_emu_contexts(&c);
+      cr_assert_eq(c.pushes + c.pops + c.depth, 0u, "no context pushed without one");
+      outside = c.calls_outside_context;
+      kvq_cuda_device device = {.device_ordinal = 0, .stream = NULL, .context = context};
+      kvq_context_options opt = kvq_context_options_default();
+      opt.backend = KVQ_BACKEND_CUDA;
+      opt.cuda = &device;
+      cr_assert_eq(kvq_context_create(&opt, &ctx), KVQ_OK);
+      cr_assert_not_null(strstr(ctx->backend->device, "emulator"), "%s", ctx->backend->device);
+      check_contexts(context, outside, "kvq_context_create");
+    }
+    kvq_context *c = b ? ctx : plain;
+    KVQ_CHECK(c, kvq_cache_create(c, &config, &cache[b]));
+    KVQ_CHECK(c, kvq_sequence_add(cache[b], &seq[b]));
+    kvq_tensor kh = rows(k, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, FIRST_APPEND), vh = rows(v, KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, FIRST_APPEND);
+    kvq_tensor kd = rows(k, KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    kvq_tensor vd = rows(v, KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, FIRST_APPEND, TOKENS - FIRST_APPEND);
+    KVQ_CHECK(c, kvq_append(cache[b], seq[b], 0, &kh, &vh));
+    KVQ_CHECK(c, kvq_append(cache[b], seq[b], 0, &kd, &vd));
+    KVQ_CHECK(c, kvq_flush(cache[b], seq[b]));
+    if (b) check_contexts(context, outside, "cache creation, appends and a flush");
+    const int64_t qshape[3] = {1, HQ, D};
+    kvq_attention_request req = {.sequence = seq[b], .mask = KVQ_MASK_CAUSAL, .queries = kvq_tensor_cuda(q, KVQ_DTYPE_F32, 3, qshape),
+                                 .output = kvq_tensor_cuda(out[b], KVQ_DTYPE_F32, 3, qshape)};
+    KVQ_CHECK(c, kvq_attention(cache[b], 0, &req, 1));
+    static float scores[HQ * TOKENS];
+    const int64_t sshape[3] = {1, HQ, TOKENS};
+    kvq_tensor st = kvq_tensor_host(scores, KVQ_DTYPE_F32, 3, sshape);
+    KVQ_CHECK(c, kvq_scores(cache[b], seq[b], 0, &req.queries, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &st));
+    kvq_tensor dk = rows(deq[b][0], KVQ_MEMORY_CUDA_DEVICE, KVQ_DTYPE_F32, 0, TOKENS), dv = rows(deq[b][1], KVQ_MEMORY_HOST, KVQ_DTYPE_F32, 0, TOKENS);
+    KVQ_CHECK(c, kvq_dequantize(cache[b], seq[b], 0, 0, TOKENS, &dk, &dv));
+    KVQ_CHECK(c, kvq_context_wait(c));
+    uint64_t ns = 0;
+    KVQ_CHECK(c, kvq_context_device_time(c, &ns));
+    if (b) check_contexts(context, outside, "attention, scores, dequantize, a wait and the device time");
+    image[b] = saved_image(c, cache[b], &size[b]);
+    kvq_cache_destroy(cache[b]);
+    if (b) check_contexts(context, outside, "saving and destroying the cache");
+  }
+  kvq_context_destroy(ctx);
+  check_contexts(context, outside, "destroying the context");
+  cr_assert(size[0] == size[1] && memcmp(image[0], image[1], (size_t)size[0]) == 0, "the cache made in the runtime's context differs");
+  cr_assert(memcmp(out[0], out[1], sizeof out[0]) == 0, "attention differs in the runtime's context");
+  cr_assert(memcmp(deq[0], deq[1], sizeof deq[0]) == 0, "dequantize differs in the runtime's context");
+  kvq_context_destroy(plain);
+  free(image[0]);
+  free(image[1]);
+  free(k);
+  free(v);
+  free(q);
+#endif
 }

@@ -6,7 +6,8 @@
 //     thread-model emulator, so that the tests exercise the backend without a GPU.
 // Everything here but the entry point has internal linkage (an anonymous namespace), kernels included,
 // so that both builds live in one libkvq without a clash. This file holds the device and the table;
-// host/*.cuh hold the state and errors, the buffers, the page jobs, the attention jobs, k-means and CONVERT.
+// host/*.cuh hold the state and errors, the buffers, the page jobs, the attention jobs, k-means and CONVERT,
+// and the device token checks.
 #include "runtime.cuh"
 
 #include "kernels/methods.cuh"
@@ -47,6 +48,7 @@ namespace {
 #include "kernels/quantize.cuh"
 #include "kernels/score.cuh"
 #include "kernels/softmax.cuh"
+#include "kernels/token_check.cuh"
 #include "kernels/weighted_sum.cuh"
 
 // key_dots.cuh's kernel of its own (its tests launch it) is not one of the backend's: SCORE calls its
@@ -54,10 +56,12 @@ namespace {
 [[maybe_unused]] const auto key_dots_kernel = &kvq_cuda_key_dots;
 
 #include "host/backend.cuh"
+#include "host/context.cuh"
 #include "host/memory.cuh"
 #include "host/jobs.cuh"
 #include "host/attention.cuh"
 #include "host/kmeans.cuh"
+#include "host/token_check.cuh"
 
 int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout *keys, const kvq_side_layout *values) {
   if (kind == KVQ_JOB_KMEANS_ASSIGN || kind == KVQ_JOB_KMEANS_UPDATE) return 1;
@@ -66,7 +70,8 @@ int cuda_supports(const kvq_backend *, kvq_job_kind kind, const kvq_side_layout 
 
 kvq_status cuda_finish(kvq_backend *backend) {
   cuda_backend *b = as_cuda(backend);
-  kvq_status st = enter(b);
+  kvq_status st = enter_device(b);
+  if (st == KVQ_OK) st = span_end(b);
   if (st == KVQ_OK) st = check(b, cudaStreamSynchronize(b->stream), "waiting for the stream (cudaStreamSynchronize)");
   if (st == KVQ_OK) b->stats.waits++;
   return st;
@@ -78,7 +83,22 @@ void cuda_defer(kvq_backend *backend) { as_cuda(backend)->deferred = true; }
 kvq_status cuda_end_deferred(kvq_backend *backend, int wait) {
   cuda_backend *b = as_cuda(backend);
   b->deferred = false;
-  return wait ? cuda_finish(backend) : KVQ_OK;
+  if (wait) return cuda_finish(backend);
+  kvq_status st = enter_device(b); // the call's span ends after its work, which stays in flight
+  return st == KVQ_OK ? span_end(b) : st;
+}
+
+// The device time of the spans since the previous call (host/backend.cuh): the open span is ended and
+// every ended span read, which waits for the work they measure.
+kvq_status cuda_device_time(kvq_backend *backend, uint64_t *ns) {
+  cuda_backend *b = as_cuda(backend);
+  kvq_status st = enter_device(b);
+  if (st == KVQ_OK) st = span_end(b);
+  while (st == KVQ_OK && b->span_count > 0) st = span_read(b);
+  if (st != KVQ_OK) return st;
+  *ns = b->device_ns;
+  b->device_ns = 0;
+  return KVQ_OK;
 }
 
 void cuda_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
@@ -89,42 +109,50 @@ void cuda_stats(kvq_backend *backend, kvq_backend_stats *out, int reset) {
 
 void cuda_destroy(kvq_backend *backend) {
   cuda_backend *b = as_cuda(backend);
-  if (!b->lost && cudaSetDevice(b->device) == cudaSuccess) {
+  const bool pushed = b->context && context_push(b) == KVQ_OK;
+  if (!b->lost && (b->context ? pushed : cudaSetDevice(b->device) == cudaSuccess)) {
     cudaStreamSynchronize(b->stream); // nothing of kvq's may still run when its memory goes
     if (b->scratch) cudaFree(b->scratch);
     if (b->owns_stream) cudaStreamDestroy(b->stream);
+    for (unsigned i = 0; i < cuda_backend::spans; i++) {
+      if (b->span_start[i]) cudaEventDestroy(b->span_start[i]);
+      if (b->span_end[i]) cudaEventDestroy(b->span_end[i]);
+    }
   }
+  if (pushed) context_pop(b, true);
   std::free(b);
 }
 
+// Every entry point that touches CUDA runs with the runtime's CUcontext current (host/context.cuh);
+// supports, stats and defer touch nothing of CUDA's, destroy pushes the context itself.
 const kvq_backend_ops cuda_ops = {
     KVQ_BACKEND_ABI_VERSION,
     "cuda",
     cuda_destroy,
     cuda_supports,
-    cuda_buffer_create,
-    cuda_buffer_destroy,
-    cuda_buffer_write,
-    cuda_buffer_read,
-    cuda_buffer_copy,
-    cuda_buffer_zero,
-    cuda_quantize,
-    cuda_dequantize,
-    cuda_prepare,
-    cuda_score,
-    cuda_softmax,
-    cuda_weighted_sum,
-    cuda_attention,
-    cuda_kmeans_assign,
-    cuda_kmeans_update,
-    cuda_finish,
-    cuda_buffer_import,
-    nullptr, // device_time: no cudaEvent timing yet
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_create),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_destroy),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_write),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_read),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_copy),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_zero),
+    KVQ_CUDA_IN_CONTEXT(cuda_quantize),
+    KVQ_CUDA_IN_CONTEXT(cuda_dequantize),
+    KVQ_CUDA_IN_CONTEXT(cuda_prepare),
+    KVQ_CUDA_IN_CONTEXT(cuda_score),
+    KVQ_CUDA_IN_CONTEXT(cuda_softmax),
+    KVQ_CUDA_IN_CONTEXT(cuda_weighted_sum),
+    KVQ_CUDA_IN_CONTEXT(cuda_attention),
+    KVQ_CUDA_IN_CONTEXT(cuda_kmeans_assign),
+    KVQ_CUDA_IN_CONTEXT(cuda_kmeans_update),
+    KVQ_CUDA_IN_CONTEXT(cuda_finish),
+    KVQ_CUDA_IN_CONTEXT(cuda_buffer_import),
+    KVQ_CUDA_IN_CONTEXT(cuda_device_time),
     cuda_stats,
     cuda_defer,
-    cuda_end_deferred,
-    cuda_convert,
-    nullptr, // check_tokens: device tokens are staged and checked on the host (core/append.c)
+    KVQ_CUDA_IN_CONTEXT(cuda_end_deferred),
+    KVQ_CUDA_IN_CONTEXT(cuda_convert),
+    KVQ_CUDA_IN_CONTEXT(cuda_check_tokens),
 };
 
 // Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no
@@ -172,33 +200,44 @@ kvq_status start(cuda_backend *b, const kvq_context_options *options, kvq_availa
   }
   const kvq_cuda_device *runtime = options ? options->cuda : nullptr;
   *availability = KVQ_UNAVAILABLE_ERROR;
-  if (runtime && runtime->context) {
-    // cudart works in the device's primary context; a CUcontext of the runtime's own needs the driver
-    // API (cuCtxSetCurrent), which this backend does not load yet
-    std::snprintf(why, why_size, "cuda: a CUcontext other than the device's primary context is not supported yet "
-                                 "(kvq_cuda_device.context must be NULL)");
-    return KVQ_ERROR_UNSUPPORTED;
-  }
   kvq_status st = choose_device(options, count, &b->device, availability, why, why_size);
   if (st != KVQ_OK) return st;
   *availability = KVQ_UNAVAILABLE_ERROR;
   cudaDeviceProp prop;
-  st = check(b, cudaSetDevice(b->device), "cudaSetDevice");
+  bool pushed = false;
+  if (runtime && runtime->context) {
+    // the runtime's own CUcontext (host/context.cuh): current for the rest of the start, and checked
+    // to be of the device the options name
+    st = context_take(b, static_cast<CUcontext>(runtime->context));
+    if (st == KVQ_OK) st = context_push(b);
+    pushed = st == KVQ_OK;
+    int current = -1;
+    if (st == KVQ_OK) st = check(b, cudaGetDevice(&current), "cudaGetDevice (the runtime's CUcontext)");
+    if (st == KVQ_OK && current != b->device)
+      st = fail(b, KVQ_ERROR_INVALID_ARGUMENT, "the runtime's CUcontext is of CUDA device %d, kvq_cuda_device.device_ordinal says %d",
+                current, b->device);
+  } else {
+    st = check(b, cudaSetDevice(b->device), "cudaSetDevice");
+  }
   if (st == KVQ_OK) st = check(b, cudaGetDeviceProperties(&prop, b->device), "cudaGetDeviceProperties");
   if (st == KVQ_OK && runtime) b->stream = static_cast<cudaStream_t>(runtime->stream);
   if (st == KVQ_OK && !runtime) {
     st = check(b, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     b->owns_stream = st == KVQ_OK;
   }
+  if (pushed) {
+    const kvq_status popped = context_pop(b, st == KVQ_OK);
+    if (st == KVQ_OK) st = popped;
+  }
   if (st != KVQ_OK) {
     std::snprintf(why, why_size, "%s", b->base.message);
-    return KVQ_ERROR_BACKEND_UNAVAILABLE;
+    return st == KVQ_ERROR_INVALID_ARGUMENT ? st : KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
 #if KVQ_CUDA_EMULATED
   std::snprintf(b->base.device, sizeof b->base.device, "%.200s", prop.name);
 #else
   std::snprintf(b->base.device, sizeof b->base.device, "%.160s (sm_%d%d, CUDA device %d%s)", prop.name, prop.major, prop.minor,
-                b->device, runtime ? ", the runtime's stream" : "");
+                b->device, !runtime ? "" : b->context ? ", the runtime's stream and CUcontext" : ", the runtime's stream");
 #endif
   *availability = KVQ_AVAILABLE;
   return KVQ_OK;
@@ -210,6 +249,18 @@ kvq_status start(cuda_backend *b, const kvq_context_options *options, kvq_availa
 #define KVQ_CUDA_ENTRY kvq_cuda_emu_backend_create
 #else
 #define KVQ_CUDA_ENTRY kvq_cuda_backend_create
+#endif
+
+#if KVQ_CUDA_EMULATED
+// The emulated driver's context stack of the calling thread, for the tests (cuda_create.h).
+extern "C" void kvq_cuda_emu_contexts(kvq_cuda_emu_context_counts *out) {
+  out->pushes = kvq_cuda_emu_rt::context_pushes;
+  out->pops = kvq_cuda_emu_rt::context_pops;
+  out->depth = kvq_cuda_emu_rt::context_stack.size();
+  out->calls_in_context = kvq_cuda_emu_rt::calls_in_context;
+  out->calls_outside_context = kvq_cuda_emu_rt::calls_outside_context;
+  out->last_pushed = kvq_cuda_emu_rt::context_last_pushed;
+}
 #endif
 
 extern "C" kvq_status KVQ_CUDA_ENTRY(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

@@ -20,6 +20,17 @@ kvq_status kvq_cuda_backend_create(const kvq_context_options *options, kvq_backe
 kvq_status kvq_cuda_emu_backend_create(const kvq_context_options *options, kvq_backend **out,
                                        kvq_availability *availability, char *why, size_t why_size);
 
+/* The emulated driver's context stack (backends/cuda/emu/cuda_runtime_emu.h) of the calling thread,
+ * for the tests: the pushes and pops of the stand-ins of cuCtxPushCurrent / cuCtxPopCurrent, the
+ * stack's depth now, the last context pushed, and how many emulated runtime calls ran with a context
+ * of the caller's current (the top of the stack) and without one (the primary context).
+ * KVQ_HAVE_CUDA_EMULATOR only. */
+typedef struct kvq_cuda_emu_context_counts {
+  unsigned long long pushes, pops, depth, calls_in_context, calls_outside_context;
+  void *last_pushed;
+} kvq_cuda_emu_context_counts;
+void kvq_cuda_emu_contexts(kvq_cuda_emu_context_counts *out);
+
 #ifdef __cplusplus
 }
 #endif

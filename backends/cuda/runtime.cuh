@@ -9,6 +9,10 @@
 
 #include "kernel_lang.cuh"
 
+// The driver API's types only (CUcontext, CUresult): kvq never links libcuda; the two driver functions
+// it calls for a runtime's CUcontext come from cudaGetDriverEntryPointByVersion (host/context.cuh).
+#include <cuda.h>
+
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
 

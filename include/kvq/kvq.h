@@ -205,9 +205,14 @@ typedef struct kvq_vulkan_device {
  * A CUDA device the runtime already uses, for kvq's CUDA backend to run on: kvq enqueues its work on
  * `stream` (the runtime's cudaStream_t, cast to void *; NULL for the legacy default stream) of device
  * `device_ordinal`, in `context` (a CUcontext, cast to void *) or, when NULL, that device's primary
- * context. kvq never destroys them: they must outlive every context and cache built on them. This
- * version needs context NULL (the primary context, which the CUDA runtime API uses): another
- * CUcontext makes kvq_context_create return KVQ_ERROR_UNSUPPORTED.
+ * context. kvq never destroys them: they must outlive every context and cache built on them. A
+ * context of the runtime's own must be of device `device_ordinal` (else kvq_context_create returns
+ * KVQ_ERROR_INVALID_ARGUMENT); kvq pushes it onto the calling thread's context stack
+ * (cuCtxPushCurrent) around every call that touches CUDA and pops it before returning, so the
+ * thread's current context is unchanged after each kvq call; the runtime must not change the current
+ * context from inside a kvq call (a callback). kvq does not link libcuda: it gets the two driver
+ * functions from the CUDA runtime (cudaGetDriverEntryPointByVersion); a driver without them makes
+ * kvq_context_create return KVQ_ERROR_BACKEND_UNAVAILABLE.
  */
 typedef struct kvq_cuda_device {
   int32_t device_ordinal;

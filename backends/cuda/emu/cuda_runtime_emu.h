@@ -4,8 +4,16 @@
 // (docs/CUDA.md, "The emulated backend"): there is no GPU behind it.
 //
 //   - device memory is host heap memory (operator new, so AddressSanitizer sees every access past it);
-//   - there is one device; streams and events are tokens: every operation completes before it
-//     returns, in the caller's order, which is one valid schedule of CUDA's in-order streams;
+//   - there is one device; streams are tokens: every operation completes before it returns, in the
+//     caller's order, which is one valid schedule of CUDA's in-order streams;
+//   - events hold the host's steady clock at cudaEventRecord: since the work enqueued before a record
+//     is done by then, cudaEventElapsedTime between two records is the host time the emulated work
+//     between them took (on the CPU: no GPU time is measured here);
+//   - the driver's context stack is a per-thread stack of CUcontext values that the stand-ins of
+//     cuCtxPushCurrent / cuCtxPopCurrent (handed out by cudaGetDriverEntryPointByVersion) push and
+//     pop; cudaSetDevice makes the primary context (a null entry) current in place of the top, as
+//     CUDA does; every runtime call notes whether a caller's context was current (the counts of
+//     kvq_cuda_emu_contexts, for the tests);
 //   - a kernel launch is kvq_emu::launch; a failure it reports (a divergent barrier, a deadlock, a
 //     bad launch configuration) becomes cudaErrorLaunchFailure, sticky as on a GPU, and its message is
 //     kept for cudaGetErrorString's caller (kvq_cuda_emu_last_launch_message).
@@ -18,9 +26,13 @@
 
 #include <driver_types.h>
 
+#include <cuda.h>
+
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 namespace kvq_cuda_emu_rt {
 // The sticky error of the emulated device (a failed launch), and the emulator's words for it.
@@ -32,8 +44,19 @@ inline cudaError_t note(cudaError_t e) {
   if (e != cudaSuccess) last = e;
   return e;
 }
-// Every call after a failed launch fails as on the GPU: the context is unusable.
-inline cudaError_t enter() { return sticky; }
+// The driver's context stack of this thread (null: the primary context, made current by cudaSetDevice),
+// and what the tests read of it (kvq_cuda_emu_contexts).
+inline thread_local std::vector<CUcontext> context_stack;
+inline thread_local unsigned long long context_pushes, context_pops, calls_in_context, calls_outside_context;
+inline thread_local CUcontext context_last_pushed;
+
+// Every call after a failed launch fails as on the GPU: the context is unusable. Each call notes
+// whether a context of the caller's (a non-null top of the stack) was current.
+inline cudaError_t enter() {
+  if (!context_stack.empty() && context_stack.back()) calls_in_context++;
+  else calls_outside_context++;
+  return sticky;
+}
 } // namespace kvq_cuda_emu_rt
 
 // What the last failed launch of this thread reported, or "" (the backend adds it to its message).
@@ -58,6 +81,7 @@ inline const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   default: return "unknown error";
   }
 }
@@ -68,6 +92,7 @@ inline const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
   case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
   case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
   default: return "cudaErrorUnknown";
   }
 }
@@ -81,8 +106,16 @@ inline cudaError_t cudaGetDeviceCount(int *count) {
   *count = 1;
   return cudaSuccess;
 }
+// As CUDA's: the device's primary context becomes current, in place of a context the caller pushed.
 inline cudaError_t cudaSetDevice(int device) {
-  return kvq_cuda_emu_rt::note(device == 0 ? kvq_cuda_emu_rt::enter() : cudaErrorInvalidDevice);
+  if (device != 0) return kvq_cuda_emu_rt::note(cudaErrorInvalidDevice);
+  if (!kvq_cuda_emu_rt::context_stack.empty()) kvq_cuda_emu_rt::context_stack.back() = nullptr;
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
+}
+// The current context's device: there is one.
+inline cudaError_t cudaGetDevice(int *device) {
+  *device = 0;
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
 }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
   if (device != 0) return kvq_cuda_emu_rt::note(cudaErrorInvalidDevice);
@@ -130,6 +163,70 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter()); }
+
+// The stand-ins of the driver's cuCtxPushCurrent and cuCtxPopCurrent (CUDA's errors for a null
+// context and an empty stack), and the runtime's way to them.
+inline CUresult CUDAAPI ctx_push(CUcontext c) {
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  context_stack.push_back(c);
+  context_pushes++;
+  context_last_pushed = c;
+  return CUDA_SUCCESS;
+}
+inline CUresult CUDAAPI ctx_pop(CUcontext *out) {
+  if (context_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (out) *out = context_stack.back();
+  context_stack.pop_back();
+  context_pops++;
+  return CUDA_SUCCESS;
+}
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult *status) {
+  *fn = nullptr;
+  if (std::strcmp(symbol, "cuCtxPushCurrent") == 0 && version >= 4000u) *fn = reinterpret_cast<void *>(&ctx_push);
+  if (std::strcmp(symbol, "cuCtxPopCurrent") == 0 && version >= 4000u) *fn = reinterpret_cast<void *>(&ctx_pop);
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
+// Events: the host's steady clock when recorded (the work before them is done when they are).
+struct event {
+  std::chrono::steady_clock::time_point at;
+  bool recorded;
+};
+inline event *event_of(cudaEvent_t e) { return reinterpret_cast<event *>(e); }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
+  *e = nullptr;
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  event *p = new (std::nothrow) event{};
+  if (!p) return kvq_cuda_emu_rt::note(cudaErrorMemoryAllocation);
+  *e = reinterpret_cast<cudaEvent_t>(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  delete event_of(e);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  event_of(e)->at = std::chrono::steady_clock::now();
+  event_of(e)->recorded = true;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  return kvq_cuda_emu_rt::note(kvq_cuda_emu_rt::enter());
+}
+// As CUDA: milliseconds from start to end; an event never recorded is cudaErrorInvalidResourceHandle.
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+  if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
+  if (!start || !end || !event_of(start)->recorded || !event_of(end)->recorded)
+    return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(event_of(end)->at - event_of(start)->at).count();
+  return cudaSuccess;
+}
 } // namespace kvq_cuda_emu_rt
 
 #define cudaGetErrorString kvq_cuda_emu_rt::cudaGetErrorString
@@ -137,6 +234,8 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt:
 #define cudaGetLastError kvq_cuda_emu_rt::cudaGetLastError
 #define cudaGetDeviceCount kvq_cuda_emu_rt::cudaGetDeviceCount
 #define cudaSetDevice kvq_cuda_emu_rt::cudaSetDevice
+#define cudaGetDevice kvq_cuda_emu_rt::cudaGetDevice
+#define cudaGetDriverEntryPointByVersion kvq_cuda_emu_rt::cudaGetDriverEntryPointByVersion
 #define cudaGetDeviceProperties kvq_cuda_emu_rt::cudaGetDeviceProperties
 #define cudaMalloc kvq_cuda_emu_rt::cudaMalloc
 #define cudaFree kvq_cuda_emu_rt::cudaFree
@@ -146,5 +245,10 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return kvq_cuda_emu_rt:
 #define cudaStreamCreateWithFlags kvq_cuda_emu_rt::cudaStreamCreateWithFlags
 #define cudaStreamDestroy kvq_cuda_emu_rt::cudaStreamDestroy
 #define cudaStreamSynchronize kvq_cuda_emu_rt::cudaStreamSynchronize
+#define cudaEventCreate kvq_cuda_emu_rt::cudaEventCreate
+#define cudaEventDestroy kvq_cuda_emu_rt::cudaEventDestroy
+#define cudaEventRecord kvq_cuda_emu_rt::cudaEventRecord
+#define cudaEventSynchronize kvq_cuda_emu_rt::cudaEventSynchronize
+#define cudaEventElapsedTime kvq_cuda_emu_rt::cudaEventElapsedTime
 
 #endif // KVQ_BACKENDS_CUDA_EMU_CUDA_RUNTIME_EMU_H

@@ -9,4 +9,5 @@
 #include "quantize.cuh"
 #include "score.cuh"
 #include "softmax.cuh"
+#include "token_check.cuh"
 #include "weighted_sum.cuh"
