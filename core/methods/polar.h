@@ -105,9 +105,35 @@ KVQ_SHARED_FN void kvq_polar_rotate(KVQ_IO_PARAM kvq_u32 x, kvq_u32 d, kvq_u32 r
   for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
 }
 
-/* Coordinate c of x = R^T y once kvq_polar_unrotate_prepare ran on y: the dense matrix's column c
- * (summed in kvq_acc), or signs_c * (H y)_c * scale (H is symmetric). Only class-3 results come from
- * here. */
+/* x = R^T y: the columns of the dense matrix (summed in kvq_acc), or signs * (H y) * scale (H is
+ * symmetric). Only class-3 results come from here. */
+KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
+                                      KVQ_OUT kvq_f32 x[KVQ_MAX_HEAD_DIM]) {
+  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
+    for (kvq_u32 c = 0u; c < d; c++) {
+      kvq_acc sum = KVQ_ACC(0.0f);
+      for (kvq_u32 i = 0u; i < d; i += 4u) {
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
+        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
+      }
+      x[c] = KVQ_F32(sum);
+    }
+    return;
+  }
+  kvq_f32 z[KVQ_MAX_HEAD_DIM];
+  for (kvq_u32 c = 0u; c < d; c++) z[c] = y[c];
+  kvq_polar_butterflies(z, d);
+  kvq_f32 scale = kvq_hadamard_scale(d);
+  for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_POLAR_ROTATION(c) * (z[c] * scale);
+}
+
+/* Coordinate c of kvq_polar_unrotate's x, the same operations in the same order, for a GPU kernel
+ * whose threads share the coordinates: y is the rotated vector for the dense form, and for the
+ * Hadamard form the vector after kvq_polar_butterflies ran on it in place (in shared or scratch
+ * memory, not a per-thread copy). Not called by kvq_polar_unrotate itself, which GLSL would make
+ * copy y once per coordinate. */
 KVQ_SHARED_FN kvq_f32 kvq_polar_unrotate_coord(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
                                                kvq_u32 c) {
   if (rotation != KVQ_LAYOUT_ROTATION_DENSE) return KVQ_POLAR_ROTATION(c) * (y[c] * kvq_hadamard_scale(d));
@@ -119,20 +145,6 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_unrotate_coord(KVQ_IO_PARAM const kvq_f32 y[KVQ_
     sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
   }
   return KVQ_F32(sum);
-}
-
-/* x = R^T y: the Hadamard form runs the butterflies on a copy of y (GPU kernels run them in place,
- * on y in shared or scratch memory, and then kvq_polar_unrotate_coord). */
-KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
-                                      KVQ_OUT kvq_f32 x[KVQ_MAX_HEAD_DIM]) {
-  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
-    for (kvq_u32 c = 0u; c < d; c++) x[c] = kvq_polar_unrotate_coord(KVQ_IO y, d, rotation, c);
-    return;
-  }
-  kvq_f32 z[KVQ_MAX_HEAD_DIM];
-  for (kvq_u32 c = 0u; c < d; c++) z[c] = y[c];
-  kvq_polar_butterflies(z, d);
-  for (kvq_u32 c = 0u; c < d; c++) x[c] = kvq_polar_unrotate_coord(KVQ_IO z, d, rotation, c);
 }
 
 /* ---- QUANTIZE --------------------------------------------------------------------------------- */
