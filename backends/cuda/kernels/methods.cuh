@@ -104,7 +104,8 @@ static inline __device__ float kvq_cuda_decode_channel(const kvq_io *io, const k
   return 0.0f;
 }
 
-// Dynamic shared memory of a kernel that decodes tokens with kvq_cuda_decode_token: y and out.
+// Dynamic shared memory of a kernel that decodes tokens with kvq_cuda_decode_token (y and out), or
+// encodes PolarQuant tokens with kvq_cuda_polar_encode (v and w): two arrays of head_dim floats.
 static inline __host__ __device__ unsigned kvq_cuda_decode_shared_bytes(const kvq_cuda_side &s) { return 2u * s.head_dim * 4u; }
 
 // PolarQuant's Hadamard butterflies (kvq_polar_butterflies' stages in order) on z[0, d) in shared or

@@ -2,7 +2,8 @@
 // launch. The math is core/methods/*.h (the CPU reference's), so the pages are the CPU's byte for byte.
 //
 // Launch: grid (kv_heads, count), one block per kv head of one item (its head block), any block size
-// (KVQ_CUDA_QUANTIZE_THREADS is the backend's), dynamic shared memory kvq_cuda_decode_shared_bytes (the decoded token for the errors).
+// (KVQ_CUDA_QUANTIZE_THREADS is the backend's), dynamic shared memory kvq_cuda_decode_shared_bytes (PolarQuant's token being encoded, then the decoded
+// token for the errors).
 // The block's threads, with a barrier between the steps (the Vulkan backend needs a dispatch each):
 //   1. zero the head block (padding and tokens past the valid count stay zero; codes are ORed in);
 //   2. QJL with outliers: the channels' squared norms over the valid tokens (a thread per channel),
