@@ -25,19 +25,18 @@ KVQ_SHARED_FN kvq_u32 kvq_cq_centroids(kvq_u32 h, kvq_u32 g, kvq_u32 d, kvq_u32 
 KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, kvq_u32 x, kvq_u32 stride, kvq_u32 d,
                                       kvq_u32 c, kvq_u32 b, kvq_u32 h) {
   kvq_u32 groups = d / c, t = unit / groups, g = unit % groups;
-  /* the group's inputs, read (and converted) once rather than once per centroid */
-  kvq_f32 p[KVQ_MAX_CQ_CHANNELS];
+  /* the group's inputs read where they are used (their conversion is exact, so every read gives the
+   * same float): no per-thread array, which a CUDA kernel would keep in local memory */
   kvq_u32 at = x + t * stride + g * c;
-  for (kvq_u32 i = 0u; i < c; i++) p[i] = KVQ_IN(at + i);
   kvq_u32 mu = kvq_cq_centroids(h, g, d, c, b), best = 0u;
   kvq_f32 best_d = 0.0f;
   for (kvq_u32 j = 0u; j < (1u << b); j++) {
     KVQ_PRECISE kvq_f32 sum = 0.0f;
     for (kvq_u32 i = 0u; i + 1u < c; i += 2u) { /* two dims per trip (c is 1 or even): the loop limit */
-      sum = kvq_distance_step(sum, p[i], KVQ_CQ_CENTROID(mu + i));
-      sum = kvq_distance_step(sum, p[i + 1u], KVQ_CQ_CENTROID(mu + i + 1u));
+      sum = kvq_distance_step(sum, KVQ_IN(at + i), KVQ_CQ_CENTROID(mu + i));
+      sum = kvq_distance_step(sum, KVQ_IN(at + i + 1u), KVQ_CQ_CENTROID(mu + i + 1u));
     }
-    if (c == 1u) sum = kvq_distance_step(sum, p[0], KVQ_CQ_CENTROID(mu));
+    if (c == 1u) sum = kvq_distance_step(sum, KVQ_IN(at), KVQ_CQ_CENTROID(mu));
     if (kvq_nearer(j, sum, best_d) != 0u) {
       best = j;
       best_d = sum;

@@ -67,26 +67,39 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_row_step(KVQ_IO_PARAM kvq_f32 p, kvq_u32 at, kvq
   return next;
 }
 
-/* y = R x for the input at element x (core/quantize_math.h's order): dense y_i = sum_c R[i][c] x_c,
- * c increasing, each product and sum rounded; Hadamard: the signs, the butterflies, the scale. */
+/* Row i of the dense y = R x for the input at element x: sum_c R[i][c] x_c, c increasing, each
+ * product and sum rounded. The input is read through KVQ_IN where it is used (its conversion is
+ * exact, so every read gives the same float): no per-thread array of the token. */
+KVQ_SHARED_FN kvq_f32 kvq_polar_rotate_row(KVQ_IO_PARAM kvq_u32 x, kvq_u32 i, kvq_u32 d) {
+  KVQ_PRECISE kvq_f32 p = 0.0f;
+  for (kvq_u32 c = 0u; c < d; c += 4u) { /* d is a multiple of 16 */
+    p = kvq_polar_row_step(KVQ_IO p, i * d + c, KVQ_IN(x + c));
+    p = kvq_polar_row_step(KVQ_IO p, i * d + c + 1u, KVQ_IN(x + c + 1u));
+    p = kvq_polar_row_step(KVQ_IO p, i * d + c + 2u, KVQ_IN(x + c + 2u));
+    p = kvq_polar_row_step(KVQ_IO p, i * d + c + 3u, KVQ_IN(x + c + 3u));
+  }
+  return p;
+}
+
+/* The Hadamard form's first step for coordinate c: the sign times the input (exact). */
+KVQ_SHARED_FN kvq_f32 kvq_polar_sign_in(KVQ_IO_PARAM kvq_u32 x, kvq_u32 c) {
+  KVQ_PRECISE kvq_f32 y = KVQ_FMUL(KVQ_POLAR_ROTATION(c), KVQ_IN(x + c));
+  return y;
+}
+
+/* Butterfly k (0 .. d/2 - 1) of the stage of half-length len reads and writes entries j and j + len. */
+KVQ_SHARED_FN kvq_u32 kvq_polar_butterfly_at(kvq_u32 len, kvq_u32 k) { return (k / len) * 2u * len + k % len; }
+
+/* y = R x for the input at element x (core/quantize_math.h's order): dense rows as
+ * kvq_polar_rotate_row; Hadamard: the signs, the butterflies, the scale. GPU kernels may run the
+ * rows, coordinates and butterflies of one stage in parallel: each is computed on its own. */
 KVQ_SHARED_FN void kvq_polar_rotate(KVQ_IO_PARAM kvq_u32 x, kvq_u32 d, kvq_u32 rotation,
                                     KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
-  kvq_f32 v[KVQ_MAX_HEAD_DIM]; /* the input, read (and converted) once */
-  for (kvq_u32 c = 0u; c < d; c++) v[c] = KVQ_IN(x + c);
   if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
-    for (kvq_u32 i = 0u; i < d; i++) {
-      KVQ_PRECISE kvq_f32 p = 0.0f;
-      for (kvq_u32 c = 0u; c < d; c += 4u) { /* d is a multiple of 16 */
-        p = kvq_polar_row_step(KVQ_IO p, i * d + c, v[c]);
-        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 1u, v[c + 1u]);
-        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 2u, v[c + 2u]);
-        p = kvq_polar_row_step(KVQ_IO p, i * d + c + 3u, v[c + 3u]);
-      }
-      y[i] = p;
-    }
+    for (kvq_u32 i = 0u; i < d; i++) y[i] = kvq_polar_rotate_row(KVQ_IO x, i, d);
     return;
   }
-  for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(KVQ_POLAR_ROTATION(c), v[c]); /* the signs: exact */
+  for (kvq_u32 c = 0u; c < d; c++) y[c] = kvq_polar_sign_in(KVQ_IO x, c); /* the signs: exact */
   kvq_polar_butterflies(y, d);
   kvq_f32 scale = kvq_hadamard_scale(d);
   for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
@@ -114,6 +127,24 @@ KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_
   kvq_polar_butterflies(z, d);
   kvq_f32 scale = kvq_hadamard_scale(d);
   for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_POLAR_ROTATION(c) * (z[c] * scale);
+}
+
+/* Coordinate c of kvq_polar_unrotate's x, the same operations in the same order, for a GPU kernel
+ * whose threads share the coordinates: y is the rotated vector for the dense form, and for the
+ * Hadamard form the vector after kvq_polar_butterflies ran on it in place (in shared or scratch
+ * memory, not a per-thread copy). Not called by kvq_polar_unrotate itself, which GLSL would make
+ * copy y once per coordinate. */
+KVQ_SHARED_FN kvq_f32 kvq_polar_unrotate_coord(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
+                                               kvq_u32 c) {
+  if (rotation != KVQ_LAYOUT_ROTATION_DENSE) return KVQ_POLAR_ROTATION(c) * (y[c] * kvq_hadamard_scale(d));
+  kvq_acc sum = KVQ_ACC(0.0f);
+  for (kvq_u32 i = 0u; i < d; i += 4u) {
+    sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
+    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
+    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
+    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
+  }
+  return KVQ_F32(sum);
 }
 
 /* ---- QUANTIZE --------------------------------------------------------------------------------- */
@@ -152,30 +183,42 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_boundaries_passed(KVQ_IO_PARAM kvq_f32 s_a, kvq_
   return code;
 }
 
+/* Angle a of level l of token t from the level's two entries (level 1: the rotated pair; above:
+ * the halves' squared radii): stores its code and returns the entry the next level reads (the pair's
+ * squared radius, or the sum of the halves'). */
+KVQ_SHARED_FN kvq_f32 kvq_polar_encode_angle(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 l, kvq_u32 a, kvq_f32 first,
+                                             kvq_f32 second, kvq_u32 P, kvq_u32 d, kvq_u32 bits, kvq_u32 tables) {
+  kvq_u32 b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l);
+  kvq_u32 table = kvq_polar_level_table(tables, bits, l);
+  kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
+  if (l == 1u) {
+    kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_nearest(KVQ_IO first, second, table, K));
+    return kvq_polar_pair_square(first, second);
+  }
+  kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_boundaries_passed(KVQ_IO first, second, table, K));
+  KVQ_PRECISE kvq_f32 sum = KVQ_FADD(first, second);
+  return sum;
+}
+
+/* Radius k of token t from its block's squared radius (kvq_sqrt: 1 fp16 ulp apart on GLSL at worst,
+ * class 2). */
+KVQ_SHARED_FN void kvq_polar_put_radius(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 k, kvq_f32 square, kvq_u32 P,
+                                        kvq_u32 d, kvq_u32 L, kvq_u32 bits) {
+  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits), blocks = d >> L;
+  kvq_io_put_u16(KVQ_IO radii + 2u * (t * blocks + k), kvq_f32_to_f16_bits(kvq_sqrt(square)));
+}
+
 /* Token t: rotated, then level by level its angle codes and the squared radii of its sub-blocks
  * (angle a of a level reads entries 2a and 2a + 1 and writes entry a, so one array serves in place),
- * then the fp16 block radii (kvq_sqrt: 1 fp16 ulp apart on GLSL at worst, class 2). */
+ * then the fp16 block radii. */
 KVQ_SHARED_FN void kvq_polar_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 x, kvq_u32 stride, kvq_u32 P,
                                          kvq_u32 d, kvq_u32 L, kvq_u32 bits, kvq_u32 rotation, kvq_u32 tables) {
   KVQ_PRECISE kvq_f32 v[KVQ_MAX_HEAD_DIM];
   kvq_polar_rotate(KVQ_IO x + t * stride, d, rotation, v);
-  for (kvq_u32 l = 1u; l <= L; l++) {
-    kvq_u32 b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l);
-    kvq_u32 table = kvq_polar_level_table(tables, bits, l);
-    kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
-    for (kvq_u32 a = 0u; a < angles; a++) {
-      kvq_f32 first = v[2u * a], second = v[2u * a + 1u];
-      if (l == 1u) {
-        kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_nearest(KVQ_IO first, second, table, K));
-        v[a] = kvq_polar_pair_square(first, second);
-      } else {
-        kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_boundaries_passed(KVQ_IO first, second, table, K));
-        v[a] = KVQ_FADD(first, second);
-      }
-    }
-  }
-  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits), blocks = d >> L;
-  for (kvq_u32 k = 0u; k < blocks; k++) kvq_io_put_u16(KVQ_IO radii + 2u * (t * blocks + k), kvq_f32_to_f16_bits(kvq_sqrt(v[k])));
+  for (kvq_u32 l = 1u; l <= L; l++)
+    for (kvq_u32 a = 0u; a < kvq_polar_angles(d, l); a++)
+      v[a] = kvq_polar_encode_angle(KVQ_IO block, t, l, a, v[2u * a], v[2u * a + 1u], P, d, bits, tables);
+  for (kvq_u32 k = 0u; k < (d >> L); k++) kvq_polar_put_radius(KVQ_IO block, t, k, v[k], P, d, L, bits);
 }
 
 /* ---- decoding (in the rotated space) ----------------------------------------------------------- */

@@ -116,9 +116,11 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_norm(KVQ_IO_PARAM kvq_u32 block, kvq_u32 outer, kv
 /* One work unit: sign word w of a sketch of token t, bit = (sum over channels in order of S[i][c] *
  * part[c], each product and sum rounded on its own) > 0, and with word 0 the norm of the part: its
  * squares summed in channel order, then the root (kvq_sqrt: on GLSL the stored half may differ by 1
- * ulp where the fp32 root lies next to an fp16 tie). A token's words are its own (core/layout.h). */
-KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, kvq_u32 x, kvq_u32 stride, kvq_u32 P,
-                                       kvq_u32 d, kvq_u32 m, kvq_u32 mo, kvq_u32 k) {
+ * ulp where the fp32 root lies next to an fp16 tie). A token's words are its own (core/layout.h).
+ * part[c] (k_out for the outlier sketch, else k_in) is the input where bit c of `mask` (the page's
+ * outlier channels) is `outer`, else 0: read where it is used, so no per-thread array of the token. */
+KVQ_SHARED_FN void kvq_qjl_encode_word(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, kvq_u32 x, kvq_u32 stride, kvq_u32 P,
+                                       kvq_u32 d, kvq_u32 m, kvq_u32 mo, kvq_u32 k, kvq_u32 mask[KVQ_MAX_HEAD_DIM / 32u]) {
   kvq_u32 words_in = kvq_qjl_words_per_token(m);
   kvq_u32 token_words = words_in + (k > 0u ? kvq_qjl_words_per_token(mo) : 0u);
   kvq_u32 t = unit / token_words, w = unit % token_words, outer = 0u;
@@ -126,29 +128,38 @@ KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit,
     outer = 1u;
     w -= words_in;
   }
-  kvq_u32 list[KVQ_MAX_OUTLIERS];
-  kvq_qjl_load_list(KVQ_IO block, P, m, mo, k, list);
-  kvq_u32 mask[KVQ_MAX_HEAD_DIM / 32u];
-  for (kvq_u32 i = 0u; i < KVQ_MAX_HEAD_DIM / 32u; i++) mask[i] = 0u;
-  for (kvq_u32 j = 0u; j < k; j++) mask[list[j] / 32u] |= 1u << (list[j] % 32u);
-  /* k_out (outer) or k_in of the token */
-  kvq_f32 part[KVQ_MAX_HEAD_DIM];
-  for (kvq_u32 c = 0u; c < d; c++) part[c] = ((mask[c / 32u] >> (c % 32u)) & 1u) == outer ? KVQ_IN(x + t * stride + c) : 0.0f;
+  kvq_u32 xt = x + t * stride;
   kvq_u32 bits = 0u;
   for (kvq_u32 b = 0u; b < 32u; b++) {
     KVQ_PRECISE kvq_f32 p = 0.0f;
     kvq_u32 row = (w * 32u + b) * d;
     if (outer != 0u) /* the choice of sketch out of the loop: C compilers do not hoist it */
-      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S_OUT(row + c), part[c]));
+      for (kvq_u32 c = 0u; c < d; c++)
+        p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S_OUT(row + c), ((mask[c / 32u] >> (c % 32u)) & 1u) == outer ? KVQ_IN(xt + c) : 0.0f));
     else
-      for (kvq_u32 c = 0u; c < d; c++) p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S(row + c), part[c]));
+      for (kvq_u32 c = 0u; c < d; c++)
+        p = KVQ_FADD(p, KVQ_FMUL(KVQ_QJL_S(row + c), ((mask[c / 32u] >> (c % 32u)) & 1u) == outer ? KVQ_IN(xt + c) : 0.0f));
     if (p > 0.0f) bits |= 1u << b;
   }
   KVQ_PAGE_SET(kvq_qjl_sign_word_at(block, outer, t, w, P, m, mo), bits);
   if (w != 0u) return;
   KVQ_PRECISE kvq_f32 sum = 0.0f;
-  for (kvq_u32 c = 0u; c < d; c++) sum = KVQ_FADD(sum, KVQ_FMUL(part[c], part[c]));
+  for (kvq_u32 c = 0u; c < d; c++) {
+    kvq_f32 v = ((mask[c / 32u] >> (c % 32u)) & 1u) == outer ? KVQ_IN(xt + c) : 0.0f;
+    sum = KVQ_FADD(sum, KVQ_FMUL(v, v));
+  }
   kvq_io_put_u16(KVQ_IO kvq_qjl_norm_at(block, outer, t, P, m, mo, k), kvq_f32_to_f16_bits(kvq_sqrt(sum)));
+}
+
+/* The same, with the mask built from the page's stored outlier list. */
+KVQ_SHARED_FN void kvq_qjl_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, kvq_u32 x, kvq_u32 stride, kvq_u32 P,
+                                       kvq_u32 d, kvq_u32 m, kvq_u32 mo, kvq_u32 k) {
+  kvq_u32 list[KVQ_MAX_OUTLIERS];
+  kvq_qjl_load_list(KVQ_IO block, P, m, mo, k, list);
+  kvq_u32 mask[KVQ_MAX_HEAD_DIM / 32u];
+  for (kvq_u32 i = 0u; i < KVQ_MAX_HEAD_DIM / 32u; i++) mask[i] = 0u;
+  for (kvq_u32 j = 0u; j < k; j++) mask[list[j] / 32u] |= 1u << (list[j] % 32u);
+  kvq_qjl_encode_word(KVQ_IO block, unit, x, stride, P, d, m, mo, k, mask);
 }
 
 /* Bit b of a sign word as +1 (set) or -1. */
@@ -234,13 +245,19 @@ KVQ_SHARED_FN kvq_acc kvq_qjl_score_part(KVQ_IO_PARAM kvq_u32 block, kvq_u32 out
 }
 
 /* q.k_t by the estimator, the query at input element q prepared at prepared element p. */
+/* The same, given the page's outlier list (kvq_qjl_load_list; a GPU block loads it once). */
+KVQ_SHARED_FN kvq_acc kvq_qjl_score_list(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 q, kvq_u32 p,
+                                         kvq_u32 list[KVQ_MAX_OUTLIERS], kvq_u32 P, kvq_u32 d, kvq_u32 m, kvq_u32 mo,
+                                         kvq_u32 k, kvq_acc c_d) {
+  kvq_acc estimate = kvq_qjl_score_part(KVQ_IO block, 0u, t, q, p, list, P, d, m, mo, k, c_d);
+  if (k > 0u) estimate += kvq_qjl_score_part(KVQ_IO block, 1u, t, q, p, list, P, d, m, mo, k, c_d);
+  return estimate;
+}
 KVQ_SHARED_FN kvq_acc kvq_qjl_score(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 q, kvq_u32 p, kvq_u32 P, kvq_u32 d,
                                     kvq_u32 m, kvq_u32 mo, kvq_u32 k, kvq_acc c_d) {
   kvq_u32 list[KVQ_MAX_OUTLIERS];
   kvq_qjl_load_list(KVQ_IO block, P, m, mo, k, list);
-  kvq_acc estimate = kvq_qjl_score_part(KVQ_IO block, 0u, t, q, p, list, P, d, m, mo, k, c_d);
-  if (k > 0u) estimate += kvq_qjl_score_part(KVQ_IO block, 1u, t, q, p, list, P, d, m, mo, k, c_d);
-  return estimate;
+  return kvq_qjl_score_list(KVQ_IO block, t, q, p, list, P, d, m, mo, k, c_d);
 }
 
 #endif /* KVQ_CORE_METHODS_QJL_H */

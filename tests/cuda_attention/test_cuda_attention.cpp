@@ -371,7 +371,7 @@ static void test_weighted_sum(const fixture_case &fc) {
   if (r.ok && polar)
     r = kvq_emu::launch(kvq_cuda_rotate, dim3(c.units[KVQ_PLAN_ROTATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, a,
                         static_cast<const unsigned *>(fc.meta.data()), fc.s[1].fixed0(), fc.s[1].fixed1(),
-                        static_cast<const float *>(rotated.data()), output.data());
+                        rotated.data(), output.data());
   const kvq_io io_value = {const_cast<unsigned *>(fc.s[1].pool.data()), nullptr, KVQ_LAYOUT_F32, fc.s[1].fixed0(), fc.s[1].fixed1(), nullptr};
   const kvq_io *io = &io_value;
   double C = 0.0; // the largest column norm of R^T (turning back unit vectors)

@@ -188,7 +188,7 @@ kvq_status launch_weighted_sum(cuda_backend *b, const kvq_job_attention *job, co
   if (st == KVQ_OK && run.plan.rotated_sums && run.plan.units[KVQ_PLAN_ROTATE]) {
     const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_rotate, attention_grid(run.plan.units[KVQ_PLAN_ROTATE]),
                                           dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, a, run.meta, fixed(job->values, 0),
-                                          fixed(job->values, 1), static_cast<const float *>(run.rotated), at<float>(job->output));
+                                          fixed(job->values, 1), run.rotated, at<float>(job->output));
     st = launched(b, e, "the ROTATE kernel (kvq_cuda_rotate)");
   }
   return st;

@@ -18,17 +18,18 @@
 #include "prepare.cuh"
 
 #define KVQ_CUDA_KEY_DOTS_THREADS 128u
+// At least 12 blocks of 128 threads per SM (1536 threads, 40 registers): without a minimum ptxas aims
+// at 32 registers on sm_80 and spills QJL's estimator to get there.
+#define KVQ_CUDA_KEY_DOTS_MIN_BLOCKS 12
 
-// q.k of quantized key token t of the head block at byte `block` (kv head h), before scaling: io->in
-// is the fp32 query row (input element 0), io->prepared its prepared query (element 0). The method's
-// estimator or score function where it has one, else the decoded key dotted with q, in kvq_acc.
-// SCORE (score.cuh) calls it too.
-static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
-                                                  unsigned t) {
+// q.k of quantized key token t of the head block at byte `block` (kv head h), before scaling, for
+// every method but QJL: io->in is the fp32 query row (input element 0), io->prepared its prepared
+// query (element 0). The method's score function where it has one, else the decoded key dotted
+// with q, in kvq_acc.
+static inline __device__ kvq_acc kvq_cuda_key_dot_unsketched(const kvq_io *io, const kvq_cuda_side &s, unsigned block,
+                                                             unsigned h, unsigned t) {
   const unsigned d = s.head_dim, P = s.page_size;
   switch (s.method) {
-  case KVQ_LAYOUT_QJL:
-    return kvq_qjl_score(io, block, t, 0u, 0u, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
   case KVQ_LAYOUT_POLAR:
     return kvq_polar_score(io, block, t, 0u, P, d, s.levels, s.level_bits, kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
   case KVQ_LAYOUT_CQ: return kvq_cq_score(io, block, t, d, s.channels, s.code_bits);
@@ -46,7 +47,18 @@ static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cu
   }
 }
 
-__global__ void __launch_bounds__(KVQ_CUDA_KEY_DOTS_THREADS)
+// The same for every method, QJL's estimator too (kvq_qjl_score, which loads the page's outlier list
+// into a per-thread array; kvq_cuda_key_dots loads it once per block instead). SCORE (score.cuh) and
+// the fused attention (flash.cuh) call it.
+static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
+                                                  unsigned t) {
+  if (s.method == KVQ_LAYOUT_QJL)
+    return kvq_qjl_score(io, block, t, 0u, 0u, s.page_size, s.head_dim, s.sketch_dim, s.outlier_sketch_dim, s.outliers,
+                         s.qjl_constant);
+  return kvq_cuda_key_dot_unsketched(io, s, block, h, t);
+}
+
+__global__ void __launch_bounds__(KVQ_CUDA_KEY_DOTS_THREADS, KVQ_CUDA_KEY_DOTS_MIN_BLOCKS)
     kvq_cuda_key_dots(const kvq_cuda_side s, unsigned query_heads, unsigned n, const unsigned *__restrict__ slots,
                       const unsigned *__restrict__ pages, const float *__restrict__ fixed0, const float *__restrict__ fixed1,
                       const float *__restrict__ queries, const float *__restrict__ prepared, float *__restrict__ dots) {
@@ -60,7 +72,18 @@ __global__ void __launch_bounds__(KVQ_CUDA_KEY_DOTS_THREADS)
   const kvq_io io_value = {const_cast<unsigned *>(pages), q, KVQ_LAYOUT_F32, fixed0, fixed1,
                            prepared + static_cast<size_t>(r) * kvq_cuda_prepared_floats(s)};
   const kvq_io *io = &io_value;
-  for (unsigned t = threadIdx.x; t < count; t += blockDim.x) dots[static_cast<size_t>(r) * n + i * P + t] = kvq_cuda_key_dot(io, s, block, h, t);
+  // QJL: the page's outlier list, loaded once for the block (kvq_qjl_load_list) rather than per thread
+  KVQ_SHARED(unsigned, list, KVQ_MAX_OUTLIERS);
+  if (s.method == KVQ_LAYOUT_QJL) {
+    const unsigned at = kvq_qjl_list_at(block, P, s.sketch_dim, s.outlier_sketch_dim, s.outliers);
+    for (unsigned j = threadIdx.x; j < KVQ_MAX_OUTLIERS; j += blockDim.x) list[j] = j < s.outliers ? kvq_io_u8(io, at + j) : 0u;
+    __syncthreads(); // uniform over the block
+  }
+  for (unsigned t = threadIdx.x; t < count; t += blockDim.x)
+    dots[static_cast<size_t>(r) * n + i * P + t] =
+        s.method == KVQ_LAYOUT_QJL ? kvq_qjl_score_list(io, block, t, 0u, 0u, list, P, d, s.sketch_dim, s.outlier_sketch_dim,
+                                                        s.outliers, s.qjl_constant)
+                                   : kvq_cuda_key_dot_unsketched(io, s, block, h, t);
 }
 
 #endif // KVQ_BACKENDS_CUDA_KERNELS_KEY_DOTS_CUH

@@ -70,30 +70,25 @@ static inline __host__ __device__ unsigned kvq_cuda_encode_units(const kvq_cuda_
 }
 
 // Encode work unit `unit` of the zeroed head block at byte `block` (kv head h) holding n valid tokens;
-// token t, channel c of the input is element x + t * kv_heads * head_dim + c. QJL's outlier list must
-// be in place (kvq_qjl_put_outliers) before any unit of its block runs.
+// token t, channel c of the input is element x + t * kv_heads * head_dim + c. QJL: `mask` is the
+// page's outlier channels as a bit mask (shared memory, kvq_qjl_choose_outliers; zero without
+// outliers), the list stored already. PolarQuant is encoded by the whole block a token at a time
+// (kvq_cuda_polar_encode), not here.
 static inline __device__ void kvq_cuda_encode_unit(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
-                                                   unsigned unit, unsigned n, unsigned x) {
+                                                   unsigned unit, unsigned n, unsigned x, unsigned *mask) {
   const unsigned stride = s.kv_heads * s.head_dim, P = s.page_size, d = s.head_dim;
   switch (s.method) {
   case KVQ_LAYOUT_EXACT: kvq_exact_encode_unit(io, block, unit, x, stride, d, s.dtype); break;
-  case KVQ_LAYOUT_QJL: kvq_qjl_encode_unit(io, block, unit, x, stride, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers); break;
+  case KVQ_LAYOUT_QJL:
+    kvq_qjl_encode_word(io, block, unit, x, stride, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, mask);
+    break;
   case KVQ_LAYOUT_UNIFORM: kvq_uniform_encode_unit(io, block, unit, x, stride, P, d, s.bits, s.group); break;
   case KVQ_LAYOUT_KIVI: kvq_kivi_encode_unit(io, block, unit, n, x, stride, P, d, s.bits, s.group); break;
-  case KVQ_LAYOUT_POLAR:
-    kvq_polar_encode_unit(io, block, unit, x, stride, P, d, s.levels, s.level_bits, s.rotation,
-                          kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
-    break;
   case KVQ_LAYOUT_CQ: kvq_cq_encode_unit(io, block, unit, x, stride, d, s.channels, s.code_bits, h); break;
   default: break;
   }
 }
 
-// Token t of the head block at byte `block` (kv head h), as DEQUANTIZE returns it, into out[0, d):
-// called by every thread of the block (it holds __syncthreads), the threads share the channels.
-// PolarQuant decodes the rotated coordinates into y[0, d) (kvq_polar_decode_coord: the CPU's
-// kvq_polar_decode_token floats, bit for bit), and thread 0 rotates them back with
-// kvq_polar_unrotate, as the CPU's DEQUANTIZE does. out and y: shared memory of head_dim floats each.
 // Channel c of token t of a head block, for every method that decodes channel by channel (all but
 // PolarQuant, which decodes in its rotated space: kvq_cuda_decode_token).
 static inline __device__ float kvq_cuda_decode_channel(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
@@ -109,9 +104,70 @@ static inline __device__ float kvq_cuda_decode_channel(const kvq_io *io, const k
   return 0.0f;
 }
 
-// Dynamic shared memory of a kernel that decodes tokens with kvq_cuda_decode_token: y and out.
+// Dynamic shared memory of a kernel that decodes tokens with kvq_cuda_decode_token (y and out), or
+// encodes PolarQuant tokens with kvq_cuda_polar_encode (v and w): two arrays of head_dim floats.
 static inline __host__ __device__ unsigned kvq_cuda_decode_shared_bytes(const kvq_cuda_side &s) { return 2u * s.head_dim * 4u; }
 
+// PolarQuant's Hadamard butterflies (kvq_polar_butterflies' stages in order) on z[0, d) in shared or
+// global memory, by every thread of the block: the butterflies of one stage touch disjoint entries,
+// so the threads share them, with a barrier after each stage.
+static inline __device__ void kvq_cuda_polar_butterflies(float *z, unsigned d) {
+  for (unsigned len = 1; len < d; len <<= 1) {
+    for (unsigned k = threadIdx.x; k < d / 2u; k += blockDim.x) {
+      const unsigned j = kvq_polar_butterfly_at(len, k);
+      const float a = z[j], b = z[j + len];
+      z[j] = KVQ_FADD(a, b);
+      z[j + len] = KVQ_FSUB(a, b);
+    }
+    __syncthreads();
+  }
+}
+
+// y[0, d) = R x for the input at element x (kvq_polar_rotate's floats, bit for bit), by every thread
+// of the block; y in shared or global memory, complete for every thread on return.
+static inline __device__ void kvq_cuda_polar_rotate(const kvq_io *io, unsigned x, unsigned d, unsigned rotation, float *y) {
+  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
+    for (unsigned i = threadIdx.x; i < d; i += blockDim.x) y[i] = kvq_polar_rotate_row(io, x, i, d);
+  } else {
+    for (unsigned c = threadIdx.x; c < d; c += blockDim.x) y[c] = kvq_polar_sign_in(io, x, c);
+    __syncthreads();
+    kvq_cuda_polar_butterflies(y, d);
+    const float scale = kvq_hadamard_scale(d);
+    for (unsigned c = threadIdx.x; c < d; c += blockDim.x) y[c] = KVQ_FMUL(y[c], scale);
+  }
+  __syncthreads();
+}
+
+// PolarQuant's QUANTIZE of the n tokens of the zeroed head block at byte `block` (kv head h), by every
+// thread of the block, a token at a time (kvq_polar_encode_unit's codes and radii): the rotated token
+// in v, then each level's angles in parallel from one buffer into the other (v and w: shared memory of
+// head_dim floats each), then the radii.
+static inline __device__ void kvq_cuda_polar_encode(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
+                                                    unsigned n, unsigned x, float *v, float *w) {
+  const unsigned stride = s.kv_heads * s.head_dim, P = s.page_size, d = s.head_dim, L = s.levels, bits = s.level_bits;
+  const unsigned tables = kvq_polar_tables(h, s.codebook, L, bits);
+  for (unsigned t = 0; t < n; t++) {
+    kvq_cuda_polar_rotate(io, x + t * stride, d, s.rotation, v);
+    float *from = v, *to = w;
+    for (unsigned l = 1; l <= L; l++) {
+      for (unsigned a = threadIdx.x; a < kvq_polar_angles(d, l); a += blockDim.x)
+        to[a] = kvq_polar_encode_angle(io, block, t, l, a, from[2u * a], from[2u * a + 1u], P, d, bits, tables);
+      __syncthreads();
+      float *const swap = from;
+      from = to;
+      to = swap;
+    }
+    for (unsigned k = threadIdx.x; k < (d >> L); k += blockDim.x) kvq_polar_put_radius(io, block, t, k, from[k], P, d, L, bits);
+    __syncthreads(); // v and w are rewritten by the next token
+  }
+}
+
+// Token t of the head block at byte `block` (kv head h), as DEQUANTIZE returns it, into out[0, d):
+// called by every thread of the block (it holds __syncthreads), the threads share the channels.
+// PolarQuant decodes the rotated coordinates into y[0, d) (kvq_polar_decode_coord: the CPU's
+// kvq_polar_decode_token floats, bit for bit), and the threads rotate them back as the CPU's
+// kvq_polar_unrotate does (the Hadamard butterflies in place on y: y is overwritten).
+// out and y: shared memory of head_dim floats each.
 static inline __device__ void kvq_cuda_decode_token(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
                                                     unsigned t, float *y, float *out) {
   const unsigned P = s.page_size, d = s.head_dim;
@@ -122,7 +178,9 @@ static inline __device__ void kvq_cuda_decode_token(const kvq_io *io, const kvq_
   }
   if (s.method == KVQ_LAYOUT_POLAR) {
     __syncthreads(); // every rotated coordinate in y before the rotation back reads them all
-    if (threadIdx.x == 0) kvq_polar_unrotate(io, y, d, s.rotation, out);
+    // kvq_polar_unrotate's floats: the Hadamard butterflies in place on y, then every coordinate
+    if (s.rotation != KVQ_LAYOUT_ROTATION_DENSE) kvq_cuda_polar_butterflies(y, d);
+    for (unsigned c = threadIdx.x; c < d; c += blockDim.x) out[c] = kvq_polar_unrotate_coord(io, y, d, s.rotation, c);
   }
   __syncthreads(); // out complete before any thread reads it
 }

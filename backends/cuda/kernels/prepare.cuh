@@ -3,7 +3,9 @@
 // pf = kvq_cuda_prepared_floats(s) (core/config.c's kvq_prepared_floats), as the CPU's kvq_cpu_prepare
 // and shaders/prepare.comp compute them with the shared functions of core/methods/*.h:
 //   QJL        S q, one row of S per thread (kvq_qjl_prepare_row; S is shared by the kv heads)
-//   PolarQuant R q (kvq_polar_rotate, fp32: the CPU's floats bit for bit), thread 0 of the block
+//   PolarQuant R q (kvq_polar_rotate, fp32: the CPU's floats bit for bit), the block's threads sharing
+//              its rows, or the Hadamard form's coordinates and butterflies, in `prepared` itself
+//              (kvq_cuda_polar_rotate)
 //   CQ         the lookup tables <q_g, centroid j of group g> of the row's kv head, one entry per
 //              thread (kvq_cq_prepare_entry)
 // QJL's and CQ's sums are in kvq_acc: float here, double on the CPU (core/shared_lang.h), so they
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_PREPARE_THREADS)
     for (unsigned i = threadIdx.x; i < pf; i += blockDim.x) out[i] = kvq_qjl_prepare_row(io, 0u, i, d);
     break;
   case KVQ_LAYOUT_POLAR:
-    if (threadIdx.x == 0) kvq_polar_rotate(io, 0u, d, s.rotation, out);
+    kvq_cuda_polar_rotate(io, 0u, d, s.rotation, out); // every thread: its barriers are uniform over the block
     break;
   case KVQ_LAYOUT_CQ:
     for (unsigned e = threadIdx.x; e < pf; e += blockDim.x)

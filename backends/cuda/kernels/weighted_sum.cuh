@@ -22,8 +22,9 @@
 // kvq_cuda_block_sum.
 //
 // kvq_cuda_rotate (only with rotated sums, after kvq_cuda_weighted_sum): output row (r, h) = its
-// rotated page sum (rotated[], head_dim floats) turned back with kvq_polar_unrotate, plus the window
-// part already in output[], written over it.
+// rotated page sum (rotated[], head_dim floats) turned back as kvq_polar_unrotate does (the Hadamard
+// butterflies run in place in rotated[], which is left overwritten), plus the window part already in
+// output[], written over it.
 // Launch: kvq_cuda_rotate<<<plan.units[KVQ_PLAN_ROTATE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //   a, meta, value_fixed0, value_fixed1, rotated, output)   a thread per output row (r, h), 64 per block.
 #ifndef KVQ_BACKENDS_CUDA_KERNELS_WEIGHTED_SUM_CUH
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
 
 __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
     kvq_cuda_rotate(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ fixed0,
-                    const float *__restrict__ fixed1, const float *__restrict__ rotated, float *__restrict__ output) {
+                    const float *__restrict__ fixed1, float *__restrict__ rotated, float *__restrict__ output) {
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_ROTATE, wg);
   if (seq == meta[KVQ_META_SEQS]) return; // no barrier in this kernel
   const unsigned id = kvq_gpu_unit(meta, KVQ_PLAN_ROTATE, seq, wg) * KVQ_CUDA_ATTENTION_THREADS + threadIdx.x;
@@ -90,10 +91,11 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   if (r >= kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT)) return;
   const size_t o = kvq_cuda_output_row(a, meta, seq, r, h);
   const kvq_io io_value = {nullptr, nullptr, KVQ_LAYOUT_F32, fixed0, fixed1, nullptr};
-  float y[KVQ_MAX_HEAD_DIM] = {}, x[KVQ_MAX_HEAD_DIM]; // y zeroed: the host compiler cannot see that d entries are read
-  for (unsigned i = 0; i < d; i++) y[i] = rotated[o + i];
-  kvq_polar_unrotate(&io_value, y, d, a.side.rotation, x);
-  for (unsigned c = 0; c < d; c++) output[o + c] = x[c] + output[o + c];
+  // kvq_polar_unrotate's floats with the row's own rotated sum as its scratch (no per-thread arrays):
+  // the Hadamard butterflies in place there, then every coordinate
+  float *const y = rotated + o;
+  if (a.side.rotation != KVQ_LAYOUT_ROTATION_DENSE) kvq_polar_butterflies(y, d);
+  for (unsigned c = 0; c < d; c++) output[o + c] = kvq_polar_unrotate_coord(&io_value, y, d, a.side.rotation, c) + output[o + c];
 }
 
 #endif // KVQ_BACKENDS_CUDA_KERNELS_WEIGHTED_SUM_CUH
