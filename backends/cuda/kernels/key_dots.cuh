@@ -4,7 +4,7 @@
 // head r % query_heads (kv head that / (query_heads / kv_heads)) and its prepared query is
 // prepared[r * pf, ...) (pf = kvq_cuda_prepared_floats, prepare.cuh). dots[r * n + t] = q_r . k_t,
 // as the CPU's SCORE computes it before scaling (backends/cpu/cpu_attention.c):
-//   QJL        the estimator from the codes (kvq_qjl_score)
+//   QJL        the estimator from the codes (kvq_qjl_score's, as qjl_lut.cuh's kvq_cuda_qjl_score)
 //   PolarQuant the rotated key against R q (kvq_polar_score)
 //   CQ         the prepared tables' entries of the codes (kvq_cq_score)
 //   others     the decoded key (the DEQUANTIZE floats) dotted with q
@@ -16,6 +16,7 @@
 #define KVQ_BACKENDS_CUDA_KERNELS_KEY_DOTS_CUH
 
 #include "prepare.cuh"
+#include "qjl_lut.cuh"
 
 #define KVQ_CUDA_KEY_DOTS_THREADS 128u
 
@@ -27,8 +28,7 @@ static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cu
                                                   unsigned t) {
   const unsigned d = s.head_dim, P = s.page_size;
   switch (s.method) {
-  case KVQ_LAYOUT_QJL:
-    return kvq_qjl_score(io, block, t, 0u, 0u, P, d, s.sketch_dim, s.outlier_sketch_dim, s.outliers, s.qjl_constant);
+  case KVQ_LAYOUT_QJL: return kvq_cuda_qjl_score(io, s, block, t); // kvq_qjl_score's operations, no outlier array
   case KVQ_LAYOUT_POLAR:
     return kvq_polar_score(io, block, t, 0u, P, d, s.levels, s.level_bits, kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
   case KVQ_LAYOUT_CQ: return kvq_cq_score(io, block, t, d, s.channels, s.code_bits);
