@@ -22,8 +22,10 @@
 //       a, meta, scratch, output)
 // Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
 // KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
-// memory (static shared memory: kvq_cuda_flash 2064 bytes as ptxas lays it out, KVQ_FLASH_HEADS_PER_PASS
-// x 64 floats of probabilities and the block reduction's two partials; kvq_cuda_flash_combine none).
+// memory (static shared memory: kvq_cuda_flash 21392 bytes as ptxas lays it out: KVQ_FLASH_HEADS_PER_PASS
+// x 64 floats of logits, then probabilities, as many of QJL's running sums, QJL's tables (16 groups
+// of 260 floats), 128 query parts and 32 outlier channels, the block reduction's two partials;
+// kvq_cuda_flash_combine none).
 //
 // kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
 //   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
@@ -41,8 +43,11 @@
 //     kvq_flash_sum_at(R, n, row_head, s)     l = sum of the split's p_t (float, kvq_cuda_block_sum)
 //     kvq_flash_out_at(R, n, d, row_head, s, c)  o_c = sum over the split's slots in order of p_t v_t[c]
 //                                             (float), v_t the value method's decode or the ring's token
-//   Thread i of the block: first slot t = split * 64 + i (its key decoded once, dotted with each head's
-//   query), then channels c = i, i + 64, ... of the split's values (each value decoded once).
+//   Thread i of the block: first slot t = split * 64 + i (its key read once for every head of the
+//   pass: QJL's sign words 16 bytes at a time into the heads' lookup tables, qjl_lut.cuh; PolarQuant's
+//   coordinates and CQ's codes against each head's prepared query; the other methods' channels
+//   decoded once and dotted with each head's query), then channels c = i, i + 64, ... of the split's
+//   values (each value decoded once for every head).
 //
 // kvq_cuda_flash_combine: output ((query_first + r) * query_heads + h) * head_dim + c (fp32 `output`,
 //   [rows][query_heads][head_dim]) = sum_s e^(m_s - M) o_s[c] / sum_s e^(m_s - M) l_s, M the largest
