@@ -32,6 +32,14 @@
 #define KVQ_DYNAMIC_SHARED(type, name) KVQ_CUDA_EMU_DYNAMIC_SHARED(type, name)
 #endif
 
+// Before a loop of constant trip count whose per-thread arrays must stay in registers (indexed by
+// constants once unrolled): nvcc's unroll pragma; nothing for the emulator's host compiler.
+#if defined(__CUDACC__)
+#define KVQ_UNROLL _Pragma("unroll")
+#else
+#define KVQ_UNROLL
+#endif
+
 #define KVQ_FULL_MASK 0xffffffffu
 #define KVQ_WARP_SIZE 32
 

@@ -277,6 +277,7 @@ int main(int argc, char **argv) {
        mc_polar(4, b4222, KVQ_ROTATION_DENSE, KVQ_CODEBOOK_OFFLINE), mc_polar(4, b4222, KVQ_ROTATION_HADAMARD, KVQ_CODEBOOK_ONLINE)},
       {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, mc_cq(2, 8), mc_exact(F32)},
       {"EXACT fp32 keys, UNIFORM 4 bits G=16 values, 9/1 heads, fp32 window", 9, 1, F32, 1, 0, mc_exact(F32), mc_uniform(4, 16)},
+      {"QJL m=160 k=0 keys, EXACT fp16 values, 8/1 heads, fp16 window", 8, 1, F16, 1, 0, mc_qjl(160, 0, 32), mc_exact(F16)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {

@@ -555,12 +555,78 @@ static void test_flash(const fixture_case &fc) {
   check(r.ok && stray == 0, name + ": the fused attention writes no output row that no sequence owns", std::to_string(stray) + " written");
 }
 
+// QJL's lookup tables alone (backends/cuda/kernels/qjl_lut.cuh, the fused attention's QJL scoring):
+// 64 threads build the tables of `rows` random query parts 128 rows at a time, as kvq_cuda_flash does,
+// and each adds the entries its random sign words select (kvq_cuda_load_words4, kvq_cuda_qjl_lut_sum).
+static __global__ void qjl_tables_kernel(unsigned rows, const float *parts, const unsigned *words, float *sums) {
+  KVQ_SHARED(float, lut, KVQ_QJL_LUT_FLOATS);
+  KVQ_SHARED(float, qparts, KVQ_QJL_LUT_ROWS);
+  const unsigned lane = threadIdx.x, per_token = rows / 32u;
+  float sum = 0.0f;
+  for (unsigned c0 = 0; c0 < rows; c0 += KVQ_QJL_LUT_ROWS) {
+    const unsigned chunk = rows - c0 < KVQ_QJL_LUT_ROWS ? rows - c0 : KVQ_QJL_LUT_ROWS;
+    unsigned w[4];
+    kvq_cuda_load_words4(words, lane * per_token + c0 / 32u, (lane + 1u) * per_token, w);
+    __syncthreads(); // the previous tables' readers are done
+    for (unsigned i = lane; i < chunk; i += KVQ_CUDA_ATTENTION_THREADS) qparts[i] = parts[c0 + i];
+    __syncthreads();
+    kvq_cuda_qjl_lut_build(qparts, chunk / 8u, lut);
+    __syncthreads();
+    sum = kvq_cuda_qjl_lut_sum(lut, chunk / 8u, w, sum);
+  }
+  sums[lane] = sum;
+}
+
+// The tables' signed sums T = sum_i sigma_i P_i against the exact sum (double: within gamma'_n A,
+// A = sum_i |P_i|, of it), on random parts of magnitudes 2^-12 .. 2^12 (so that roundings happen) and
+// random bits, for sketch dimensions of one partial, one whole and several tables. The bound is
+// qjl_lut.cuh's derivation: no term goes through more than 7 + n / 8 float roundings, so |T_gpu -
+// T| <= gamma_(7 + n/8) A; and 7 + n / 8 <= n - 1 (what qjl_bound.h's bound assumes of the signed
+// sum, gamma_(n-1)) for every allowed n. A table entry of the wrong bits, sign or group is off by
+// about 2 |P_i| for some i, far past the bound.
+static void test_qjl_tables() {
+  bool depth_ok = true;
+  for (unsigned n = KVQ_SKETCH_MULTIPLE; n <= KVQ_MAX_SKETCH_DIM; n += KVQ_SKETCH_MULTIPLE) depth_ok = depth_ok && 7u + n / 8u <= n - 1u;
+  check(depth_ok, "QJL tables: 7 + n / 8 roundings per term are at most the n - 1 of qjl_bound.h for every sketch dimension");
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto next = [&state]() {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  for (unsigned rows : {32u, 96u, 128u, 352u, 1024u}) {
+    std::vector<float> parts(rows), sums(KVQ_CUDA_ATTENTION_THREADS, 0.0f);
+    std::vector<unsigned> words(KVQ_CUDA_ATTENTION_THREADS * rows / 32u);
+    for (float &p : parts) p = std::ldexp(static_cast<float>(next() % 2000001u) / 1000000.0f - 1.0f, static_cast<int>(next() % 25u) - 12);
+    for (unsigned &w : words) w = static_cast<unsigned>(next());
+    const kvq_emu::Result r = kvq_emu::launch(qjl_tables_kernel, dim3(1), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, rows,
+                                              static_cast<const float *>(parts.data()), static_cast<const unsigned *>(words.data()), sums.data());
+    const double ud = std::ldexp(1.0, -53), gamma = qjl_gamma(7.0 + rows / 8.0, u), gamma_d = qjl_gamma(rows, ud);
+    size_t over = 0;
+    double worst = 0.0;
+    for (unsigned lane = 0; lane < KVQ_CUDA_ATTENTION_THREADS; lane++) {
+      double exact = 0.0, A = 0.0;
+      for (unsigned i = 0; i < rows; i++) {
+        const bool bit = (words[lane * rows / 32u + i / 32u] >> (i % 32u)) & 1u;
+        exact += bit ? parts[i] : -static_cast<double>(parts[i]);
+        A += std::fabs(static_cast<double>(parts[i]));
+      }
+      const double bound = (gamma + gamma_d) * A, diff = std::fabs(sums[lane] - exact);
+      if (!(diff <= bound)) over++;
+      worst = std::max(worst, diff / bound);
+    }
+    std::printf("# QJL tables, %u rows: largest |gpu - exact| / bound %.3g\n", rows, worst);
+    check(r.ok && over == 0, "QJL tables of " + std::to_string(rows) + " rows give the signed sums within gamma_(7 + n/8) sum |P_i|",
+          r.ok ? std::to_string(over) + " of 64 sums past the bound" : r.message);
+  }
+}
+
 int main(int argc, char **argv) {
   FILE *f = argc == 2 ? std::fopen(argv[1], "rb") : nullptr;
   if (!f) {
     std::printf("1..1\nnot ok 1 - cannot read the fixture %s\n", argc == 2 ? argv[1] : "(usage: test_cuda_attention FIXTURE)");
     return 1;
   }
+  test_qjl_tables();
   unsigned cases = 0;
   for (fixture_case fc; read_case(f, fc); cases++) {
     test_score(fc);
@@ -571,7 +637,7 @@ int main(int argc, char **argv) {
   }
   const bool complete = std::feof(f) != 0;
   std::fclose(f);
-  check(complete && cases == 9, "the fixture holds the 9 cases, read to its end");
+  check(complete && cases == 10, "the fixture holds the 10 cases, read to its end");
   std::printf("1..%d\n", tap_number);
   return tap_failures ? 1 : 0;
 }

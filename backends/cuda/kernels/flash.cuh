@@ -22,8 +22,10 @@
 //       a, meta, scratch, output)
 // Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
 // KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
-// memory (static shared memory: kvq_cuda_flash 2064 bytes as ptxas lays it out, KVQ_FLASH_HEADS_PER_PASS
-// x 64 floats of probabilities and the block reduction's two partials; kvq_cuda_flash_combine none).
+// memory (static shared memory: kvq_cuda_flash 21392 bytes as ptxas lays it out: KVQ_FLASH_HEADS_PER_PASS
+// x 64 floats of logits, then probabilities, as many of QJL's running sums, QJL's tables (16 groups
+// of 260 floats), 128 query parts and 32 outlier channels, the block reduction's two partials;
+// kvq_cuda_flash_combine none).
 //
 // kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
 //   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
@@ -41,8 +43,11 @@
 //     kvq_flash_sum_at(R, n, row_head, s)     l = sum of the split's p_t (float, kvq_cuda_block_sum)
 //     kvq_flash_out_at(R, n, d, row_head, s, c)  o_c = sum over the split's slots in order of p_t v_t[c]
 //                                             (float), v_t the value method's decode or the ring's token
-//   Thread i of the block: first slot t = split * 64 + i (its key decoded once, dotted with each head's
-//   query), then channels c = i, i + 64, ... of the split's values (each value decoded once).
+//   Thread i of the block: first slot t = split * 64 + i (its key read once for every head of the
+//   pass: QJL's sign words 16 bytes at a time into the heads' lookup tables, qjl_lut.cuh; PolarQuant's
+//   coordinates and CQ's codes against each head's prepared query; the other methods' channels
+//   decoded once and dotted with each head's query), then channels c = i, i + 64, ... of the split's
+//   values (each value decoded once for every head).
 //
 // kvq_cuda_flash_combine: output ((query_first + r) * query_heads + h) * head_dim + c (fp32 `output`,
 //   [rows][query_heads][head_dim]) = sum_s e^(m_s - M) o_s[c] / sum_s e^(m_s - M) l_s, M the largest
@@ -55,6 +60,7 @@
 
 #include "attention.cuh"
 #include "key_dots.cuh"
+#include "qjl_lut.cuh"
 
 static_assert(KVQ_FLASH_SPLIT == KVQ_CUDA_ATTENTION_THREADS, "flash.cuh: a thread per slot of a split");
 
@@ -75,14 +81,80 @@ static inline __device__ size_t kvq_cuda_flash_at(const unsigned *meta, unsigned
   return static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_SCRATCH)) + at;
 }
 
-__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+// QJL keys of the split's quantized slots through lookup tables (qjl_lut.cuh), for each head g <
+// heads of the pass: logit[g][lane] = the estimate of slot first + lane where `mine` (visible and
+// quantized), else 0. Called by every thread of the block (barriers). A page segment at a time (the
+// split's slots of one page: the whole split where P >= 64, else 64 / P pages): the page's outlier
+// list into shared memory, then per sketch part and 128 rows, each slot's 4 sign words loaded once
+// (16 bytes) for every head g: the head's 128 query parts (kvq_cuda_qjl_query_part), their tables,
+// and each slot's 16 lookups added to its running sum sums[g][lane] (shared memory, each thread its
+// own column: no per-thread arrays). The estimate from each part's sum as kvq_qjl_score_part's.
+static inline __device__ void kvq_cuda_flash_qjl(const kvq_cuda_attention &a, const unsigned *meta, unsigned seq, unsigned kvh,
+                                                 unsigned first, unsigned quantized, bool visible, unsigned heads,
+                                                 const unsigned *key_pages, const float *key_fixed0, const float *key_fixed1,
+                                                 const float *queries, const float *prepared, size_t row0,
+                                                 float (*logit)[KVQ_FLASH_SPLIT], float (*sums)[KVQ_FLASH_SPLIT], float *lut,
+                                                 float *qparts, unsigned *outliers) {
+  const kvq_cuda_side &s = a.side;
+  const unsigned lane = threadIdx.x, t = first + lane, P = s.page_size, d = s.head_dim, m = s.sketch_dim, mo = s.outlier_sketch_dim,
+                 k = s.outliers, pf = kvq_cuda_prepared_floats(s);
+  const unsigned segment = P < KVQ_FLASH_SPLIT ? P : KVQ_FLASH_SPLIT;
+  const unsigned end = quantized < first + KVQ_FLASH_SPLIT ? quantized : first + KVQ_FLASH_SPLIT;
+  const kvq_io page_io = {const_cast<unsigned *>(key_pages), nullptr, KVQ_LAYOUT_F32, key_fixed0, key_fixed1, nullptr};
+  const auto list = [outliers](unsigned j) { return outliers[j]; };
+  for (unsigned g = 0; g < heads; g++) logit[g][lane] = 0.0f;
+  for (unsigned s0 = first; s0 < end; s0 += segment) { // s0 < quantized: the segment's page is quantized
+    const unsigned block = kvq_cuda_slot_block(a, meta, seq, s0, kvh), tp = t % P;
+    const bool mine = visible && t >= s0 && t < s0 + segment && t < quantized;
+    __syncthreads(); // the previous segment's readers of outliers are done
+    if (lane < k) outliers[lane] = kvq_io_u8(&page_io, kvq_qjl_list_at(block, P, m, mo, k) + lane);
+    for (unsigned outer = 0; outer < (k > 0u ? 2u : 1u); outer++) {
+      const unsigned rows = outer != 0u ? mo : m, words0 = kvq_qjl_sign_word_at(block, outer, tp, 0u, P, m, mo);
+      for (unsigned g = 0; g < heads; g++) sums[g][lane] = 0.0f;
+      for (unsigned c0 = 0; c0 < rows; c0 += KVQ_QJL_LUT_ROWS) {
+        const unsigned chunk = rows - c0 < KVQ_QJL_LUT_ROWS ? rows - c0 : KVQ_QJL_LUT_ROWS, groups = chunk / 8u;
+        unsigned words[4] = {0u, 0u, 0u, 0u};
+        if (mine) kvq_cuda_load_words4(key_pages, words0 + c0 / 32u, words0 + rows / 32u, words);
+        for (unsigned g = 0; g < heads; g++) {
+          const kvq_io io_value = {const_cast<unsigned *>(key_pages), queries + (row0 + g) * d, KVQ_LAYOUT_F32, key_fixed0, key_fixed1,
+                                   prepared + (row0 + g) * pf};
+          __syncthreads(); // the previous tables' readers are done (and the outlier list is in place)
+          for (unsigned i = lane; i < chunk; i += KVQ_CUDA_ATTENTION_THREADS)
+            qparts[i] = kvq_cuda_qjl_query_part(&io_value, outer, c0 + i, list, d, k);
+          __syncthreads();
+          kvq_cuda_qjl_lut_build(qparts, groups, lut);
+          __syncthreads();
+          if (mine) sums[g][lane] = kvq_cuda_qjl_lut_sum(lut, groups, words, sums[g][lane]);
+        }
+      }
+      if (mine) {
+        const float norm = kvq_qjl_norm(&page_io, block, outer, tp, P, m, mo, k);
+        for (unsigned g = 0; g < heads; g++) {
+          const float e = kvq_qjl_estimate(s.qjl_constant, rows, norm, sums[g][lane]);
+          logit[g][lane] = outer == 0u ? e : logit[g][lane] + e;
+        }
+      }
+    }
+  }
+}
+
+// 8 blocks per multiprocessor (__launch_bounds__'s second argument): 128 registers a thread; with
+// the block size alone ptxas aims at more blocks, keeps 96 registers and spills. The shared memory
+// (about 21 KiB a block, mostly the QJL tables) lets 10 blocks reside on sm_90, 7 on sm_80, 4 on
+// sm_86 and sm_89.
+#define KVQ_CUDA_FLASH_MIN_BLOCKS 8
+__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN_BLOCKS)
     kvq_cuda_flash(const kvq_cuda_attention a, const kvq_cuda_side values, const unsigned *__restrict__ meta,
                    const unsigned *__restrict__ key_pages, const float *__restrict__ key_fixed0, const float *__restrict__ key_fixed1,
                    const void *__restrict__ key_ring, const unsigned *__restrict__ value_pages, const float *__restrict__ value_fixed0,
                    const float *__restrict__ value_fixed1, const void *__restrict__ value_ring, const float *__restrict__ queries,
                    const float *__restrict__ prepared, float *__restrict__ scratch) {
   KVQ_SHARED(float, part, KVQ_CUDA_BLOCK_WARPS);
-  KVQ_SHARED_2D(float, prob, KVQ_FLASH_HEADS_PER_PASS, KVQ_FLASH_SPLIT);
+  KVQ_SHARED_2D(float, prob, KVQ_FLASH_HEADS_PER_PASS, KVQ_FLASH_SPLIT); // the logits, then the probabilities
+  KVQ_SHARED_2D(float, sums, KVQ_FLASH_HEADS_PER_PASS, KVQ_FLASH_SPLIT); // QJL: the slots' signed sums
+  KVQ_SHARED(float, lut, KVQ_QJL_LUT_FLOATS);                            // QJL: the tables
+  KVQ_SHARED(float, qparts, KVQ_QJL_LUT_ROWS);                           // QJL: the query parts of 128 rows
+  KVQ_SHARED(unsigned, outliers, KVQ_MAX_OUTLIERS);                      // QJL: the page's outlier list
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_FLASH, wg);
   if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
   const unsigned n = kvq_gpu_seq_tokens(meta, seq);
@@ -98,35 +170,51 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * H;
   const size_t row0 = static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h0; // the pass's first query row
 
-  // Logits: thread `lane` scores slot t against each head of the pass.
+  // Logits into prob[g][lane]: thread `lane` scores slot t against each head of the pass, each key
+  // read once for all of them. Per-head sums in registers only in loops of constant trip count
+  // (unrolled: no local memory), or in shared memory (QJL).
   const bool visible = t < n && kvq_gpu_visible(meta, seq, r, t, P, a.alive_words) != 0u;
-  kvq_acc logit[KVQ_FLASH_HEADS_PER_PASS];
-  for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = KVQ_ACC(0.0f);
   const kvq_cuda_side &ks = a.side;
-  const bool by_function = ks.method == KVQ_LAYOUT_QJL || ks.method == KVQ_LAYOUT_POLAR || ks.method == KVQ_LAYOUT_CQ;
-  if (visible && t < quantized) {
-    const unsigned block = kvq_cuda_slot_block(a, meta, seq, t, kvh);
-    if (by_function) { // scored from the prepared queries (QJL's estimator, PolarQuant's R q, CQ's tables), per head
-      for (unsigned g = 0; g < heads; g++) {
-        const kvq_io io_value = {const_cast<unsigned *>(key_pages), queries + (row0 + g) * d, KVQ_LAYOUT_F32, key_fixed0, key_fixed1,
-                                 prepared + (row0 + g) * kvq_cuda_prepared_floats(ks)};
-        logit[g] = kvq_cuda_key_dot(&io_value, ks, block, kvh, t % P);
+  if (ks.method == KVQ_LAYOUT_QJL) // every thread: barriers
+    kvq_cuda_flash_qjl(a, meta, seq, kvh, first, quantized, visible, heads, key_pages, key_fixed0, key_fixed1, queries, prepared, row0,
+                       prob, sums, lut, qparts, outliers);
+  if (visible && (t >= quantized || ks.method != KVQ_LAYOUT_QJL)) {
+    kvq_acc logit[KVQ_FLASH_HEADS_PER_PASS];
+    KVQ_UNROLL
+    for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = KVQ_ACC(0.0f);
+    const unsigned block = t < quantized ? kvq_cuda_slot_block(a, meta, seq, t, kvh) : 0u, tp = t % P;
+    const kvq_io io_value = {const_cast<unsigned *>(key_pages), nullptr, KVQ_LAYOUT_F32, key_fixed0, key_fixed1, nullptr};
+    const size_t pf = kvq_cuda_prepared_floats(ks);
+    if (t < quantized && ks.method == KVQ_LAYOUT_POLAR) { // against R q: kvq_polar_score's sum, each coordinate decoded once
+      const unsigned tables = kvq_polar_tables(kvh, ks.codebook, ks.levels, ks.level_bits);
+      for (unsigned i = 0; i < d; i++) {
+        const float y = kvq_polar_decode_coord(&io_value, block, tp, i, P, d, ks.levels, ks.level_bits, tables);
+        KVQ_UNROLL
+        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+          if (g < heads) logit[g] += KVQ_ACC(prepared[(row0 + g) * pf + i]) * KVQ_ACC(y);
       }
-    } else { // EXACT, UNIFORM, KIVI: each channel decoded once for every head
-      const kvq_io io_value = {const_cast<unsigned *>(key_pages), nullptr, KVQ_LAYOUT_F32, key_fixed0, key_fixed1, nullptr};
+    } else if (t < quantized && ks.method == KVQ_LAYOUT_CQ) { // the prepared tables: kvq_cq_score's sum, each code read once
+      for (unsigned j = 0; j < d / ks.channels; j++) {
+        const unsigned code = (j << ks.code_bits) + kvq_cq_code(&io_value, block, tp, j, d, ks.channels, ks.code_bits);
+        KVQ_UNROLL
+        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+          if (g < heads) logit[g] += KVQ_ACC(prepared[(row0 + g) * pf + code]);
+      }
+    } else { // EXACT, UNIFORM, KIVI and the window: each channel decoded once for every head
       for (unsigned c = 0; c < d; c++) {
-        const float k = kvq_cuda_decode_channel(&io_value, ks, block, kvh, t % P, c);
-        for (unsigned g = 0; g < heads; g++) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
+        const float k = t < quantized ? kvq_cuda_decode_channel(&io_value, ks, block, kvh, tp, c)
+                                      : kvq_cuda_window_value(a, meta, key_ring, seq, t, kvh, c);
+        KVQ_UNROLL
+        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+          if (g < heads) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
       }
     }
-  } else if (visible) {
-    for (unsigned c = 0; c < d; c++) {
-      const float k = kvq_cuda_window_value(a, meta, key_ring, seq, t, kvh, c);
-      for (unsigned g = 0; g < heads; g++) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
-    }
+    KVQ_UNROLL
+    for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+      if (g < heads) prob[g][lane] = static_cast<float>(logit[g]);
   }
   for (unsigned g = 0; g < heads; g++) {
-    const float x = visible ? static_cast<float>(logit[g]) * a.scale : -INFINITY;
+    const float x = visible ? prob[g][lane] * a.scale : -INFINITY; // each thread its own column of prob
     const float m = kvq_cuda_block_max(x, part);
     const float p = visible ? expf(x - m) : 0.0f;
     const float l = kvq_cuda_block_sum(p, part);
@@ -146,6 +234,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   const kvq_io io_value = {const_cast<unsigned *>(value_pages), nullptr, KVQ_LAYOUT_F32, value_fixed0, value_fixed1, nullptr};
   for (unsigned c = lane; c < d; c += KVQ_CUDA_ATTENTION_THREADS) {
     float acc[KVQ_FLASH_HEADS_PER_PASS];
+    KVQ_UNROLL
     for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0f;
     for (unsigned i = 0; i < count; i++) {
       bool any = false; // a slot no head of the pass sees adds nothing
@@ -154,10 +243,13 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
       const unsigned ti = first + i;
       const float v = ti < quantized ? kvq_cuda_decode_channel(&io_value, values, kvq_cuda_slot_block(av, meta, seq, ti, kvh), kvh, ti % P, c)
                                      : kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
-      for (unsigned g = 0; g < heads; g++) acc[g] += prob[g][i] * v;
+      KVQ_UNROLL
+      for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+        if (g < heads) acc[g] += prob[g][i] * v;
     }
-    for (unsigned g = 0; g < heads; g++)
-      scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, r * H + h0 + g, split, c))] = acc[g];
+    KVQ_UNROLL
+    for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+      if (g < heads) scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, r * H + h0 + g, split, c))] = acc[g];
   }
 }
 

@@ -4,7 +4,7 @@
 // head r % query_heads (kv head that / (query_heads / kv_heads)) and its prepared query is
 // prepared[r * pf, ...) (pf = kvq_cuda_prepared_floats, prepare.cuh). dots[r * n + t] = q_r . k_t,
 // as the CPU's SCORE computes it before scaling (backends/cpu/cpu_attention.c):
-//   QJL        the estimator from the codes (kvq_qjl_score)
+//   QJL        the estimator from the codes (kvq_qjl_score's, as qjl_lut.cuh's kvq_cuda_qjl_score)
 //   PolarQuant the rotated key against R q (kvq_polar_score)
 //   CQ         the prepared tables' entries of the codes (kvq_cq_score)
 //   others     the decoded key (the DEQUANTIZE floats) dotted with q
@@ -16,6 +16,7 @@
 #define KVQ_BACKENDS_CUDA_KERNELS_KEY_DOTS_CUH
 
 #include "prepare.cuh"
+#include "qjl_lut.cuh"
 
 #define KVQ_CUDA_KEY_DOTS_THREADS 128u
 // At least 12 blocks of 128 threads per SM (1536 threads, 40 registers): without a minimum ptxas aims
@@ -47,14 +48,13 @@ static inline __device__ kvq_acc kvq_cuda_key_dot_unsketched(const kvq_io *io, c
   }
 }
 
-// The same for every method, QJL's estimator too (kvq_qjl_score, which loads the page's outlier list
-// into a per-thread array; kvq_cuda_key_dots loads it once per block instead). SCORE (score.cuh) and
-// the fused attention (flash.cuh) call it.
+// The same for every method, QJL's estimator too (kvq_cuda_qjl_score, qjl_lut.cuh: kvq_qjl_score's
+// operations with the outlier list read from the page, no per-thread array; kvq_cuda_key_dots loads
+// the list once per block instead). SCORE (score.cuh) calls it; the fused attention (flash.cuh) scores
+// QJL through its lookup tables and the other methods through kvq_cuda_key_dot_unsketched.
 static inline __device__ kvq_acc kvq_cuda_key_dot(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned h,
                                                   unsigned t) {
-  if (s.method == KVQ_LAYOUT_QJL)
-    return kvq_qjl_score(io, block, t, 0u, 0u, s.page_size, s.head_dim, s.sketch_dim, s.outlier_sketch_dim, s.outliers,
-                         s.qjl_constant);
+  if (s.method == KVQ_LAYOUT_QJL) return kvq_cuda_qjl_score(io, s, block, t);
   return kvq_cuda_key_dot_unsketched(io, s, block, h, t);
 }
 
