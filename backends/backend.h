@@ -109,6 +109,12 @@ typedef struct kvq_job_quantize {
    * quantization error ||x - x^||_2 of every valid token and kv head, x^ being what DEQUANTIZE
    * returns for it (in any summation order: policy decisions need not agree at near-ties). */
   kvq_buffer *errors;
+  /* Optional (NULL: the job always runs), only for backends with KVQ_BACKEND_IF_CLEAR: the job writes
+   * nothing (pages, errors) when the 32-bit word at if_clear/if_clear_offset (bytes, a multiple of
+   * 4) is not zero when the job runs, as the device checks of an append recorded before it leave
+   * it (core/append.c). */
+  kvq_buffer *if_clear;
+  uint64_t if_clear_offset;
 } kvq_job_quantize;
 
 /* Decode whole pages: page slots[i] of `pages` -> out[i][page_size][kv_heads][head_dim] fp32 at
@@ -320,13 +326,22 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: device keys and values are staged through host memory and checked there). The
    * range checks of device tokens above. */
   kvq_status (*check_tokens)(kvq_backend *backend, const kvq_job_token_check *job);
+
 } kvq_backend_ops;
+
+/* What a backend can do beyond the table (kvq_backend.features; a backend allocated zero-filled has
+ * none). KVQ_BACKEND_IF_CLEAR: its QUANTIZE honours kvq_job_quantize.if_clear, which, with CONVERT's
+ * KVQ_JOB_CONVERT_IF_CLEAR for the window writes and page clearing, lets core record an append of
+ * device tokens behind its checks in one submission, a refused append writing nothing (core/append.c);
+ * without it core reads the checks back before the append changes anything, a submission of its own. */
+enum { KVQ_BACKEND_IF_CLEAR = 1u };
 
 struct kvq_backend {
   const kvq_backend_ops *ops;
   kvq_backend_kind kind;
   char device[256];  /* what it runs on, for kvq info */
   char message[512]; /* the last failure, in words */
+  uint32_t features; /* KVQ_BACKEND_* bits */
 };
 
 /* ---- Registry (backends/registry.c) ---------------------------------------------------------- */

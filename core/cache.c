@@ -33,6 +33,7 @@ static void free_storage(kvq_cache *cache) {
   for (int i = 0; i < KVQ_SCRATCH_COUNT; i++)
     if (cache->scratch[i]) be->ops->buffer_destroy(be, cache->scratch[i]);
   if (cache->staging) be->ops->buffer_destroy(be, cache->staging);
+  if (cache->zeros) be->ops->buffer_destroy(be, cache->zeros);
   if (cache->seqs)
     for (uint32_t i = 0; i < cache->config.max_sequences; i++) {
       free(cache->seqs[i].pages);

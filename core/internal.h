@@ -133,6 +133,9 @@ struct kvq_cache {
   kvq_buffer *scratch[KVQ_SCRATCH_COUNT];
   uint64_t scratch_size[KVQ_SCRATCH_COUNT];
   kvq_buffer *staging;       /* tokens of up to staging_pages pages being quantized by an append */
+  kvq_buffer *zeros;         /* zeros_size zero bytes: the source that clears a page behind the device
+                                checks (kvq_take_pages); created on first need */
+  uint64_t zeros_size;
   uint32_t staging_pages;
   uint32_t alive_words;      /* ceil(P / 32): kept-token mask words per page-table entry */
 };
@@ -171,8 +174,11 @@ kvq_status kvq_upload_fixed(kvq_cache *cache);
 
 /* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner
  * remain) and appends them to a sequence's page table as its next pages, every token kept
- * (capacity checked and reserved before). */
-kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
+ * (capacity checked and reserved before). With `if_clear` (the context's check word, a backend
+ * with KVQ_BACKEND_IF_CLEAR), the slots that lie at or above stack position free_before (pages the call's
+ * evictions freed, which a refused call keeps) are zeroed only if the check word is clear when the
+ * device gets there (kvq_device_copy_if_clear from cache->zeros). */
+kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n, kvq_buffer *if_clear, uint32_t free_before);
 /* The page-table entry holding page `index` of a sequence, or UINT32_MAX when it has none. */
 uint32_t kvq_page_entry(const kvq_sequence *seq, uint32_t index);
 /* Whether token i of page-table entry e is kept. */

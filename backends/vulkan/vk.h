@@ -223,6 +223,11 @@ kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job)
 kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job); /* vk_tensor.c */
 kvq_status kvq_vk_check_tokens(kvq_backend *backend, const kvq_job_token_check *job); /* vk_tensor.c */
+/* A job recorded behind a device check (kvq_job_quantize.if_clear): the check word's range and
+ * alignment checked, the push constants and binding that make its shaders write nothing once the
+ * word is set (shaders/common.glsl, kvq_check_refused). No-op with flags NULL. */
+kvq_status kvq_vk_if_clear(vk_backend *b, kvq_push *push, kvq_buffer *buffers[KVQ_VK_BINDINGS], kvq_buffer *flags,
+                           uint64_t flag_offset);
 
 /* The side layout's fields as the shaders read them (push constants). */
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side);

@@ -429,6 +429,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
   }
   b->base.ops = &vk_ops;
   b->base.kind = KVQ_BACKEND_VULKAN;
+  b->base.features = KVQ_BACKEND_IF_CLEAR; /* kvq_vk_quantize honours if_clear */
   kvq_status st;
   if (options && options->vulkan) {
     *availability = KVQ_UNAVAILABLE_ERROR;
