@@ -164,6 +164,23 @@ typedef struct kvq_attention_seq {
   uint64_t accumulate_offset; /* element offset of its n sums in `accumulate` */
 } kvq_attention_seq;
 
+/* An attention job's metadata packed by core (core/gpu_meta.c) in the layout of core/gpu_plan.h,
+ * for backends with KVQ_BACKEND_CORE_META: the whole image, and the word ranges that differ from the
+ * image core packed before it (serial - 1); `whole`: take every word (the layout moved). The image
+ * lives in core from one job to the next, updated where page tables changed, so a backend that keeps
+ * the previous image on its device uploads only the changed ranges. */
+typedef struct kvq_meta_range {
+  uint32_t first, count; /* words */
+} kvq_meta_range;
+typedef struct kvq_attention_meta {
+  const uint32_t *words;
+  uint64_t count;
+  const kvq_meta_range *changed;
+  uint32_t changed_count;
+  int whole;
+  uint64_t serial; /* from 1, one per packed job of the context */
+} kvq_attention_meta;
+
 /* SCORE, SOFTMAX, WEIGHTED_SUM and ATTENTION all take this description; each reads what it needs.
  * queries: fp32 [rows][query_heads][head_dim]; prepared: fp32 [rows][query_heads][prepared floats];
  * scores: fp32 logits (SCORE writes, masked entries -inf), turned into probabilities in place by
@@ -187,6 +204,10 @@ typedef struct kvq_job_attention {
    * write, for every sequence and slot t, the sum over its query rows and query heads of the
    * probability of t, fp32, at accumulate_offset + t. */
   kvq_buffer *accumulate;
+  /* Optional (NULL: the backend packs the metadata from the host arrays above): core's packed
+   * metadata (KVQ_BACKEND_CORE_META); then page_slots, page_index and page_alive are NULL and the
+   * sequences' page_first are those of the packed image. */
+  const kvq_attention_meta *meta;
 } kvq_job_attention;
 
 /* Independent k-means problems of the same size, for codebook learning. ASSIGN writes, for every
@@ -335,6 +356,9 @@ typedef struct kvq_backend_ops {
  * device tokens behind its checks in one submission, a refused append writing nothing (core/append.c);
  * without it core reads the checks back before the append changes anything, a submission of its own. */
 enum { KVQ_BACKEND_IF_CLEAR = 1u };
+/* KVQ_BACKEND_CORE_META: its attention jobs take core's packed metadata (kvq_job_attention.meta),
+ * which core keeps up to date as page tables change instead of listing every page every call. */
+enum { KVQ_BACKEND_CORE_META = 2u };
 
 struct kvq_backend {
   const kvq_backend_ops *ops;

@@ -208,6 +208,7 @@ static kvq_status undo_save(kvq_cache *cache, const kvq_sequence *seq, const kvq
 static void undo_restore(kvq_cache *cache, kvq_sequence *seq, const append_undo *u) {
   kvq_tracked *t = &seq->tracked;
   cache->free_count = u->free_count;
+  kvq_page_table_changed(seq, u->pages ? 0 : u->page_count); /* the whole table where it was saved whole */
   seq->page_count = u->page_count;
   seq->page_end = u->page_end;
   if (u->pages) {

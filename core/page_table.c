@@ -51,6 +51,7 @@ kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n, kvq_b
     const int guarded = if_clear && cache->free_count > free_before;
     const uint32_t slot = cache->free_pages[--cache->free_count];
     const uint32_t e = seq->page_count++;
+    kvq_page_table_changed(seq, e);
     seq->pages[e] = slot;
     seq->page_index[e] = seq->page_end++;
     for (uint32_t w = 0; w < words; w++) /* every token kept */
@@ -66,6 +67,17 @@ kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n, kvq_b
       }
   }
   return KVQ_OK;
+}
+
+void kvq_page_table_changed(kvq_sequence *seq, uint32_t from) {
+  seq->pt_version++;
+  if (from < seq->pt_dirty_from) seq->pt_dirty_from = from;
+}
+
+void kvq_page_masks_changed(kvq_sequence *seq, uint32_t from, uint32_t to) {
+  seq->pt_version++;
+  if (from < seq->pt_masks_from) seq->pt_masks_from = from;
+  if (to > seq->pt_masks_to) seq->pt_masks_to = to;
 }
 
 uint32_t kvq_page_entry(const kvq_sequence *seq, uint32_t index) {
@@ -85,6 +97,7 @@ int kvq_token_kept(const kvq_cache *cache, const kvq_sequence *seq, uint32_t e, 
 void kvq_release_entry(kvq_cache *cache, kvq_sequence *seq, uint32_t e) {
   const uint32_t words = cache->alive_words, after = seq->page_count - e - 1;
   cache->free_pages[cache->free_count++] = seq->pages[e];
+  kvq_page_table_changed(seq, e); /* the entries after it move down */
   memmove(seq->pages + e, seq->pages + e + 1, sizeof(uint32_t) * after);
   memmove(seq->page_index + e, seq->page_index + e + 1, sizeof(uint32_t) * after);
   memmove(seq->alive + (size_t)e * words, seq->alive + (size_t)(e + 1) * words, sizeof(uint32_t) * after * words);
