@@ -109,6 +109,12 @@ typedef struct kvq_job_quantize {
    * quantization error ||x - x^||_2 of every valid token and kv head, x^ being what DEQUANTIZE
    * returns for it (in any summation order: policy decisions need not agree at near-ties). */
   kvq_buffer *errors;
+  /* Optional (NULL: the job always runs), only for backends with KVQ_BACKEND_IF_CLEAR: the job writes
+   * nothing (pages, errors) when the 32-bit word at if_clear/if_clear_offset (bytes, a multiple of
+   * 4) is not zero when the job runs, as the device checks of an append recorded before it leave
+   * it (core/append.c). */
+  kvq_buffer *if_clear;
+  uint64_t if_clear_offset;
 } kvq_job_quantize;
 
 /* Decode whole pages: page slots[i] of `pages` -> out[i][page_size][kv_heads][head_dim] fp32 at
@@ -158,6 +164,23 @@ typedef struct kvq_attention_seq {
   uint64_t accumulate_offset; /* element offset of its n sums in `accumulate` */
 } kvq_attention_seq;
 
+/* An attention job's metadata packed by core (core/gpu_meta.c) in the layout of core/gpu_plan.h,
+ * for backends with KVQ_BACKEND_CORE_META: the whole image, and the word ranges that differ from the
+ * image core packed before it (serial - 1); `whole`: take every word (the layout moved). The image
+ * lives in core from one job to the next, updated where page tables changed, so a backend that keeps
+ * the previous image on its device uploads only the changed ranges. */
+typedef struct kvq_meta_range {
+  uint32_t first, count; /* words */
+} kvq_meta_range;
+typedef struct kvq_attention_meta {
+  const uint32_t *words;
+  uint64_t count;
+  const kvq_meta_range *changed;
+  uint32_t changed_count;
+  int whole;
+  uint64_t serial; /* from 1, one per packed job of the context */
+} kvq_attention_meta;
+
 /* SCORE, SOFTMAX, WEIGHTED_SUM and ATTENTION all take this description; each reads what it needs.
  * queries: fp32 [rows][query_heads][head_dim]; prepared: fp32 [rows][query_heads][prepared floats];
  * scores: fp32 logits (SCORE writes, masked entries -inf), turned into probabilities in place by
@@ -181,6 +204,10 @@ typedef struct kvq_job_attention {
    * write, for every sequence and slot t, the sum over its query rows and query heads of the
    * probability of t, fp32, at accumulate_offset + t. */
   kvq_buffer *accumulate;
+  /* Optional (NULL: the backend packs the metadata from the host arrays above): core's packed
+   * metadata (KVQ_BACKEND_CORE_META); then page_slots, page_index and page_alive are NULL and the
+   * sequences' page_first are those of the packed image. */
+  const kvq_attention_meta *meta;
 } kvq_job_attention;
 
 /* Independent k-means problems of the same size, for codebook learning. ASSIGN writes, for every
@@ -320,13 +347,25 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: device keys and values are staged through host memory and checked there). The
    * range checks of device tokens above. */
   kvq_status (*check_tokens)(kvq_backend *backend, const kvq_job_token_check *job);
+
 } kvq_backend_ops;
+
+/* What a backend can do beyond the table (kvq_backend.features; a backend allocated zero-filled has
+ * none). KVQ_BACKEND_IF_CLEAR: its QUANTIZE honours kvq_job_quantize.if_clear, which, with CONVERT's
+ * KVQ_JOB_CONVERT_IF_CLEAR for the window writes and page clearing, lets core record an append of
+ * device tokens behind its checks in one submission, a refused append writing nothing (core/append.c);
+ * without it core reads the checks back before the append changes anything, a submission of its own. */
+enum { KVQ_BACKEND_IF_CLEAR = 1u };
+/* KVQ_BACKEND_CORE_META: its attention jobs take core's packed metadata (kvq_job_attention.meta),
+ * which core keeps up to date as page tables change instead of listing every page every call. */
+enum { KVQ_BACKEND_CORE_META = 2u };
 
 struct kvq_backend {
   const kvq_backend_ops *ops;
   kvq_backend_kind kind;
   char device[256];  /* what it runs on, for kvq info */
   char message[512]; /* the last failure, in words */
+  uint32_t features; /* KVQ_BACKEND_* bits */
 };
 
 /* ---- Registry (backends/registry.c) ---------------------------------------------------------- */

@@ -25,22 +25,24 @@ typedef struct token_source {
   uint64_t offset;
 } token_source;
 
-/* Writes bytes [at, at + bytes) of the packed new tokens into dst at dst_offset. */
+/* Writes bytes [at, at + bytes) of the packed new tokens into dst at dst_offset; with `if_clear`
+ * (device tokens only) a copy the check word stops (kvq_device_copy_if_clear). */
 static kvq_status put_tokens(kvq_cache *cache, const token_source *src, uint64_t at, kvq_buffer *dst, uint64_t dst_offset,
-                             uint64_t bytes) {
+                             uint64_t bytes, kvq_buffer *if_clear) {
   kvq_backend *be = cache->ctx->backend;
+  if (src->device && if_clear) return kvq_device_copy_if_clear(cache->ctx, dst, dst_offset, src->device, src->offset + at, bytes);
   return src->device ? be->ops->buffer_copy(be, dst, dst_offset, src->device, src->offset + at, bytes)
                      : be->ops->buffer_write(be, dst, dst_offset, src->host + at, bytes);
 }
 
 /* Copies `count` packed tokens (from byte `at` of src) to ring slots starting at token position
- * `first`, wrapping. */
+ * `first`, wrapping (only while the check word is clear, with `if_clear`). */
 static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
-                             uint32_t first, uint32_t count, const token_source *src, uint64_t at) {
+                             uint32_t first, uint32_t count, const token_source *src, uint64_t at, kvq_buffer *if_clear) {
   while (count > 0) {
     uint32_t slot = first % cache->ring_capacity;
     uint32_t run = cache->ring_capacity - slot < count ? cache->ring_capacity - slot : count;
-    kvq_status st = put_tokens(cache, src, at, ring, ring_offset + slot * token_bytes, run * token_bytes);
+    kvq_status st = put_tokens(cache, src, at, ring, ring_offset + slot * token_bytes, run * token_bytes, if_clear);
     if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "writing the full-precision window");
     first += run;
     count -= run;
@@ -93,7 +95,7 @@ static void pending_free(pending_errors *p) {
 }
 
 static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq_sequence *seq, pending_errors *pending,
-                                 uint32_t first_page,
+                                 kvq_buffer *if_clear, uint32_t first_page,
                                  uint32_t count, uint32_t last_tokens, kvq_buffer *src, uint64_t src_offset,
                                  uint64_t page_stride) {
   kvq_layer_storage *ls = &cache->storage[layer];
@@ -126,6 +128,7 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
       .count = count,
       .items = items,
       .errors = errors,
+      .if_clear = if_clear,
   };
   kvq_backend *be = cache->ctx->backend;
   if (st == KVQ_OK && (st = be->ops->quantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "quantizing pages");
@@ -153,6 +156,76 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
   return st;
 }
 
+/* What an append changes in the host bookkeeping, saved before it changes it, for an append whose
+ * device checks are read only after everything is recorded (one submission): restored when the
+ * checks refuse it. The free stack only loses entries off its top or gains them above its old top,
+ * so its count restores it; page-table entries are only appended, except when the policy's plan
+ * evicts (then the table is saved whole), and statistics entries likewise (saved whole when the plan
+ * drops some). */
+typedef struct append_undo {
+  int saved;
+  uint32_t free_count, page_count, page_end, tracked_count, tracked_end;
+  uint32_t *pages, *page_index, *alive; /* the page table, when the plan evicts */
+  uint32_t *position;                   /* the statistics, when the plan drops entries */
+  double *attention;
+  float *key_error, *value_error;
+} append_undo;
+
+static void undo_free(append_undo *u) {
+  free(u->pages), free(u->page_index), free(u->alive);
+  free(u->position), free(u->attention), free(u->key_error), free(u->value_error);
+  memset(u, 0, sizeof *u);
+}
+
+static void *copy_of(const void *src, size_t bytes, int *ok) {
+  void *dst = malloc(bytes ? bytes : 1);
+  if (!dst) *ok = 0;
+  else if (bytes) memcpy(dst, src, bytes);
+  return dst;
+}
+
+static kvq_status undo_save(kvq_cache *cache, const kvq_sequence *seq, const kvq_policy_plan *plan, append_undo *u) {
+  const kvq_tracked *t = &seq->tracked;
+  *u = (append_undo){.saved = 1, .free_count = cache->free_count, .page_count = seq->page_count, .page_end = seq->page_end,
+                     .tracked_count = t->count, .tracked_end = t->end};
+  int ok = 1;
+  if (plan->alive) {
+    u->pages = copy_of(seq->pages, sizeof(uint32_t) * seq->page_count, &ok);
+    u->page_index = copy_of(seq->page_index, sizeof(uint32_t) * seq->page_count, &ok);
+    u->alive = copy_of(seq->alive, sizeof(uint32_t) * seq->page_count * cache->alive_words, &ok);
+  }
+  if (plan->drop) {
+    u->position = copy_of(t->position, sizeof(uint32_t) * t->count, &ok);
+    u->attention = copy_of(t->attention, sizeof(double) * t->count, &ok);
+    u->key_error = copy_of(t->key_error, sizeof(float) * t->count, &ok);
+    u->value_error = copy_of(t->value_error, sizeof(float) * t->count, &ok);
+  }
+  if (ok) return KVQ_OK;
+  undo_free(u);
+  return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory");
+}
+
+static void undo_restore(kvq_cache *cache, kvq_sequence *seq, const append_undo *u) {
+  kvq_tracked *t = &seq->tracked;
+  cache->free_count = u->free_count;
+  kvq_page_table_changed(seq, u->pages ? 0 : u->page_count); /* the whole table where it was saved whole */
+  seq->page_count = u->page_count;
+  seq->page_end = u->page_end;
+  if (u->pages) {
+    memcpy(seq->pages, u->pages, sizeof(uint32_t) * u->page_count);
+    memcpy(seq->page_index, u->page_index, sizeof(uint32_t) * u->page_count);
+    memcpy(seq->alive, u->alive, sizeof(uint32_t) * u->page_count * cache->alive_words);
+  }
+  if (u->position) {
+    memcpy(t->position, u->position, sizeof(uint32_t) * u->tracked_count);
+    memcpy(t->attention, u->attention, sizeof(double) * u->tracked_count);
+    memcpy(t->key_error, u->key_error, sizeof(float) * u->tracked_count);
+    memcpy(t->value_error, u->value_error, sizeof(float) * u->tracked_count);
+  }
+  t->count = u->tracked_count;
+  t->end = u->tracked_end;
+}
+
 /* Puts tokens [from, to) of one side in the staging buffer, in order: those below n come from the
  * ring (the window), the others from the packed new tokens, whose first is token n. */
 static kvq_status stage(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes, uint32_t n,
@@ -163,7 +236,7 @@ static kvq_status stage(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset
   const uint32_t new_from = from > n ? from : n;
   if (st == KVQ_OK && new_from < to) {
     st = put_tokens(cache, packed, (uint64_t)(new_from - n) * token_bytes, cache->staging, (uint64_t)(new_from - from) * token_bytes,
-                    (uint64_t)(to - new_from) * token_bytes);
+                    (uint64_t)(to - new_from) * token_bytes, NULL); /* scratch: a refused append may write it */
     if (st != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "staging new tokens");
   }
   return st;
@@ -212,9 +285,19 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
   kvq_policy_plan plan = {0};
   pending_errors pending = {0};
+  append_undo undo = {0};
   /* Device keys and values are read in place on the device after the checks below; their finite
    * and range checks run there too (docs/VULKAN.md says what differs from host tensors). */
   const int in_place = kvq_tensor_on_device(ctx, keys) && kvq_tensor_on_device(ctx, values) && ctx->backend->ops->check_tokens;
+  /* Synchronously, a non-finite element, or one the method cannot store, refuses the append and
+   * changes nothing, as for host tensors. Where the backend can stop its writes on the check word
+   * (KVQ_BACKEND_IF_CLEAR), the whole append is recorded behind the checks and the word is read once at
+   * the end, the call's one submission: every write to the pages and the window is skipped on the
+   * device when a check failed, and the host bookkeeping is restored (`undo`). Elsewhere the word is
+   * read before anything changes (a submission of its own). Asynchronously the checks are reported
+   * by kvq_context_wait (kvq.h) and the append takes place. */
+  const int behind_checks = in_place && !ctx->async && (ctx->backend->features & KVQ_BACKEND_IF_CLEAR);
+  kvq_buffer *if_clear = NULL; /* the check word the append's writes wait on (behind_checks) */
   uint8_t *packed[2] = {NULL, NULL};
   token_source sources[2] = {{0}};
   if (!in_place) {
@@ -240,10 +323,8 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
       if (st == KVQ_OK)
         st = kvq_device_tokens_check(ctx, &cache->storage[layer].side[s], cache->config.input_dtype, tokens, sources[s].offset, count);
     }
-    /* Synchronously, a non-finite element, or one the method cannot store, refuses the append before
-     * anything changes, as for host tensors: the check word is read now (a submission of its own).
-     * Asynchronously the checks are reported by kvq_context_wait (kvq.h). */
-    if (st == KVQ_OK && !ctx->async) st = kvq_device_checks_read(ctx);
+    if (st == KVQ_OK && !ctx->async && !behind_checks) st = kvq_device_checks_read(ctx);
+    if (behind_checks) if_clear = ctx->checks;
   }
   if (st != KVQ_OK) goto done;
   /* The policy runs once per decoding step: before the step's first append, when every layer
@@ -262,11 +343,14 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* reserved for the page table and statistics before the evictions shrink them: enough after */
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) goto done;
   if ((st = kvq_tracked_reserve(cache, seq, n_new)) != KVQ_OK) goto done;
+  if (behind_checks && (st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
+  const uint32_t free_before = cache->free_count; /* slots above it: freed by the plan's evictions */
   kvq_policy_plan_apply(cache, seq, &plan);
 
-  /* From here on only backend (device) failures are possible. Both sides are quantized before
-   * either ring is written, so the window still holds every token until the pages exist. */
-  if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) goto done;
+  /* From here on only backend (device) failures are possible, and the checks behind which the rest
+   * is recorded. Both sides are quantized before either ring is written, so the window still holds
+   * every token until the pages exist. */
+  if ((st = kvq_take_pages(cache, seq, new_pages, if_clear, free_before)) != KVQ_OK) goto done;
   /* New positions get (zero) statistics before their pages are quantized, which adds errors to them;
    * undone if the device fails. */
   const kvq_tracked tracked_before = seq->tracked;
@@ -278,24 +362,34 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
       const uint32_t to = F_new - from < chunk ? F_new : from + chunk;
       st = stage(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, n, &sources[s], from, to);
       if (st == KVQ_OK)
-        st = quantize_pages(cache, layer, s, seq, &pending, from / P, (to - from) / P, P, cache->staging, 0,
+        st = quantize_pages(cache, layer, s, seq, &pending, if_clear, from / P, (to - from) / P, P, cache->staging, 0,
                             (uint64_t)P * token_bytes);
     }
   /* The tokens that stay in the window go to their ring slots. */
   const uint32_t keep_from = n > F_new ? n : F_new;
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     st = write_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, keep_from, n_new - keep_from, &sources[s],
-                    (uint64_t)(keep_from - n) * token_bytes);
+                    (uint64_t)(keep_from - n) * token_bytes, if_clear);
+  /* the one submission: the checks, and whether the device skipped everything recorded behind them */
+  if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
     state->quantized = quantized_new;
     pending_apply(cache, seq, &pending);
-  } else {
+  } else if (!undo.saved) {
     seq->tracked.count = tracked_before.count;
     seq->tracked.end = tracked_before.end;
   }
 done:
+  if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo); /* refused by the checks, or a device failure */
+  /* refused before anything was recorded behind the checks (capacity, host memory): the checks are
+   * still reported first, as a host append reports its token checks before its capacity */
+  if (st != KVQ_OK && behind_checks && ctx->checks_recorded) {
+    const kvq_status checked = kvq_device_checks_read(ctx);
+    if (checked != KVQ_OK) st = checked;
+  }
+  undo_free(&undo);
   kvq_policy_plan_free(&plan); /* a plan not applied */
   pending_free(&pending);
   free(packed[0]);
@@ -316,7 +410,7 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
-  if ((st = kvq_take_pages(cache, seq, new_pages)) != KVQ_OK) return st;
+  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) return st;
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
@@ -333,7 +427,7 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
         const uint32_t until_wrap = (cache->ring_capacity - slot) / P, pages_left = ceil_div(n - first, P);
         const uint32_t pages = pages_left < until_wrap ? pages_left : until_wrap;
         const uint32_t last = first + (pages - 1) * P;
-        st = quantize_pages(cache, l, s, seq, NULL, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
+        st = quantize_pages(cache, l, s, seq, NULL, NULL, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
                             ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
         first += pages * P;
       }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_meta.h"
 #include "internal.h"
 #include "policy.h"
 #include "tensor.h"
@@ -127,6 +128,18 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       .output = output,
       .accumulate = accumulate,
   };
+  if (be->features & KVQ_BACKEND_CORE_META) {
+    /* core keeps the packed metadata, updated where page tables changed: no page is listed here */
+    kvq_sequence **owners = malloc(sizeof *owners * b->seq_count);
+    uint32_t *listed = malloc(sizeof *listed * b->seq_count);
+    if (!owners || !listed) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning attention");
+    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) owners[i] = parts[i]->seq, listed[i] = parts[i]->view.pages;
+    job.page_slots = job.page_index = job.page_alive = NULL;
+    if (st == KVQ_OK) st = kvq_gpu_meta_pack(cache, &job, b->seqs, owners, listed);
+    free(owners);
+    free(listed);
+    if (st != KVQ_OK) return st;
+  }
   if (upto == STAGE_OUTPUT && be->ops->attention &&
       be->ops->supports(be, KVQ_JOB_ATTENTION, &job.keys->layout, &job.values->layout)) {
     if ((st = be->ops->attention(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "attention");
@@ -201,6 +214,8 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
 static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_item *items, size_t count) {
   const kvq_layer_config *L = &cache->layers[layer];
   const uint32_t words = cache->alive_words;
+  /* with core's packed metadata (KVQ_BACKEND_CORE_META) the batch lists no pages */
+  const int list_pages = !(cache->ctx->backend->features & KVQ_BACKEND_CORE_META);
   size_t total_pages = 0, parts_max = 0;
   /* the scratch a query row needs: its scores, and its prepared query (CQ's tables are large) */
   const uint64_t prepared_per_row = (uint64_t)L->query_heads * kvq_prepared_floats(&cache->storage[layer].side[KVQ_SIDE_KEYS].layout);
@@ -208,7 +223,7 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
     const uint64_t floats_per_row = (uint64_t)L->query_heads * row_width(&items[i]) + prepared_per_row;
     const uint64_t rows_per_part = floats_per_row ? SCORE_BUDGET / floats_per_row : items[i].rows;
     const uint64_t parts_of_item = rows_per_part ? (items[i].rows + rows_per_part - 1) / rows_per_part : items[i].rows;
-    total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
+    if (list_pages) total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
     parts_max += (size_t)parts_of_item;
   }
   batch b = {0};
@@ -252,7 +267,7 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
           .score_offset = b.score_floats,
           .accumulate_offset = b.accumulate_floats,
       };
-      if (pages) {
+      if (pages && list_pages) {
         memcpy(b.slots + b.slot_count, it->seq->pages, sizeof(uint32_t) * pages);
         memcpy(b.index + b.slot_count, it->seq->page_index, sizeof(uint32_t) * pages);
         memcpy(b.alive + (size_t)b.slot_count * words, it->seq->alive, sizeof(uint32_t) * pages * words);

@@ -33,6 +33,7 @@ static void free_storage(kvq_cache *cache) {
   for (int i = 0; i < KVQ_SCRATCH_COUNT; i++)
     if (cache->scratch[i]) be->ops->buffer_destroy(be, cache->scratch[i]);
   if (cache->staging) be->ops->buffer_destroy(be, cache->staging);
+  if (cache->zeros) be->ops->buffer_destroy(be, cache->zeros);
   if (cache->seqs)
     for (uint32_t i = 0; i < cache->config.max_sequences; i++) {
       free(cache->seqs[i].pages);
@@ -276,6 +277,9 @@ kvq_status kvq_sequence_add(kvq_cache *cache, uint32_t *id) {
     seq->live = 1;
     seq->page_count = 0;
     seq->page_end = 0;
+    seq->uid = 0; /* a new name for packed attention metadata (core/gpu_meta.c) */
+    seq->pt_dirty_from = 0;
+    seq->pt_masks_from = UINT32_MAX, seq->pt_masks_to = 0;
     seq->tracked.count = seq->tracked.end = 0;
     memset(seq->layers, 0, sizeof(kvq_seq_layer) * cache->config.layer_count);
     cache->live_sequences++;
@@ -294,6 +298,7 @@ kvq_status kvq_sequence_free(kvq_cache *cache, uint32_t id) {
   for (uint32_t j = seq->page_count; j-- > 0;) cache->free_pages[cache->free_count++] = seq->pages[j];
   seq->page_count = 0;
   seq->live = 0;
+  seq->uid = 0;
   if (seq->page_capacity > 64) { /* a long sequence's table is not kept for the slot's next owner */
     free(seq->pages);
     free(seq->page_index);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_meta.h"
 #include "internal.h"
 #include "tensor.h"
 
@@ -84,6 +85,7 @@ void kvq_context_destroy(kvq_context *ctx) {
 void kvq_context_release(kvq_context *ctx) {
   if (!ctx->destroy_requested || ctx->live_caches > 0) return;
   if (ctx->backend && ctx->checks) ctx->backend->ops->buffer_destroy(ctx->backend, ctx->checks);
+  kvq_gpu_meta_free(ctx->gpu_meta);
   if (ctx->backend) ctx->backend->ops->destroy(ctx->backend);
   free(ctx);
 }

@@ -29,13 +29,13 @@ static uint64_t output_rows(const kvq_job_attention *job) {
 }
 
 /* Floats of a sequence's flash scratch (gpu_plan.h, kvq_flash_out_at past its last output). */
-static uint64_t flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q) {
+uint64_t kvq_gpu_flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q) {
   const uint64_t n = seq_tokens(q), splits = (n + KVQ_FLASH_SPLIT - 1) / KVQ_FLASH_SPLIT;
   return (uint64_t)q->query_count * job->query_heads * (n + 2 * splits + splits * job->values->layout.head_dim);
 }
 
 /* Workgroups kernel k gives sequence q (gpu_plan.h, KVQ_PLAN_*). */
-static uint64_t seq_units(const kvq_job_attention *job, const kvq_attention_seq *q, uint32_t k) {
+uint64_t kvq_gpu_seq_units(const kvq_job_attention *job, const kvq_attention_seq *q, uint32_t k) {
   const uint64_t n = seq_tokens(q), rows = (uint64_t)q->query_count * job->query_heads;
   const uint32_t kv_heads = job->keys->layout.kv_heads, d = job->values->layout.head_dim;
   switch (k) {
@@ -71,9 +71,10 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
     if (q->ring_offset % esize || q->ring_offset / esize > UINT32_MAX || q->score_offset > UINT32_MAX ||
         q->accumulate_offset > UINT32_MAX || seq_tokens(q) * job->query_heads * q->query_count > UINT32_MAX)
       return too_large(why, why_size, "an attention sequence");
-    scratch += flash_scratch_floats(job, q);
+    scratch += kvq_gpu_flash_scratch_floats(job, q);
   }
-  for (uint64_t p = 0; p < plan->pages; p++) {
+  /* (core's packed metadata checked its pages as it packed them: core/gpu_meta.c) */
+  for (uint64_t p = 0; p < plan->pages && job->page_slots; p++) {
     const uint64_t end = (uint64_t)job->page_slots[p] + 1;
     if (end * ks->page_bytes > UINT32_MAX || end * vs->page_bytes > UINT32_MAX)
       return too_large(why, why_size, "a page");
@@ -89,7 +90,7 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
     plan->scratch_bytes = output_rows(job) * vs->head_dim * 4;
   }
   for (uint32_t i = 0; i < job->seq_count; i++)
-    for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) plan->units[k] += seq_units(job, &job->seqs[i], k);
+    for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) plan->units[k] += kvq_gpu_seq_units(job, &job->seqs[i], k);
   for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++)
     if (plan->units[k] * KVQ_GPU_GROUP_SIZE > UINT32_MAX) return too_large(why, why_size, "an attention dispatch");
   plan->meta_words = KVQ_META_RECORDS + (uint64_t)job->seq_count * KVQ_SEQ_WORDS +
@@ -100,7 +101,7 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
 }
 
 void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attention_plan *plan, uint32_t *meta) {
-  const uint32_t S = job->seq_count, esize = (uint32_t)kvq_dtype_size(job->window_dtype);
+  const uint32_t S = job->seq_count;
   uint32_t at = KVQ_META_RECORDS + S * KVQ_SEQ_WORDS;
   meta[KVQ_META_SEQS] = S;
   for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) {
@@ -108,7 +109,7 @@ void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attentio
     uint32_t sum = 0;
     for (uint32_t i = 0; i < S; i++) {
       meta[at + i] = sum;
-      sum += (uint32_t)seq_units(job, &job->seqs[i], k);
+      sum += (uint32_t)kvq_gpu_seq_units(job, &job->seqs[i], k);
     }
     meta[at + S] = sum;
     at += S + 1;
@@ -120,25 +121,29 @@ void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attentio
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < S; i++) {
     const kvq_attention_seq *q = &job->seqs[i];
-    uint32_t *r = meta + KVQ_META_RECORDS + i * KVQ_SEQ_WORDS;
-    r[KVQ_SEQ_PAGE_FIRST] = q->page_first;
-    r[KVQ_SEQ_QUANTIZED] = q->quantized;
-    r[KVQ_SEQ_WINDOW] = q->window;
-    r[KVQ_SEQ_WINDOW_FIRST] = q->window_first;
-    r[KVQ_SEQ_RING_CAPACITY] = q->ring_capacity;
-    r[KVQ_SEQ_RING_ELEMENT] = (uint32_t)(q->ring_offset / esize);
-    r[KVQ_SEQ_QUERY_FIRST] = q->query_first;
-    r[KVQ_SEQ_QUERY_COUNT] = q->query_count;
-    r[KVQ_SEQ_QUERY_POSITION] = q->query_position;
-    r[KVQ_SEQ_MASK] = q->mask;
-    r[KVQ_SEQ_SCORE_OFFSET] = (uint32_t)q->score_offset;
-    r[KVQ_SEQ_ACCUMULATE_OFFSET] = (uint32_t)q->accumulate_offset;
-    r[KVQ_SEQ_SCRATCH] = plan->fused ? (uint32_t)scratch : 0;
-    if (plan->fused) scratch += flash_scratch_floats(job, q);
+    kvq_gpu_pack_record(job, q, plan->fused ? (uint32_t)scratch : 0, meta + KVQ_META_RECORDS + i * KVQ_SEQ_WORDS);
+    if (plan->fused) scratch += kvq_gpu_flash_scratch_floats(job, q);
   }
   if (pages) {
     memcpy(meta + meta[KVQ_META_SLOTS], job->page_slots, (size_t)pages * 4);
     memcpy(meta + meta[KVQ_META_INDEX], job->page_index, (size_t)pages * 4);
     memcpy(meta + meta[KVQ_META_ALIVE], job->page_alive, (size_t)pages * job->alive_words * 4);
   }
+}
+
+void kvq_gpu_pack_record(const kvq_job_attention *job, const kvq_attention_seq *q, uint32_t scratch, uint32_t *r) {
+  const uint32_t esize = (uint32_t)kvq_dtype_size(job->window_dtype);
+  r[KVQ_SEQ_PAGE_FIRST] = q->page_first;
+  r[KVQ_SEQ_QUANTIZED] = q->quantized;
+  r[KVQ_SEQ_WINDOW] = q->window;
+  r[KVQ_SEQ_WINDOW_FIRST] = q->window_first;
+  r[KVQ_SEQ_RING_CAPACITY] = q->ring_capacity;
+  r[KVQ_SEQ_RING_ELEMENT] = (uint32_t)(q->ring_offset / esize);
+  r[KVQ_SEQ_QUERY_FIRST] = q->query_first;
+  r[KVQ_SEQ_QUERY_COUNT] = q->query_count;
+  r[KVQ_SEQ_QUERY_POSITION] = q->query_position;
+  r[KVQ_SEQ_MASK] = q->mask;
+  r[KVQ_SEQ_SCORE_OFFSET] = (uint32_t)q->score_offset;
+  r[KVQ_SEQ_ACCUMULATE_OFFSET] = (uint32_t)q->accumulate_offset;
+  r[KVQ_SEQ_SCRATCH] = scratch;
 }

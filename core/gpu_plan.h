@@ -124,6 +124,12 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
                                   char *why, size_t why_size);
 /* Writes the job's metadata, plan->meta_words words, as described at the top. */
 void kvq_gpu_pack_attention(const kvq_job_attention *job, const kvq_gpu_attention_plan *plan, uint32_t *meta);
+/* The pieces of it, for core's incremental packer (core/gpu_meta.c): the workgroups kernel k
+ * (KVQ_PLAN_*) gives sequence q, the floats of q's flash scratch, and q's record (KVQ_SEQ_WORDS
+ * words) with its flash scratch from float `scratch`. */
+uint64_t kvq_gpu_seq_units(const kvq_job_attention *job, const kvq_attention_seq *q, uint32_t k);
+uint64_t kvq_gpu_flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q);
+void kvq_gpu_pack_record(const kvq_job_attention *job, const kvq_attention_seq *q, uint32_t scratch, uint32_t *record);
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,11 @@ struct kvq_context {
   int destroy_requested;
   char error[1024];
   kvq_load_work load_work;
+  /* Attention metadata packed by core for backends with KVQ_BACKEND_CORE_META (core/gpu_meta.c),
+   * kept from one job to the next; created on first use. sequence_uids: the last uid given to a
+   * sequence (kvq_sequence.uid), unique for the context's life. */
+  struct kvq_gpu_meta *gpu_meta;
+  uint64_t sequence_uids;
 };
 
 /* The context's backend counters (kvq_backend_stats, backends/backend.h), read and, with `reset`,
@@ -48,6 +53,11 @@ kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
 /* The same for calls that are synchronous in every mode (creating and loading caches, loading
  * codebooks): their one submission is waited for before they return. */
 kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status);
+
+/* Words of attention metadata the last attention job of the context packed or compared in core
+ * (core/gpu_meta.c): O(sequences + page-table entries that changed), not O(listed pages). For tests;
+ * 0 when the backend packs its own. Not part of the API. */
+uint64_t kvq_context_meta_packed(const kvq_context *ctx);
 
 /* Frees a context once it was destroyed and its last cache is gone. */
 void kvq_context_release(kvq_context *ctx);
@@ -105,6 +115,15 @@ typedef struct kvq_sequence {
   uint32_t *pages;
   uint32_t *page_index;
   uint32_t *alive;
+  /* What core's packed attention metadata needs to update only what changed (core/gpu_meta.c):
+   * uid names the sequence in its context (0: none yet; a reused slot gets a new one); every change
+   * of the page table bumps pt_version and lowers pt_dirty_from to the first entry it touched
+   * (kvq_page_table_changed: entries added, removed or moved), or widens [pt_masks_from,
+   * pt_masks_to) to the entries whose kept-token masks alone changed (kvq_page_masks_changed); the
+   * packer resets them (UINT32_MAX, an empty range) and sets pt_since to the version its image then
+   * holds. */
+  uint64_t uid, pt_version, pt_since;
+  uint32_t pt_dirty_from, pt_masks_from, pt_masks_to;
   kvq_seq_layer *layers;
   kvq_tracked tracked;
 } kvq_sequence;
@@ -133,6 +152,9 @@ struct kvq_cache {
   kvq_buffer *scratch[KVQ_SCRATCH_COUNT];
   uint64_t scratch_size[KVQ_SCRATCH_COUNT];
   kvq_buffer *staging;       /* tokens of up to staging_pages pages being quantized by an append */
+  kvq_buffer *zeros;         /* zeros_size zero bytes: the source that clears a page behind the device
+                                checks (kvq_take_pages); created on first need */
+  uint64_t zeros_size;
   uint32_t staging_pages;
   uint32_t alive_words;      /* ceil(P / 32): kept-token mask words per page-table entry */
 };
@@ -171,8 +193,15 @@ kvq_status kvq_upload_fixed(kvq_cache *cache);
 
 /* Takes n pages from the free stack, zeroes them in every layer (so no bytes of a previous owner
  * remain) and appends them to a sequence's page table as its next pages, every token kept
- * (capacity checked and reserved before). */
-kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n);
+ * (capacity checked and reserved before). With `if_clear` (the context's check word, a backend
+ * with KVQ_BACKEND_IF_CLEAR), the slots that lie at or above stack position free_before (pages the call's
+ * evictions freed, which a refused call keeps) are zeroed only if the check word is clear when the
+ * device gets there (kvq_device_copy_if_clear from cache->zeros). */
+kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n, kvq_buffer *if_clear, uint32_t free_before);
+/* Records that page-table entries from `from` on changed (internal.h, kvq_sequence.pt_*). */
+void kvq_page_table_changed(kvq_sequence *seq, uint32_t from);
+/* Records that the kept-token masks of entries [from, to) changed, and nothing else. */
+void kvq_page_masks_changed(kvq_sequence *seq, uint32_t from, uint32_t to);
 /* The page-table entry holding page `index` of a sequence, or UINT32_MAX when it has none. */
 uint32_t kvq_page_entry(const kvq_sequence *seq, uint32_t index);
 /* Whether token i of page-table entry e is kept. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "tensor.h"
 
 kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t pages) {
   if (pages <= seq->page_capacity) return KVQ_OK;
@@ -28,12 +29,29 @@ kvq_status kvq_reserve_page_table(kvq_cache *cache, kvq_sequence *seq, uint32_t 
   return KVQ_OK;
 }
 
-kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
+/* cache->zeros, at least `bytes` long (zero-filled by buffer_create, never written). */
+static kvq_status zeros_ready(kvq_cache *cache, uint64_t bytes) {
+  kvq_backend *be = cache->ctx->backend;
+  if (cache->zeros && cache->zeros_size >= bytes) return KVQ_OK;
+  if (cache->zeros) be->ops->buffer_destroy(be, cache->zeros);
+  cache->zeros = NULL;
+  cache->zeros_size = 0;
+  const kvq_status st = be->ops->buffer_create(be, bytes, &cache->zeros);
+  if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "creating a page of zeros");
+  cache->zeros_size = bytes;
+  return KVQ_OK;
+}
+
+kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n, kvq_buffer *if_clear, uint32_t free_before) {
   kvq_backend *be = cache->ctx->backend;
   const uint32_t P = cache->config.page_size, words = cache->alive_words;
   for (uint32_t i = 0; i < n; i++) {
+    /* a slot above free_before was freed by the call's evictions: it still holds its tokens if the
+     * call is refused, so with a check word it is cleared only once the checks passed */
+    const int guarded = if_clear && cache->free_count > free_before;
     const uint32_t slot = cache->free_pages[--cache->free_count];
     const uint32_t e = seq->page_count++;
+    kvq_page_table_changed(seq, e);
     seq->pages[e] = slot;
     seq->page_index[e] = seq->page_end++;
     for (uint32_t w = 0; w < words; w++) /* every token kept */
@@ -41,11 +59,25 @@ kvq_status kvq_take_pages(kvq_cache *cache, kvq_sequence *seq, uint32_t n) {
     for (uint32_t l = 0; l < cache->config.layer_count; l++)
       for (int s = 0; s < 2; s++) {
         const uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
-        kvq_status st = be->ops->buffer_zero(be, cache->storage[l].pages[s], (uint64_t)slot * pb, pb);
+        kvq_status st = guarded ? zeros_ready(cache, pb)
+                                : be->ops->buffer_zero(be, cache->storage[l].pages[s], (uint64_t)slot * pb, pb);
+        if (st == KVQ_OK && guarded)
+          st = kvq_device_copy_if_clear(cache->ctx, cache->storage[l].pages[s], (uint64_t)slot * pb, cache->zeros, 0, pb);
         if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "clearing a page");
       }
   }
   return KVQ_OK;
+}
+
+void kvq_page_table_changed(kvq_sequence *seq, uint32_t from) {
+  seq->pt_version++;
+  if (from < seq->pt_dirty_from) seq->pt_dirty_from = from;
+}
+
+void kvq_page_masks_changed(kvq_sequence *seq, uint32_t from, uint32_t to) {
+  seq->pt_version++;
+  if (from < seq->pt_masks_from) seq->pt_masks_from = from;
+  if (to > seq->pt_masks_to) seq->pt_masks_to = to;
 }
 
 uint32_t kvq_page_entry(const kvq_sequence *seq, uint32_t index) {
@@ -65,6 +97,7 @@ int kvq_token_kept(const kvq_cache *cache, const kvq_sequence *seq, uint32_t e, 
 void kvq_release_entry(kvq_cache *cache, kvq_sequence *seq, uint32_t e) {
   const uint32_t words = cache->alive_words, after = seq->page_count - e - 1;
   cache->free_pages[cache->free_count++] = seq->pages[e];
+  kvq_page_table_changed(seq, e); /* the entries after it move down */
   memmove(seq->pages + e, seq->pages + e + 1, sizeof(uint32_t) * after);
   memmove(seq->page_index + e, seq->page_index + e + 1, sizeof(uint32_t) * after);
   memmove(seq->alive + (size_t)e * words, seq->alive + (size_t)(e + 1) * words, sizeof(uint32_t) * after * words);

@@ -308,7 +308,15 @@ kvq_status kvq_policy_plan_make(const kvq_cache *cache, const kvq_sequence *seq,
 }
 
 void kvq_policy_plan_apply(kvq_cache *cache, kvq_sequence *seq, kvq_policy_plan *plan) {
-  if (plan->alive) memcpy(seq->alive, plan->alive, sizeof(uint32_t) * seq->page_count * cache->alive_words);
+  if (plan->alive) {
+    const size_t words = (size_t)seq->page_count * cache->alive_words;
+    size_t first = 0, last = words; /* the words whose kept tokens change: [first, last) */
+    while (first < words && seq->alive[first] == plan->alive[first]) first++;
+    while (last > first && seq->alive[last - 1] == plan->alive[last - 1]) last--;
+    if (first < last)
+      kvq_page_masks_changed(seq, (uint32_t)(first / cache->alive_words), (uint32_t)((last - 1) / cache->alive_words + 1));
+    memcpy(seq->alive, plan->alive, sizeof(uint32_t) * words);
+  }
   if (plan->drop) {
     kvq_tracked *t = &seq->tracked;
     uint32_t kept = 0;

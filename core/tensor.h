@@ -59,6 +59,11 @@ kvq_status kvq_tensor_scatter_block(kvq_context *ctx, kvq_buffer *src, uint64_t 
  * backend has check_tokens. */
 kvq_status kvq_device_tokens_check(kvq_context *ctx, const kvq_side_desc *side, kvq_dtype dtype, kvq_buffer *tokens,
                                    uint64_t offset, uint32_t count);
+/* Records a copy of `bytes` (a multiple of 4, offsets too) from src/src_offset to dst/dst_offset,
+ * as a CONVERT of fp32 words with KVQ_JOB_CONVERT_IF_CLEAR: on the device, it writes nothing when
+ * a check recorded earlier in the call failed (the context's check word is not zero). */
+kvq_status kvq_device_copy_if_clear(kvq_context *ctx, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src, uint64_t src_offset,
+                                    uint64_t bytes);
 /* The call's check word: read back (a wait) and turned into a status, KVQ_ERROR_NON_FINITE with a
  * message when a check failed; KVQ_OK when the call recorded none. */
 kvq_status kvq_device_checks_read(kvq_context *ctx);

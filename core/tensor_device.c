@@ -167,6 +167,22 @@ kvq_status kvq_device_tokens_check(kvq_context *ctx, const kvq_side_desc *side, 
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "checking device tokens");
 }
 
+kvq_status kvq_device_copy_if_clear(kvq_context *ctx, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src, uint64_t src_offset,
+                                    uint64_t bytes) {
+  kvq_backend *be = ctx->backend;
+  const uint64_t words = bytes / 4;
+  if (bytes % 4 || dst_offset % 4 || src_offset % 4 || words > UINT32_MAX || !ctx->checks)
+    return kvq_fail(ctx, KVQ_ERROR_INTERNAL, "a checked copy of %llu bytes that is not whole words, or without checks",
+                    (unsigned long long)bytes);
+  const kvq_job_convert job = {.shape = {1, 1, (uint32_t)words},
+                               .src = {src, KVQ_DTYPE_F32, src_offset / 4, {(int64_t)words, (int64_t)words, 1}},
+                               .dst = {dst, KVQ_DTYPE_F32, dst_offset / 4, {(int64_t)words, (int64_t)words, 1}},
+                               .checks = KVQ_JOB_CONVERT_IF_CLEAR,
+                               .flags = ctx->checks};
+  const kvq_status st = be->ops->convert(be, &job);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "recording a copy behind the device checks");
+}
+
 kvq_status kvq_device_checks_read(kvq_context *ctx) {
   if (!ctx->checks_recorded && !ctx->checks_pending) return KVQ_OK;
   ctx->checks_recorded = ctx->checks_pending = 0;

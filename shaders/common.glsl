@@ -31,6 +31,12 @@ uint kvq_invocation() {
 
 float kvq_f(uint bits) { return uintBitsToFloat(bits); }
 
+// A job recorded behind the device checks of its call (pc.flags has KVQ_PUSH_IF_CLEAR, shaders/push.h)
+// writes nothing once a check failed: the check word results[pc.check_word] is then not zero. The
+// checks ran in earlier dispatches of the same submission, and nothing writes the word while such a
+// job runs, so every invocation of a workgroup reads the same answer.
+bool kvq_check_refused() { return (pc.flags & KVQ_PUSH_IF_CLEAR) != 0u && results[pc.check_word] != 0u; }
+
 // Element `index` of an array of `dtype` (KVQ_LAYOUT_F32/F16/BF16) values starting at word 0 of a
 // buffer, as fp32. 16-bit elements are the halves of little-endian words.
 #define KVQ_READ_ELEMENT(buffer, dtype, index)                                                     \

@@ -10,7 +10,9 @@
  * fields say what to do with it: `count` items (pages, clusters, points) from `range_first` (a job
  * split over several dispatches gives each its range), `meta` the word offset of the job's host
  * arrays in binding 0, `src_word` / `dst_word` where the job's input / output starts in src / dst
- * (in 32-bit words), `units` the work units of one head block (QUANTIZE, shaders/work_units.h).
+ * (in 32-bit words), `units` the work units of one head block (QUANTIZE, shaders/work_units.h),
+ * `check_word` the index in the results binding of the check word a job recorded behind a device
+ * check reads (with KVQ_PUSH_IF_CLEAR, kvq_check_refused in shaders/common.glsl).
  */
 #ifndef KVQ_SHADERS_PUSH_H
 #define KVQ_SHADERS_PUSH_H
@@ -22,9 +24,9 @@
   KVQ_SIDE_FIELDS(F) F(head_words) F(constant_bits)                                                 \
   /* the job */                                                                                    \
   F(count) F(range_first) F(input_dtype) F(meta) F(flags) F(src_word) F(dst_word) F(units)         \
-  F(query_heads) F(scale_bits) F(window_dtype) F(alive_words)
+  F(query_heads) F(scale_bits) F(window_dtype) F(alive_words) F(check_word)
 
-#define KVQ_PUSH_WORDS (KVQ_SIDE_FIELD_COUNT + 14u)
+#define KVQ_PUSH_WORDS (KVQ_SIDE_FIELD_COUNT + 15u)
 
 /* The eight storage-buffer bindings every shader declares (shaders/common.glsl). */
 #define KVQ_BINDING_META 0   /* the job's host arrays */
@@ -41,6 +43,9 @@
 #define KVQ_PUSH_ACCUMULATE 2u /* SOFTMAX: write per-slot probability sums */
 #define KVQ_PUSH_WEIGHTS 4u    /* KMEANS_UPDATE: weights are bound */
 #define KVQ_PUSH_DISTANCE 8u   /* KMEANS_ASSIGN: distances are bound */
+/* QUANTIZE's steps and COPY_WORDS: write nothing when the check word results[check_word] is not
+ * zero (an append of device tokens recorded behind its checks, core/append.c) */
+#define KVQ_PUSH_IF_CLEAR 64u
 /* CONVERT (shaders/tensor_convert.comp): flags, and the bits it sets in its flag word */
 #define KVQ_CONVERT_CHECK_FINITE 1u /* flag a non-finite source element (and write 0 for it) */
 #define KVQ_CONVERT_CHECK_FITS 2u   /* flag a non-finite element or one the destination dtype cannot hold */

@@ -14,7 +14,7 @@ shared float norm2[KVQ_MAX_HEAD_DIM];
 void main() {
   uint group = kvq_invocation() / gl_WorkGroupSize.x, lane = gl_LocalInvocationID.x;
   uint d = pc.head_dim, h = group % pc.kv_heads, i = group / pc.kv_heads;
-  if (i >= pc.count) return; // the whole workgroup: it works on one item
+  if (i >= pc.count || kvq_check_refused()) return; // the whole workgroup: it works on one item
   uint m = pc.meta + (pc.range_first + i) * 4u;
   uint n = meta[m + 2u], x = meta[m] + h * d, stride = pc.kv_heads * d;
   for (uint c = lane; c < d; c += gl_WorkGroupSize.x) norm2[c] = kvq_qjl_channel_norm2(x, stride, n, c);

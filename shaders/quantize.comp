@@ -11,7 +11,7 @@ void main() {
   uint id = kvq_invocation();
   uint units = pc.units;
   uint u = id % units, h = (id / units) % pc.kv_heads, i = id / units / pc.kv_heads;
-  if (i >= pc.count) return;
+  if (i >= pc.count || kvq_check_refused()) return;
   uint m = pc.meta + (pc.range_first + i) * 4u;
   uint n = meta[m + 2u];
   if (u >= kvq_encode_units(n)) return;

@@ -9,7 +9,7 @@
 void main() {
   uint id = kvq_invocation();
   uint t = id % pc.page_size, h = (id / pc.page_size) % pc.kv_heads, i = id / pc.page_size / pc.kv_heads;
-  if (i >= pc.count) return;
+  if (i >= pc.count || kvq_check_refused()) return;
   uint k = pc.range_first + i, m = pc.meta + k * 4u;
   if (t >= meta[m + 2u]) return;
   uint x = meta[m] + h * pc.head_dim + t * pc.kv_heads * pc.head_dim;

@@ -8,6 +8,6 @@ void main() {
   uint id = kvq_invocation();
   uint page_words = pc.kv_heads * pc.head_words;
   uint i = id / page_words;
-  if (i >= pc.count) return;
+  if (i >= pc.count || kvq_check_refused()) return;
   pages[(meta[pc.meta + (pc.range_first + i) * 4u + 1u] >> 2) + id % page_words] = 0u;
 }

@@ -212,6 +212,71 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
   kvq_context_destroy(ctx);
 }
 
+/*
+ * Page tables stay packed in core between calls (core/gpu_meta.c, docs/VULKAN.md): a decode step
+ * after a one-token append packs (computes or compares) only the header, the sequence's record and
+ * unit totals, and the page-table entries that changed (a page that joined, a page whose kept tokens
+ * changed), not every listed page; and only those words cross to the device. Two sequences (so that
+ * a page joining one moves nothing of the other) stream 700 tokens each through pages of 16 (43
+ * listed pages at the end), one with a StreamingLLM policy whose evictions change kept-token masks
+ * and return pages at the front of its table. Counted with kvq_context_meta_packed and the backend's
+ * byte counter.
+ */
+Test(vulkan, decode_steps_pack_only_what_changed, .timeout = 240) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context();
+  enum { HQ = 2, HKV = 1, D = 32, N = 700, P = 16, W = 16, S = 2 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
+  static float k[N * HKV * D], v[N * HKV * D], q[S * HQ * D], out[S * HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, S * HQ * D);
+  for (int evicting = 0; evicting < 2; evicting++) {
+    kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, 2 * N / P, S, 7);
+    if (evicting) config.policy = kvq_policy_defaults(KVQ_POLICY_STREAMING), config.policy.recent = 160;
+    kvq_cache *cache;
+    KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+    uint32_t seqs[S];
+    for (int i = 0; i < S; i++) KVQ_CHECK(ctx, kvq_sequence_add(cache, &seqs[i]));
+    const int64_t qshape[3] = {1, HQ, D};
+    kvq_attention_request req[S];
+    for (int i = 0; i < S; i++)
+      req[i] = (kvq_attention_request){.sequence = seqs[i], .queries = kvq_tensor_host(q + i * HQ * D, KVQ_DTYPE_F32, 3, qshape),
+                                       .output = kvq_tensor_host(out + i * HQ * D, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
+    /* every call: the header (11 words), the unit tables (7 (S + 1)) and the records (13 S); per
+     * sequence its changed entries: a joined page (slot, page number, mask word: 3), under
+     * StreamingLLM a mask word that changed (1) */
+    const uint64_t fixed = 11 + 7 * (S + 1) + 13 * S, budget = fixed + 3 * 3 * S;
+    uint64_t packed_total = 0, over = 0;
+    for (uint32_t t = 0; t < N; t++) {
+      for (int i = 0; i < S; i++) th_append(ctx, cache, seqs[i], 0, k, v, t, 1, HKV, D, KVQ_DTYPE_F32);
+      (void)counted(ctx);
+      KVQ_CHECK(ctx, kvq_attention(cache, 0, req, S));
+      const kvq_backend_stats s = counted(ctx);
+      const uint64_t packed = kvq_context_meta_packed(ctx);
+      kvq_sequence_info info;
+      KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seqs[0], 0, &info));
+      packed_total += packed;
+      /* metadata bytes: what crossed beyond the queries (host tensors: written through staging) */
+      const uint64_t metadata = s.bytes_to_device - sizeof q;
+      if (t == 0) continue; /* the first image goes whole */
+      if (packed > budget) { /* a sequence outgrew its span (4, 8, 16, 32, 64 entries) or returned a page */
+        over++;
+        continue;
+      }
+      cr_assert_leq(metadata, 4u * budget, "step %u (%u pages): %llu bytes of metadata", t, info.pages, (unsigned long long)metadata);
+    }
+    /* without core's image every step packs every listed page: 3 words each, 700 steps, up to 43
+     * pages per sequence, over 60000 words; here the steps that outgrow a span or return a page */
+    cr_assert_leq(over, evicting ? 2u * N / P + 8 : 8u, "%llu steps packed more than the changed entries", (unsigned long long)over);
+    cr_assert_leq(packed_total, (uint64_t)N * budget + over * (fixed + 3 * S * 64),
+                  "%llu words packed in %d steps", (unsigned long long)packed_total, N);
+    kvq_sequence_info info;
+    KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seqs[0], 0, &info));
+    cr_assert_geq(info.pages, evicting ? 10u : 40u, "%u pages listed at the end", info.pages);
+    kvq_cache_destroy(cache);
+  }
+  kvq_context_destroy(ctx);
+}
+
 /* ---- The runtime's own device ----------------------------------------------------------------------- */
 
 /* These tests create the runtime's side with volk, which only a build with the Vulkan backend has;
@@ -457,15 +522,16 @@ Test(vulkan, runtime_vkbuffers_as_inputs_and_outputs) {
  * The decode loop of a runtime that keeps everything on its device: keys, values and queries in its
  * VkBuffers (fp16 keys and values, fp32 queries), each step's output written into row t of an fp32
  * VkBuffer, counted with the backend's counters against docs/VULKAN.md ("What each call moves"):
- *   - every kvq_attention is exactly one queue submission, and so is every asynchronous kvq_append; a
- *     synchronous kvq_append is two: the first reads the finite-value check of the device keys and
- *     values back before the append changes anything (as host tensors are checked first);
+ *   - every kvq_attention and every kvq_append is exactly one queue submission: a synchronous append
+ *     records its writes behind the device checks of its keys and values and reads the check word
+ *     once, at the end (a refused append writes nothing: refused_device_append_changes_nothing);
  *   - nothing comes back to the host but the 4-byte check word, once per synchronous call (nothing
  *     at all in the asynchronous mode);
  *   - an append moves 64 bytes of conversion metadata per side, and 16 per side when it quantizes a
- *     page; an attention 64 bytes per conversion (3) and only the attention metadata words that
- *     changed since the previous step: at most 32 bytes, 32 + 8 per listed page when a page joined
- *     the list (the whole metadata the first time).
+ *     page; an attention 64 bytes per conversion (2: the output's write is a plain copy of fp32
+ *     words, without metadata) and only the attention metadata words that changed since the
+ *     previous step: at most 32 bytes, 12 more when a page joined the list (the whole metadata the
+ *     first time, and when the sequence outgrows its span of the page arrays).
  * `async` runs the context asynchronously, waiting only at the end, and checks that the calls
  * returned without waiting for their own work. The outputs are left in `ob`.
  */
@@ -496,21 +562,27 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
     /* docs/VULKAN.md, "What each call moves" */
     const int quantizes = t + 1 - ring_start >= (uint32_t)(DL_W + DL_P);
     if (quantizes) ring_start += DL_P;
-    cr_assert_eq(a.submissions, async ? 1u : 2u, "append %u: %llu submissions", t, (unsigned long long)a.submissions);
+    cr_assert_eq(a.submissions, 1u, "append %u: %llu submissions", t, (unsigned long long)a.submissions);
     cr_assert_eq(s.submissions, 1u, "attention %u: %llu submissions", t, (unsigned long long)s.submissions);
     cr_assert_eq(a.bytes_to_host, async ? 0u : 4u, "append %u read back %llu bytes", t, (unsigned long long)a.bytes_to_host);
     cr_assert_eq(s.bytes_to_host, async ? 0u : 4u, "attention %u read back %llu bytes", t, (unsigned long long)s.bytes_to_host);
     cr_assert_eq(a.bytes_to_device, 2 * 64u + (quantizes ? 2 * 16u : 0u), "append %u moved %llu bytes", t,
                  (unsigned long long)a.bytes_to_device);
-    /* three conversions (queries, the output's check and write), then only the attention metadata
+    /* two conversions (the queries' gather, the output's check), the output's write a plain copy of
+     * fp32 words (COPY_WORDS: its push constants say everything), then only the attention metadata
      * words that changed since the last step: the sequence's record and unit totals, and when the
      * page list grew the page tables behind it */
-    const uint64_t metadata = s.bytes_to_device - 3 * 64u;
-    cr_assert_geq(s.bytes_to_device, 3 * 64u, "attention %u moved %llu bytes", t, (unsigned long long)s.bytes_to_device);
+    const uint64_t metadata = s.bytes_to_device - 2 * 64u;
+    cr_assert_geq(s.bytes_to_device, 2 * 64u, "attention %u moved %llu bytes", t, (unsigned long long)s.bytes_to_device);
     const uint64_t listed = ring_start / DL_P; /* pages the attention lists */
+    /* core keeps the page lists packed (core/gpu_meta.c): a page that joins is its 3 words, unless
+     * the sequence outgrows its span of the page arrays (4, 8, 16 entries): then the whole image
+     * (38 words and 3 per entry of the new span) */
+    const int outgrows = quantizes && listed > 4 && ((listed - 1) & (listed - 2)) == 0;
     if (t > 0)
-      cr_assert_leq(metadata, quantizes ? 32u + 8u * listed : 32u, "attention %u moved %llu bytes of metadata (%llu pages listed)", t,
-                    (unsigned long long)metadata, (unsigned long long)listed);
+      cr_assert_leq(metadata, quantizes ? (outgrows ? 4u * (38u + 3u * 2u * (listed - 1)) : 48u + 12u) : 32u,
+                    "attention %u moved %llu bytes of metadata (%llu pages listed)", t, (unsigned long long)metadata,
+                    (unsigned long long)listed);
     waits += a.waits + s.waits;
   }
   if (async) {
@@ -518,8 +590,7 @@ static void decode_loop(const runtime_device *r, const runtime_buffer *kb, const
     cr_assert_leq(waits, 2u * DL_N - 1, "asynchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
     KVQ_CHECK(ctx, kvq_context_wait(ctx));
   } else {
-    cr_assert_eq(waits, 3u * DL_N, "synchronous calls waited %llu times in %d calls (an append twice)", (unsigned long long)waits,
-                 2 * DL_N);
+    cr_assert_eq(waits, 2u * DL_N, "synchronous calls waited %llu times in %d calls", (unsigned long long)waits, 2 * DL_N);
   }
   KVQ_CHECK(ctx, kvq_context_wait(ctx)); /* nothing in flight: returns at once */
   kvq_cache_destroy(cache);
@@ -854,6 +925,100 @@ Test(vulkan, device_appends_refuse_what_host_appends_refuse) {
   runtime_stop(&r);
 }
 
+/*
+ * A refused append of device tokens changes nothing and costs one submission (docs/VULKAN.md): what
+ * it records behind its device checks (the pages it quantizes, a page its evictions freed and it
+ * takes and clears, the window slots it writes) is skipped on the device, and its host bookkeeping
+ * (page table, free pages, statistics, lengths) is put back. Under StreamingLLM, H2O and Q-Hitter a
+ * two-layer cache with a pool of 8 pages of 16 streams chunks of 1, 5 and 40 device tokens; before
+ * each real append the same tokens with one NaN are refused, and the saved cache (page table, pages,
+ * windows, statistics) is byte for byte what it was. A chunk of 40 overwrites window slots whose
+ * tokens the append quantizes first and takes pages the policy just freed. Q-Hitter reads its
+ * quantization errors back while it appends (one more submission per side whose pages it quantizes).
+ */
+enum { RA_HQ = 2, RA_HKV = 2, RA_D = 32, RA_P = 16, RA_CHUNK = 40, RA_N = 260 };
+static float ra_value(uint32_t token, uint32_t i, int side) {
+  return (float)(((token * 131u + i * 17u + (uint32_t)side * 7u) % 97u)) / 48.0f - 1.0f;
+}
+static uint8_t *ra_saved(kvq_context *ctx, kvq_cache *cache, size_t *size) {
+  uint64_t bytes = 0;
+  KVQ_CHECK(ctx, kvq_cache_save_size(cache, &bytes));
+  uint8_t *image = malloc((size_t)bytes);
+  cr_assert(image);
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, size));
+  return image;
+}
+Test(vulkan, refused_device_append_changes_nothing_in_one_submission, .timeout = 300) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  const kvq_policy_kind kinds[3] = {KVQ_POLICY_STREAMING, KVQ_POLICY_H2O, KVQ_POLICY_QHITTER};
+  const uint64_t token_bytes = 4u * RA_HKV * RA_D;
+  runtime_buffer kb = runtime_buffer_make(&r, NULL, RA_CHUNK * token_bytes), vb = runtime_buffer_make(&r, NULL, RA_CHUNK * token_bytes);
+  const uint32_t chunks[3] = {1, 5, RA_CHUNK};
+  for (int k = 0; k < 3; k++) {
+    kvq_layer_config layers[2] = {th_layer(RA_HQ, RA_HKV, RA_D, th_kivi(2, 16), th_uniform(4, 16)),
+                                  th_layer(RA_HQ, RA_HKV, RA_D, th_exact(KVQ_DTYPE_F16), th_kivi(2, 0))};
+    kvq_cache_config config = th_config(layers, 2, KVQ_DTYPE_F32, RA_P, 16, 8, 1, 7);
+    config.policy = kvq_policy_defaults(kinds[k]);
+    config.policy.heavy_fraction = 0.0f, config.policy.heavy = 4;
+    uint32_t seq;
+    kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
+    uint32_t refusals = 0, step = 0;
+    for (uint32_t t = 0; t < RA_N; t += chunks[step++ % 3]) {
+      const uint32_t count = chunks[step % 3];
+      float *kf = kb.mapped, *vf = vb.mapped;
+      for (uint32_t j = 0; j < count; j++)
+        for (uint32_t i = 0; i < RA_HKV * RA_D; i++) {
+          kf[j * RA_HKV * RA_D + i] = ra_value(t + j, i, 0);
+          vf[j * RA_HKV * RA_D + i] = ra_value(t + j, i, 1);
+        }
+      const int64_t shape[3] = {count, RA_HKV, RA_D};
+      const kvq_tensor kd = device_tensor(&kb, 0, KVQ_DTYPE_F32, shape, NULL), vd = device_tensor(&vb, 0, KVQ_DTYPE_F32, shape, NULL);
+      for (uint32_t layer = 0; layer < 2; layer++) {
+        size_t before_size, after_size;
+        uint8_t *before = ra_saved(ctx, cache, &before_size);
+        float *poisoned = (step % 2 ? vf : kf) + (count - 1) * RA_HKV * RA_D + 3;
+        const float clean = *poisoned;
+        *poisoned = NAN;
+        (void)counted(ctx);
+        const kvq_status st = kvq_append(cache, seq, layer, &kd, &vd);
+        const kvq_backend_stats s = counted(ctx);
+        cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "policy %d, token %u, layer %u: %s", k, t, layer, kvq_status_string(st));
+        if (kinds[k] != KVQ_POLICY_QHITTER) {
+          cr_assert_eq(s.bytes_to_host, 4u, "a refused append read back %llu bytes", (unsigned long long)s.bytes_to_host);
+          cr_assert_eq(s.submissions, 1u, "policy %d, token %u, layer %u: a refused append made %llu submissions", k, t, layer,
+                       (unsigned long long)s.submissions);
+        }
+        uint8_t *after = ra_saved(ctx, cache, &after_size);
+        cr_assert_eq(after_size, before_size, "policy %d, token %u, layer %u: the refused append changed the cache's size", k, t, layer);
+        for (size_t i = 0; i < before_size; i++)
+          cr_assert_eq(after[i], before[i], "policy %d, token %u (+%u), layer %u: the refused append changed byte %zu of the saved cache",
+                       k, t, count, layer, i);
+        free(before), free(after);
+        refusals++;
+        *poisoned = clean;
+        (void)counted(ctx);
+        KVQ_CHECK(ctx, kvq_append(cache, seq, layer, &kd, &vd));
+        const kvq_backend_stats a = counted(ctx);
+        if (kinds[k] != KVQ_POLICY_QHITTER)
+          cr_assert_eq(a.submissions, 1u, "policy %d, token %u, layer %u: %llu submissions", k, t, layer,
+                       (unsigned long long)a.submissions);
+      }
+    }
+    kvq_sequence_info info;
+    KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 1, &info));
+    cr_assert_geq(info.tokens, (uint64_t)RA_N, "%llu tokens", (unsigned long long)info.tokens);
+    cr_assert_lt(info.kept_tokens, info.tokens, "the policy evicted");
+    cr_assert_gt(refusals, 20u);
+    kvq_cache_destroy(cache);
+  }
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&kb, &vb};
+  runtime_buffers_free(&r, all, 2);
+  runtime_stop(&r);
+}
+
 #else
 Test(vulkan, runs_on_the_runtimes_device) { require_vulkan(); }
 Test(vulkan, a_queue_the_device_lacks_is_an_invalid_argument) { require_vulkan(); }
@@ -863,6 +1028,7 @@ Test(vulkan, device_checks_report_non_finite_values) { require_vulkan(); }
 Test(vulkan, half_precision_device_queries_and_outputs) { require_vulkan(); }
 Test(vulkan, scores_and_dequantize_into_device_tensors) { require_vulkan(); }
 Test(vulkan, device_appends_refuse_what_host_appends_refuse) { require_vulkan(); }
+Test(vulkan, refused_device_append_changes_nothing_in_one_submission) { require_vulkan(); }
 #endif
 
 /* ---- Codebook learning ---------------------------------------------------------------------------- */

@@ -122,12 +122,12 @@ typedef struct vk_backend {
   kvq_buffer *staging;  /* host-visible, KVQ_VK_STAGING_BYTES */
   kvq_buffer *metadata; /* host-visible, grown to the largest job's host arrays */
   kvq_buffer *dummy;    /* bound to unused bindings */
-  /* Attention metadata kept on the device between calls (kvq_vk_metadata_resident): host-visible,
-   * with a host mirror of its words; a call writes only the words that changed since the last.
-   * resident_recorded: the recording's attention jobs use it (its content is fixed until submitted). */
+  /* Core's attention metadata kept on the device between calls (kvq_vk_metadata_resident):
+   * host-visible, holding core's image of serial resident_serial (0: none it can build on); a call
+   * writes only the ranges core says changed since. resident_recorded: the recording's attention
+   * jobs use it (its content is fixed until submitted). */
   kvq_buffer *resident;
-  uint32_t *resident_mirror;
-  uint64_t resident_words, resident_capacity;
+  uint64_t resident_capacity, resident_serial;
   int resident_recorded;
   kvq_buffer *scratch;  /* device-local, grown to the largest intermediate result of a job; or NULL */
 
@@ -201,11 +201,12 @@ void kvq_vk_stats(kvq_backend *backend, kvq_backend_stats *out, int reset);
  * of the recording put there; a larger buffer when it is full), before the job records anything;
  * *word_offset is where they start. Valid until the recording's submission is done. */
 kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint32_t *word_offset);
-/* As kvq_vk_metadata, for the attention jobs' metadata (page tables, sequence records): into the
- * resident buffer, writing only the words that differ from what it held, when the recording has not
- * used it for other metadata yet (else into the metadata ring). *buffer is the buffer to bind. */
-kvq_status kvq_vk_metadata_resident(vk_backend *b, const uint32_t *words, uint64_t count, uint32_t *word_offset,
-                                    kvq_buffer **buffer);
+/* As kvq_vk_metadata, for core's packed attention metadata (kvq_attention_meta: page tables,
+ * sequence records): into the resident buffer, which holds core's previous image, writing only the
+ * ranges core says changed, when the recording has not used it for another image yet (else the
+ * whole image into the metadata ring, and the next image goes whole into the resident buffer).
+ * *buffer is the buffer to bind. */
+kvq_status kvq_vk_metadata_resident(vk_backend *b, const kvq_attention_meta *meta, uint32_t *word_offset, kvq_buffer **buffer);
 /* b->scratch, grown to at least `bytes` before the job records anything (the old one retired). */
 kvq_status kvq_vk_scratch(vk_backend *b, uint64_t bytes, kvq_buffer **out);
 
@@ -223,6 +224,11 @@ kvq_status kvq_vk_kmeans_assign(kvq_backend *backend, const kvq_job_kmeans *job)
 kvq_status kvq_vk_kmeans_update(kvq_backend *backend, const kvq_job_kmeans *job);
 kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job); /* vk_tensor.c */
 kvq_status kvq_vk_check_tokens(kvq_backend *backend, const kvq_job_token_check *job); /* vk_tensor.c */
+/* A job recorded behind a device check (kvq_job_quantize.if_clear): the check word's range and
+ * alignment checked, the push constants and binding that make its shaders write nothing once the
+ * word is set (shaders/common.glsl, kvq_check_refused). No-op with flags NULL. */
+kvq_status kvq_vk_if_clear(vk_backend *b, kvq_push *push, kvq_buffer *buffers[KVQ_VK_BINDINGS], kvq_buffer *flags,
+                           uint64_t flag_offset);
 
 /* The side layout's fields as the shaders read them (push constants). */
 void kvq_vk_push_side(kvq_push *push, const kvq_side_desc *side);

@@ -2,7 +2,9 @@
  * Attention jobs on Vulkan: SCORE, SOFTMAX (with the probability sums of the H2O and Q-Hitter
  * policies) and WEIGHTED_SUM, and the fused ATTENTION (flash-decoding, shaders/flash.glsl) that core
  * uses when it wants outputs only. What runs, for how many workgroups, with how much scratch, is
- * core's plan (core/gpu_plan.h); this file packs its metadata into the metadata buffer and records
+ * core's plan (core/gpu_plan.h); this file writes the words of core's packed metadata that changed
+ * (core/gpu_meta.c) into the resident buffer (or, for a job built with host page lists, packs them
+ * into the metadata ring) and records
  * one dispatch per kernel for the whole batch.
  */
 #include <stdlib.h>
@@ -28,12 +30,16 @@ static kvq_status prepare(vk_backend *b, const kvq_job_attention *job, int fused
   memset(run, 0, sizeof *run);
   kvq_status st = kvq_gpu_plan_attention(job, fused_kernels, &run->plan, why, sizeof why);
   if (st != KVQ_OK) return kvq_vk_error(b, st, "%s", why);
-  uint32_t *meta = calloc((size_t)run->plan.meta_words, sizeof(uint32_t));
-  if (!meta) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
-  kvq_gpu_pack_attention(job, &run->plan, meta);
-  /* a decode step's page tables and records mostly equal the last step's: only changes move */
-  st = kvq_vk_metadata_resident(b, meta, run->plan.meta_words, &run->base, &run->meta);
-  free(meta);
+  if (job->meta) { /* core's image (KVQ_BACKEND_CORE_META): only its changed words move */
+    st = kvq_vk_metadata_resident(b, job->meta, &run->base, &run->meta);
+  } else { /* host arrays (a job built by hand): packed here, into the metadata ring */
+    uint32_t *meta = calloc((size_t)run->plan.meta_words, sizeof(uint32_t));
+    if (!meta) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+    kvq_gpu_pack_attention(job, &run->plan, meta);
+    run->meta = b->metadata;
+    st = kvq_vk_metadata(b, meta, run->plan.meta_words * 4, &run->base);
+    free(meta);
+  }
   if (st == KVQ_OK && scratch && run->plan.scratch_bytes) st = kvq_vk_scratch(b, run->plan.scratch_bytes, &run->scratch);
   return st;
 }

@@ -370,7 +370,6 @@ static void vk_destroy(kvq_backend *backend) {
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
     kvq_vk_buffer_free(b, b->resident);
-    free(b->resident_mirror);
     kvq_vk_buffer_free(b, b->scratch);
     kvq_vk_pipelines_destroy(b);
     if (b->timestamps) b->vk.vkDestroyQueryPool(b->device, b->timestamps, NULL);
@@ -429,6 +428,8 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
   }
   b->base.ops = &vk_ops;
   b->base.kind = KVQ_BACKEND_VULKAN;
+  /* kvq_vk_quantize honours if_clear; attention jobs take core's packed metadata */
+  b->base.features = KVQ_BACKEND_IF_CLEAR | KVQ_BACKEND_CORE_META;
   kvq_status st;
   if (options && options->vulkan) {
     *availability = KVQ_UNAVAILABLE_ERROR;

@@ -343,40 +343,38 @@ kvq_status kvq_vk_metadata(vk_backend *b, const void *data, uint64_t bytes, uint
   return KVQ_OK;
 }
 
-kvq_status kvq_vk_metadata_resident(vk_backend *b, const uint32_t *words, uint64_t count, uint32_t *word_offset,
-                                    kvq_buffer **buffer) {
+kvq_status kvq_vk_metadata_resident(vk_backend *b, const kvq_attention_meta *meta, uint32_t *word_offset, kvq_buffer **buffer) {
   kvq_status st = kvq_vk_begin(b); /* waits for work in flight, which may read the resident words */
   if (st != KVQ_OK) return st;
-  const int same = b->resident && count == b->resident_words && memcmp(b->resident_mirror, words, count * 4) == 0;
-  if (b->resident_recorded && !same) { /* recorded jobs read the resident words: use the ring */
+  const uint64_t count = meta->count;
+  if (b->resident_recorded && b->resident_serial != meta->serial) { /* recorded jobs read another image */
+    b->resident_serial = 0; /* the resident buffer misses this image's changes: the next goes whole */
     *buffer = b->metadata;
-    return kvq_vk_metadata(b, words, count * 4, word_offset);
+    return kvq_vk_metadata(b, meta->words, count * 4, word_offset);
   }
   if (count > b->resident_capacity) {
     kvq_buffer *grown;
     const uint64_t capacity = count + count / 2 + 64;
-    uint32_t *mirror = malloc(capacity * 4);
-    if (!mirror) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
-    if ((st = kvq_vk_buffer_make(b, capacity * 4, 1, &grown)) != KVQ_OK) {
-      free(mirror);
-      return st;
-    }
-    memset(mirror, 0, capacity * 4);
-    memset(grown->mapped, 0, capacity * 4);
+    if ((st = kvq_vk_buffer_make(b, capacity * 4, 1, &grown)) != KVQ_OK) return st;
     kvq_vk_retire(b, b->resident);
-    free(b->resident_mirror);
     b->resident = grown;
-    b->resident_mirror = mirror;
     b->resident_capacity = capacity;
+    b->resident_serial = 0;
   }
-  /* only the words that changed cross to the device */
   uint32_t *device = b->resident->mapped;
-  for (uint64_t i = 0; i < count; i++)
-    if (b->resident_mirror[i] != words[i]) {
-      device[i] = b->resident_mirror[i] = words[i];
-      b->stats.bytes_to_device += 4;
+  if (b->resident_serial == meta->serial) {
+    /* the image is on the device already (a job of the same batch) */
+  } else if (meta->whole || b->resident_serial == 0 || b->resident_serial + 1 != meta->serial) {
+    memcpy(device, meta->words, count * 4);
+    b->stats.bytes_to_device += count * 4;
+  } else { /* the previous image is there: only what changed since crosses to the device */
+    for (uint32_t r = 0; r < meta->changed_count; r++) {
+      const kvq_meta_range *range = &meta->changed[r];
+      memcpy(device + range->first, meta->words + range->first, (size_t)range->count * 4);
+      b->stats.bytes_to_device += (uint64_t)range->count * 4;
     }
-  b->resident_words = count;
+  }
+  b->resident_serial = meta->serial;
   b->resident_recorded = 1;
   *word_offset = 0;
   *buffer = b->resident;

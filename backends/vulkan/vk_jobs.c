@@ -87,6 +87,8 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
   kvq_vk_push_side(&push, job->side);
   push.input_dtype = (uint32_t)job->input_dtype;
   push.meta = base;
+  kvq_buffer *check[KVQ_VK_BINDINGS] = {0}; /* the check word, when the job is recorded behind one */
+  if (st == KVQ_OK) st = kvq_vk_if_clear(b, &push, check, job->if_clear, job->if_clear_offset);
   /* the largest unit count of a head block (a full page) */
   push.units = kvq_encode_units_of(s->method, s->page_size, s->head_dim, s->group, s->sketch_dim, s->outliers,
                                      s->outlier_sketch_dim, s->channels);
@@ -100,6 +102,7 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     kvq_vk_bind_side(buffers, b, job->side, job->dst, NULL);
     buffers[KVQ_BINDING_SRC] = job->items[first].src;
     buffers[KVQ_BINDING_DST] = job->errors;
+    buffers[KVQ_BINDING_RESULTS] = check[KVQ_BINDING_RESULTS]; /* every step skips once a check failed */
     st = kvq_vk_dispatch(b, KVQ_VK_SHADER_zero_pages, &push, buffers, (uint64_t)count * s->kv_heads * (s->head_bytes / 4));
     /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
     if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)

@@ -23,10 +23,15 @@ static uint64_t last_element(const uint32_t shape[3], const kvq_tensor_place *p)
   return last;
 }
 
+static int plain_words(const kvq_job_convert *job);
+static kvq_status copy_words(vk_backend *b, const kvq_job_convert *job, uint64_t words);
+
 kvq_status kvq_vk_convert(kvq_backend *backend, const kvq_job_convert *job) {
   vk_backend *b = (vk_backend *)backend;
   const uint64_t count = (uint64_t)job->shape[0] * job->shape[1] * job->shape[2];
   if (count == 0) return KVQ_OK;
+  if (job->src.buffer == job->dst.buffer) return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "a conversion within one buffer");
+  if (plain_words(job)) return copy_words(b, job, count);
   const kvq_tensor_place *places[2] = {&job->src, &job->dst};
   uint32_t meta[16] = {job->shape[0], job->shape[1], job->shape[2]};
   kvq_status st = KVQ_OK;
@@ -90,5 +95,56 @@ kvq_status kvq_vk_check_tokens(kvq_backend *backend, const kvq_job_token_check *
   buffers[KVQ_BINDING_SRC] = job->src;
   buffers[KVQ_BINDING_RESULTS] = job->flags;
   st = kvq_vk_dispatch(b, KVQ_VK_SHADER_token_check, &push, buffers, vectors);
+  return kvq_vk_done(b, st);
+}
+
+kvq_status kvq_vk_if_clear(vk_backend *b, kvq_push *push, kvq_buffer *buffers[KVQ_VK_BINDINGS], kvq_buffer *flags,
+                           uint64_t flag_offset) {
+  if (!flags) return KVQ_OK;
+  kvq_status st = kvq_vk_check_range(b, flags, flag_offset, 4, "a check word");
+  if (st == KVQ_OK && (flag_offset % 4 || flag_offset / 4 > UINT32_MAX))
+    st = kvq_vk_error(b, KVQ_ERROR_INTERNAL, "a check word at byte %llu", (unsigned long long)flag_offset);
+  if (st != KVQ_OK) return st;
+  push->flags |= KVQ_PUSH_IF_CLEAR;
+  push->check_word = (uint32_t)(flag_offset / 4);
+  buffers[KVQ_BINDING_RESULTS] = flags;
+  return KVQ_OK;
+}
+
+/* A CONVERT that is a plain copy of packed 32-bit words (fp32 to fp32, contiguous, no checks but
+ * IF_CLEAR: the window writes and page clearing an append records behind its checks, core/append.c)
+ * runs as COPY_WORDS (shaders/copy_words.comp), whose push constants say everything: no metadata
+ * crosses to the device. One invocation per word. */
+static int plain_words(const kvq_job_convert *job) {
+  const kvq_tensor_place *places[2] = {&job->src, &job->dst};
+  if ((job->checks & ~(uint32_t)KVQ_JOB_CONVERT_IF_CLEAR) != 0) return 0;
+  for (int k = 0; k < 2; k++) {
+    const kvq_tensor_place *p = places[k];
+    if (p->dtype != KVQ_DTYPE_F32 || p->strides[2] != 1 || p->strides[1] != (int64_t)job->shape[2] ||
+        p->strides[0] != (int64_t)job->shape[1] * job->shape[2])
+      return 0;
+  }
+  return 1;
+}
+
+static kvq_status copy_words(vk_backend *b, const kvq_job_convert *job, uint64_t words) {
+  kvq_status st = KVQ_OK;
+  for (int k = 0; k < 2 && st == KVQ_OK; k++) {
+    const kvq_tensor_place *p = k ? &job->dst : &job->src;
+    if (p->offset + words >= UINT32_MAX)
+      return kvq_vk_error(b, KVQ_ERROR_UNSUPPORTED, "a copy lies beyond the 2^32 words kvq's shaders index");
+    st = kvq_vk_check_range(b, p->buffer, p->offset * 4, words * 4, k ? "a copy's destination" : "a copy's source");
+  }
+  kvq_push push = {0};
+  kvq_buffer *buffers[KVQ_VK_BINDINGS] = {0};
+  if (st == KVQ_OK && (job->checks & KVQ_JOB_CONVERT_IF_CLEAR))
+    st = kvq_vk_if_clear(b, &push, buffers, job->flags, job->flag_offset);
+  if (st != KVQ_OK) return st;
+  push.count = (uint32_t)words;
+  push.src_word = (uint32_t)job->src.offset;
+  push.dst_word = (uint32_t)job->dst.offset;
+  buffers[KVQ_BINDING_SRC] = job->src.buffer;
+  buffers[KVQ_BINDING_DST] = job->dst.buffer;
+  st = kvq_vk_dispatch(b, KVQ_VK_SHADER_copy_words, &push, buffers, words);
   return kvq_vk_done(b, st);
 }
