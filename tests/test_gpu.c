@@ -43,22 +43,6 @@ static void require_gpu(void) {
       cr_skip_test("the %s backend is unavailable here: %s", gpu_name(), infos[i].reason);
 }
 
-/* On the CUDA emulator (each CUDA thread an OS thread, a block at a time) under this build's sanitizers,
- * a case of this suite's size runs for minutes: measured on 2 cores, a batch case 88 s, where the whole
- * suite's budget is a few minutes. Those cases are skipped there, saying so; the emulated run keeps
- * two batches (the fused kernels; SCORE, SOFTMAX with ACCUMULATE, WEIGHTED_SUM) and the learned
- * codebooks (the k-means jobs),
- * and smaller equivalents
- * cover the rest: tests/cuda_attention (every kernel against the CPU, odd sizes, PolarQuant's ROTATE),
- * tests/test_cuda (attention and scores through the API, in place). On a GPU every case runs. */
-static void skip_on_the_emulator(const char *what) {
-  const char *emulated = getenv("KVQ_CUDA_EMULATOR");
-  if (gpu_kind() == KVQ_BACKEND_CUDA && emulated && !strcmp(emulated, "1"))
-    cr_skip_test("%s: too slow on the CUDA emulator under this build (docs/CUDA.md, \"What remains\"); smaller equivalents "
-                 "run in tests cuda_attention and cuda",
-                 what);
-}
-
 static kvq_context *gpu_context(void) {
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = gpu_kind();
@@ -77,7 +61,6 @@ static void log_lines(FILE *out) {
 /* Every golden-matrix configuration, policy stream and saved file, on the backend under test. */
 Test(gpu, agrees_with_committed_golden_files, .timeout = 600) {
   require_gpu();
-  skip_on_the_emulator("the golden matrix");
   golden_totals t;
   FILE *out = tmpfile();
   const int rc = kvq_golden_check(KVQ_SOURCE_GOLDEN_DIR, gpu_kind(), out, &t);
@@ -161,7 +144,6 @@ static void check_odd_sizes(void) {
  * which the device line must then not claim. */
 Test(gpu, odd_sizes_agree_with_the_cpu, .timeout = 900) {
   require_gpu();
-  skip_on_the_emulator("the odd sizes");
   check_odd_sizes();
   if (gpu_kind() != KVQ_BACKEND_VULKAN) return;
   cr_assert_eq(setenv("KVQ_VULKAN_NO_SUBGROUPS", "1", 1), 0); /* this test's own process (Criterion forks) */
@@ -190,7 +172,6 @@ Test(gpu, odd_sizes_agree_with_the_cpu, .timeout = 900) {
  */
 Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
   require_gpu();
-  skip_on_the_emulator("the 70000-token sequence");
   enum { N = 70000, D = 16, P = 256 };
   kvq_layer_config layer = th_layer(1, 1, D, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
   kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, N / P + 2, 1, 5);
@@ -425,7 +406,6 @@ Test(gpu, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
 
 Test(gpu, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
   require_gpu();
-  skip_on_the_emulator("the PolarQuant batch");
   check_batch(th_polar(KVQ_ROTATION_DENSE), th_polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
 }
 
