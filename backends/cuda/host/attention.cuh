@@ -128,6 +128,15 @@ kvq_cuda_attention attention_constants(const kvq_job_attention *job, const kvq_s
 
 template <class T> T *at(kvq_buffer *buffer) { return buffer ? reinterpret_cast<T *>(buffer->ptr) : nullptr; }
 
+// One unfused job called on its own: its plan and metadata (attention_prepare), then its kernels.
+template <class Launch>
+kvq_status run_alone(kvq_backend *backend, const kvq_job_attention *job, unsigned kernels, const char *what, Launch launch) {
+  cuda_backend *b = as_cuda(backend);
+  attention_run run;
+  const kvq_status st = attention_prepare(b, job, kernels, what, &run);
+  return st != KVQ_OK ? st : launch(b, job, run);
+}
+
 // The unfused kernels of a prepared run (attention_prepare), one job each; cuda_score, cuda_softmax and
 // cuda_weighted_sum prepare their own run, cuda_attention one run for all three.
 kvq_status launch_score(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
@@ -142,10 +151,7 @@ kvq_status launch_score(cuda_backend *b, const kvq_job_attention *job, const att
 }
 
 kvq_status cuda_score(kvq_backend *backend, const kvq_job_attention *job) {
-  cuda_backend *b = as_cuda(backend);
-  attention_run run;
-  const kvq_status st = attention_prepare(b, job, RUN_SCORE, "score", &run);
-  return st != KVQ_OK ? st : launch_score(b, job, run);
+  return run_alone(backend, job, RUN_SCORE, "score", launch_score);
 }
 
 kvq_status launch_softmax(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
@@ -166,10 +172,7 @@ kvq_status launch_softmax(cuda_backend *b, const kvq_job_attention *job, const a
 }
 
 kvq_status cuda_softmax(kvq_backend *backend, const kvq_job_attention *job) {
-  cuda_backend *b = as_cuda(backend);
-  attention_run run;
-  const kvq_status st = attention_prepare(b, job, RUN_SOFTMAX, "softmax", &run);
-  return st != KVQ_OK ? st : launch_softmax(b, job, run);
+  return run_alone(backend, job, RUN_SOFTMAX, "softmax", launch_softmax);
 }
 
 kvq_status launch_weighted_sum(cuda_backend *b, const kvq_job_attention *job, const attention_run &run) {
@@ -195,10 +198,7 @@ kvq_status launch_weighted_sum(cuda_backend *b, const kvq_job_attention *job, co
 }
 
 kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job) {
-  cuda_backend *b = as_cuda(backend);
-  attention_run run;
-  const kvq_status st = attention_prepare(b, job, RUN_WEIGHTED_SUM, "weighted sum", &run);
-  return st != KVQ_OK ? st : launch_weighted_sum(b, job, run);
+  return run_alone(backend, job, RUN_WEIGHTED_SUM, "weighted sum", launch_weighted_sum);
 }
 
 // ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
