@@ -29,6 +29,8 @@ typedef struct run {
   bench_results *res;
   kvq_cache *cache;
   double bits;
+  kvq_status last; /* the status of the last timed call */
+  const char *what; /* and what it was, for messages */
 } run;
 
 static bench_row *new_row(run *r, bench_case kase) {
@@ -64,17 +66,30 @@ static int fail(run *r, const char *what) {
   return 2;
 }
 
-/* One timed sample of `call`: cold cache, device clock restarted, wall clock around the call. */
+/* One timed sample of `call`: cold cache, device clock restarted, wall clock around the call.
+ * 0; 1: the call failed (r->last, not yet reported: failed_call decides); 2: failed, reported. */
 typedef kvq_status (*call_fn)(run *r, void *arg);
 static int sample(run *r, call_fn call, void *arg, double *wall, double *device) {
   uint64_t ns = 0;
   if (bench_cold_flush(r->cold) != 0) return fail(r, "the cold-cache write");
   if (r->dev->device_clock) kvq_context_device_time(r->ctx, &ns);
   const double t0 = bench_now();
-  if (call(r, arg) != KVQ_OK) return 2;
+  if ((r->last = call(r, arg)) != KVQ_OK) return 1;
   *wall = bench_now() - t0;
   *device = r->dev->device_clock && kvq_context_device_time(r->ctx, &ns) == KVQ_OK ? ns * 1e-9 : -1;
   return 0;
+}
+
+/* After a timed call failed: a point the device cannot hold (out of device memory, beyond the 4 GiB
+ * kvq's kernels address) makes the row a skipped one, with kvq's reason; anything else is a failure
+ * of kvq and fails the run. */
+static int failed_call(run *r, bench_row *row) {
+  if (!does_not_fit(r->last)) return fail(r, r->what ? r->what : "a timed call");
+  if (row) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note, "%s", kvq_context_last_error(r->ctx));
+  }
+  return 1;
 }
 
 /* ---- Appends -------------------------------------------------------------------------------- */
@@ -97,7 +112,7 @@ static kvq_status append_seq(run *r, void *arg) {
     done += n;
   }
   if (st == KVQ_OK) st = kvq_flush(r->cache, a->seq);
-  if (st != KVQ_OK) fail(r, "append");
+  r->what = "append";
   return st;
 }
 
@@ -108,7 +123,8 @@ static int fill(run *r, const float *k, const float *v, uint32_t *seqs, bench_ro
   append_arg a = {.tokens = r->p->context < CHUNK_TOKENS ? r->p->context : CHUNK_TOKENS, .k = k, .v = v};
   if (kvq_sequence_add(r->cache, &warm) != KVQ_OK) return fail(r, "adding a sequence");
   a.seq = warm;
-  if (sample(r, append_seq, &a, &wall, &device) != 0) return 2;
+  int rc = sample(r, append_seq, &a, &wall, &device);
+  if (rc) return rc == 1 ? failed_call(r, row) : rc;
   if (kvq_sequence_free(r->cache, warm) != KVQ_OK) return fail(r, "freeing a sequence");
   double walls[BENCH_MAX_GRID * 64], devices[BENCH_MAX_GRID * 64];
   unsigned n = 0;
@@ -116,7 +132,7 @@ static int fill(run *r, const float *k, const float *v, uint32_t *seqs, bench_ro
   for (uint32_t s = 0; s < r->p->batch; s++) {
     if (kvq_sequence_add(r->cache, &seqs[s]) != KVQ_OK) return fail(r, "adding a sequence");
     a.seq = seqs[s];
-    if (sample(r, append_seq, &a, &wall, &device) != 0) return 2;
+    if ((rc = sample(r, append_seq, &a, &wall, &device)) != 0) return rc == 1 ? failed_call(r, row) : rc;
     if (n < sizeof walls / sizeof *walls) walls[n] = wall, devices[n] = device, n++;
   }
   if (!row) return 0;
@@ -144,18 +160,19 @@ static kvq_status decode(run *r, void *arg) {
   r->ctx->bench_jobs = a->jobs;
   const kvq_status st = kvq_attention(r->cache, 0, a->req, r->p->batch);
   r->ctx->bench_jobs = 0;
-  if (st != KVQ_OK) fail(r, "attention");
+  r->what = "attention";
   return st;
 }
 
-/* warm-up calls, then samples, into the row's statistics */
+/* warm-up calls, then samples, into the row's statistics: 0, 1 (the row is skipped), 2 (failed) */
 static int time_decode(run *r, decode_arg *a, bench_row *row) {
   double walls[256], devices[256], wall, device;
+  int rc;
   const unsigned n = r->o->samples < 256 ? r->o->samples : 256;
   for (unsigned i = 0; i < r->o->warmup; i++)
-    if (sample(r, decode, a, &wall, &device) != 0) return 2;
+    if ((rc = sample(r, decode, a, &wall, &device)) != 0) return rc == 1 ? failed_call(r, row) : rc;
   for (unsigned i = 0; i < n; i++)
-    if (sample(r, decode, a, &walls[i], &devices[i]) != 0) return 2;
+    if ((rc = sample(r, decode, a, &walls[i], &devices[i])) != 0) return rc == 1 ? failed_call(r, row) : rc;
   bench_stats_of(walls, n, &row->wall);
   if (r->dev->device_clock) bench_stats_of(devices, n, &row->device);
   return 0;
@@ -297,6 +314,7 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
     row->scratch_read = fused && !cpu ? flash : 2 * score_bytes + rotated;
     finish_row(r, row, key_bytes + value_bytes);
     if (rc == 0) rc = check_outputs(r, out, reference, tight, row);
+    if (rc == 1) rc = 0; /* skipped: the next cases may still fit */
   }
   if (rc == 0 && r->o->cases[CASE_SCORES] && (row = new_row(r, CASE_SCORES))) {
     decode_arg a = {req, KVQ_BENCH_JOBS_SCORE};
@@ -305,12 +323,13 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
     row->scratch_write = score_bytes;
     finish_row(r, row, key_bytes);
     if (rc == 0) rc = check_scores(r, seqs[0], q, row);
+    if (rc == 1) rc = 0;
   }
   if (rc == 0 && r->o->cases[CASE_WSUM] && (row = new_row(r, CASE_WSUM))) {
     /* one unfused call leaves this query's probabilities in the score scratch; the weighted sum
      * alone then recomputes that call's output from them, sample after sample */
     decode_arg prime = {req, KVQ_BENCH_JOBS_UNFUSED}, a = {req, KVQ_BENCH_JOBS_WEIGHTED_SUM};
-    rc = decode(r, &prime) == KVQ_OK ? 0 : 2;
+    rc = (r->last = decode(r, &prime)) == KVQ_OK ? 0 : failed_call(r, row);
     memset(out, 0xff, sizeof(float) * per * p->batch);
     if (rc == 0) rc = time_decode(r, &a, row);
     row->plan = "weighted sum";
@@ -318,6 +337,7 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
     row->scratch_write = rotated;
     finish_row(r, row, value_bytes);
     if (rc == 0) rc = check_outputs(r, out, reference, tight, row);
+    if (rc == 1) rc = 0;
   }
   free(out), free(req);
   return rc;
@@ -367,7 +387,25 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
   }
   bench_row *append_row = NULL;
   if (rc == 0 && o->cases[CASE_APPEND] && !(append_row = new_row(&r, CASE_APPEND))) rc = 2;
-  if (rc == 0) rc = fill(&r, k, v, seqs, append_row);
+  if (rc == 0 && (rc = fill(&r, k, v, seqs, append_row)) == 1) {
+    /* the appends did not fit: the decode cases have nothing to run on */
+    char why[160];
+    snprintf(why, sizeof why, "%s", kvq_context_last_error(ctx));
+    rc = 0;
+    for (int c = CASE_FUSED; c < CASE_COUNT; c++)
+      if (o->cases[c]) {
+        bench_row *row = new_row(&r, (bench_case)c);
+        if (!row) {
+          rc = 2;
+          break;
+        }
+        row->skipped = 1;
+        snprintf(row->note, sizeof row->note, "%s", why);
+      }
+    free(k), free(v), free(q), free(seqs), free(reference);
+    kvq_cache_destroy(r.cache);
+    return rc;
+  }
   int tight = 0;
   if (rc == 0) rc = reference_of(&r, seqs[0], k, v, chunk, q, reference, &tight);
   if (rc == 0) rc = decode_cases(&r, seqs, q, reference, tight);

@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "core/internal.h"
+#include "method_spec.h"
 
 /* The methods of issue 11's benchmark: the three exact caches and every compressed method at the
  * settings the targets name (QJL with and without outliers, KIVI-2, PolarQuant 4,2,2,2 and 2,2,2,2
@@ -181,6 +182,12 @@ static int parse_args(int argc, char **argv, bench_options *o, char **methods_bu
   for (unsigned i = 0; i < o->grid.n_head_dims; i++)
     if (o->grid.head_dims[i] % 16 || o->grid.head_dims[i] < 16)
       return bad("--head-dim", "", "head_dim must be a multiple of 16 from 16 to 256");
+  /* method names are read before anything runs: a typo must not cost a long run's first hour */
+  for (unsigned m = 0; m < o->n_methods; m++) {
+    kvq_method_config keys, values;
+    if (kvq_parse_layer_spec(o->methods[m], strlen(o->methods[m]), o->grid.head_dims[0], &keys, &values) != 0)
+      return bad("--methods", o->methods[m], "not a method name of kvq eval (docs/EVAL.md)");
+  }
   return 0;
 }
 

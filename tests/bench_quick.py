@@ -2,7 +2,7 @@
 # TAP test: `kvq-bench --quick` on the CPU backend and, where it is available, Vulkan (lavapipe in
 # CI), writing JSON and CSV into the build directory; the files must be well-formed and hold a row of
 # every method and case on every backend that ran, each run or skipped with a reason. The bench
-# itself fails (exit 2) when a case's output is off its reference (bench/check.c), so a zero exit
+# itself fails (exit 2) when a case's output is off its reference (bench/cases.c, check_outputs), so a zero exit
 # also says that every timed result was right. Figures are measurements: never checked here.
 # usage: bench_quick.py KVQ_BENCH KVQ_TOOL OUT_DIR
 import csv
