@@ -48,7 +48,9 @@ typedef struct bench_options {
   const char *json, *csv, *plot;
   uint64_t flush_bytes;                 /* 0: chosen per device (clock.c) */
   uint64_t copy_bytes;                  /* 0: chosen per device */
-  double check_bound;                   /* relative error of a compressed output against the reference */
+  double check_bound;                   /* relative error of an output against attention over the cache's tokens */
+  double time_limit;                    /* seconds: points not started by then are skipped rows (0: none) */
+  double started;                       /* bench_now() at the start */
 } bench_options;
 
 /* Repeated samples of one quantity, in seconds. */

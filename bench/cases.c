@@ -353,6 +353,7 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
   }
   double kb = 0, vb = 0;
   if (kvq_layer_bits_per_number(&layer, o->page_size, &kb, &vb) == KVQ_OK) r.bits = (kb + vb) / 2;
+  if (o->time_limit > 0 && bench_now() - o->started > o->time_limit) return skip_all(&r, "beyond --time-limit");
   if ((uint64_t)p->batch * p->context > o->max_tokens) {
     char why[96];
     snprintf(why, sizeof why, "batch x context beyond --max-tokens %llu", (unsigned long long)o->max_tokens);

@@ -26,7 +26,7 @@ static void usage(FILE *f) {
           "usage: kvq-bench [--quick] [--backend all|cpu|vulkan|cuda[,...]] [--methods K/V,...]\n"
           "                 [--contexts N,...] [--batch N,...] [--gqa N,...] [--head-dim N,...] [--kv-heads N]\n"
           "                 [--page-size N] [--cases append,fused,scores,wsum] [--warmup N] [--samples N]\n"
-          "                 [--max-tokens N] [--flush-mb N] [--copy-mb N] [--check-bound X]\n"
+          "                 [--max-tokens N] [--time-limit S] [--flush-mb N] [--copy-mb N] [--check-bound X]\n"
           "                 [--json FILE] [--csv FILE] [--plot DIR]\n"
           "Sizes take k and M (1k = 1024 tokens). Without --quick: the standard run, meant for a GPU (contexts\n"
           "1k..1M, batch 1 and 8, GQA 4, head_dim 128, 8 kv heads); --quick: seconds on the CPU and lavapipe.\n"
@@ -141,6 +141,10 @@ static int parse_args(int argc, char **argv, bench_options *o, char **methods_bu
       else if (!strcmp(a, "--max-tokens")) o->max_tokens = n;
       else if (!strcmp(a, "--flush-mb")) o->flush_bytes = n << 20;
       else o->copy_bytes = n << 20;
+    } else if (!strcmp(a, "--time-limit")) {
+      char *end;
+      o->time_limit = v ? strtod(v, &end) : 0;
+      if (!v || *end || !(o->time_limit > 0)) return bad(a, v, "a positive number of seconds");
     } else if (!strcmp(a, "--check-bound")) {
       char *end;
       o->check_bound = v ? strtod(v, &end) : 0;
@@ -235,6 +239,7 @@ int main(int argc, char **argv) {
     o.n_backends = 3;
   }
   bench_results res = {0};
+  o.started = bench_now();
   const size_t total = (size_t)o.n_backends * o.n_methods * o.grid.n_contexts * o.grid.n_batches * o.grid.n_gqas *
                        o.grid.n_head_dims;
   size_t done = 0;
