@@ -131,6 +131,20 @@ static void host_cpu(char *model, size_t size, double *mhz) {
   if (f) fclose(f);
 }
 
+/* The GPU driver, where the system says without asking the backend: NVIDIA's kernel module writes its
+ * version to /proc; other drivers (Mesa's lavapipe among them) are named only by the device string. */
+static void driver_of(const bench_device *d, char *out, size_t size) {
+  snprintf(out, size, "%s", d->kind == KVQ_BACKEND_CPU ? "none (host)" : "not readable (see the device string)");
+  if (d->kind == KVQ_BACKEND_CPU) return;
+  FILE *f = fopen("/proc/driver/nvidia/version", "r");
+  char line[256];
+  if (f && fgets(line, sizeof line, f) && strstr(d->device, "llvmpipe") == NULL) {
+    line[strcspn(line, "\n")] = 0;
+    snprintf(out, size, "%s", line);
+  }
+  if (f) fclose(f);
+}
+
 int bench_write_json(const char *path, const bench_results *res, const bench_options *o) {
   FILE *f = fopen(path, "w");
   if (!f) {
@@ -154,6 +168,10 @@ int bench_write_json(const char *path, const bench_results *res, const bench_opt
     json_string(f, d->backend);
     fprintf(f, ", \"device\": ");
     json_string(f, d->device);
+    char driver[256];
+    driver_of(d, driver, sizeof driver);
+    fprintf(f, ", \"driver\": ");
+    json_string(f, driver);
     fprintf(f, ", \"gpu\": %s, \"device_clock\": %s, \"copy_bytes\": %llu, \"copy_gb_per_s\": ", d->gpu ? "true" : "false",
             d->device_clock ? "true" : "false", (unsigned long long)d->copy_bytes);
     json_number(f, d->copy_gbs);
@@ -226,7 +244,7 @@ int bench_write_csv(const char *path, const bench_results *res) {
   char cpu[256];
   double mhz;
   host_cpu(cpu, sizeof cpu, &mhz);
-  fprintf(f, "kvq_version,backend,device,host_cpu,host_cpu_mhz,copy_gb_per_s,method,case,context,batch,query_heads,"
+  fprintf(f, "kvq_version,backend,device,driver,host_cpu,host_cpu_mhz,copy_gb_per_s,method,case,context,batch,query_heads,"
              "kv_heads,head_dim,bits,plan,call_median_ms,call_min_ms,call_max_ms,kernel_median_ms,kernel_q1_ms,"
              "kernel_q3_ms,read_bytes,scratch_write_bytes,scratch_read_bytes,gb_per_s,fraction_of_copy,"
              "speedup_over_fp16,tokens_per_s,relative_error,skipped\n");
@@ -237,6 +255,10 @@ int bench_write_csv(const char *path, const bench_results *res) {
     csv_text(f, r->dev->backend);
     fputc(',', f);
     csv_text(f, r->dev->device);
+    fputc(',', f);
+    char driver[256];
+    driver_of(r->dev, driver, sizeof driver);
+    csv_text(f, driver);
     fputc(',', f);
     csv_text(f, cpu);
     fprintf(f, ",%.0f,%.4f,", mhz, r->dev->copy_gbs);
