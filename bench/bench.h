@@ -18,6 +18,8 @@
 
 #define BENCH_MAX_GRID 16
 #define BENCH_MAX_METHODS 32
+/* The method name of the cuBLAS fp16 baseline (CUDA only: bench/cublas_baseline.h). */
+#define BENCH_CUBLAS_METHOD "cublas-f16"
 
 /* The cases of one (method, grid point). */
 typedef enum bench_case {
@@ -81,7 +83,7 @@ typedef struct bench_row {
   uint32_t context, batch, query_heads, kv_heads, head_dim;
   double bits;
   int skipped;                  /* the row did not run: `note` says why */
-  char note[160];
+  char note[256];
   const char *plan;             /* "fused", "unfused", "score", "weighted sum", "quantize" */
   bench_stats wall, device;     /* per call; device.count 0 when the backend has no clock */
   uint64_t read_bytes;          /* what the jobs must read: compressed pages and window (or fp32 input, append) */

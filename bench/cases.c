@@ -14,6 +14,9 @@
 #include "core/gpu_plan.h"
 #include "core/internal.h"
 #include "method_spec.h"
+#ifdef KVQ_BENCH_CUBLAS
+#include "cublas_baseline.h"
+#endif
 
 /* Tokens generated once per point and appended over and over up to the context: long contexts
  * would otherwise need gigabytes of synthetic input on the host. */
@@ -343,9 +346,74 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
   return rc;
 }
 
+/* ---- The cuBLAS fp16 baseline (CUDA only) ---------------------------------------------------- */
+
+/* Its one case, `fused`: decode attention over fp16 keys and values (bench/cublas_baseline.h), checked
+ * against the fp32 reference like an exact cache, with a looser bound (its probabilities are fp16).
+ * A baseline that fails or is off is a skipped row saying why: it is not kvq's work. */
+static int cublas_rows(run *r) {
+  const bench_point *p = r->p;
+  bench_row *row = new_row(r, CASE_FUSED);
+  if (!row) return 2;
+  row->bits = 16;
+#ifdef KVQ_BENCH_CUBLAS
+  const uint32_t chunk = p->context < CHUNK_TOKENS ? p->context : CHUNK_TOKENS;
+  float *k = NULL, *v = NULL, *q = NULL;
+  const size_t kv = (size_t)chunk * p->kv_heads * p->head_dim, per = (size_t)p->query_heads * p->head_dim;
+  uint16_t *kh = malloc(2 * kv), *vh = malloc(2 * kv);
+  float *reference = malloc(sizeof(float) * per), *out = malloc(sizeof(float) * per * p->batch);
+  double *ms = malloc(sizeof(double) * (r->o->samples ? r->o->samples : 1));
+  int rc = kh && vh && reference && out && ms && bench_synth(p, chunk, &k, &v, &q) == 0 ? 0 : 2;
+  const char *at = strstr(r->dev->device, "CUDA device "); /* the ordinal kvq's context runs on */
+  bench_cublas_job job = {.device = at ? atoi(at + 12) : 0, .batch = p->batch, .kv_heads = p->kv_heads,
+                          .query_heads = p->query_heads, .head_dim = p->head_dim, .context = p->context,
+                          .chunk = chunk, .keys = kh, .values = vh, .query = q, .warmup = r->o->warmup,
+                          .samples = r->o->samples, .flush_bytes = r->dev->flush_bytes};
+  bench_cublas_result result = {.ms = ms, .output = out};
+  if (rc == 0) {
+    kvq_convert(k, KVQ_DTYPE_F32, kh, KVQ_DTYPE_F16, kv);
+    kvq_convert(v, KVQ_DTYPE_F32, vh, KVQ_DTYPE_F16, kv);
+    bench_reference(k, v, chunk, q, p, reference);
+    const int st = bench_cublas_decode(&job, &result);
+    if (st != 0) {
+      row->skipped = 1;
+      snprintf(row->note, sizeof row->note, "%s", result.message);
+    } else {
+      double worst = 0;
+      for (uint32_t s = 0; s < p->batch; s++) {
+        const double e = bench_relative_error(out + s * per, reference, per);
+        if (!(e <= worst)) worst = e;
+      }
+      row->error = worst;
+      row->check = "fp32 attention over the input";
+      if (!(worst <= 0.05)) {
+        row->skipped = 1;
+        snprintf(row->note, sizeof row->note, "cuBLAS baseline output off the fp32 reference by %.3g: not reported", worst);
+      }
+      for (uint32_t i = 0; i < r->o->samples; i++) ms[i] *= 1e-3;
+      bench_stats_of(ms, r->o->samples, &row->device);
+      row->wall = row->device; /* events only: no end-to-end call to time */
+      row->plan = "cuBLAS";
+      const uint64_t scores = (uint64_t)p->batch * p->query_heads * p->context;
+      row->scratch_write = row->scratch_read = scores * (4 + 2); /* fp32 logits, fp16 probabilities */
+      finish_row(r, row, (uint64_t)p->batch * p->context * p->kv_heads * p->head_dim * 2 * 2);
+    }
+  }
+  free(k), free(v), free(q), free(kh), free(vh), free(reference), free(out), free(ms);
+  if (rc != 0) fprintf(stderr, "kvq-bench: cuBLAS baseline: out of host memory\n");
+  return rc;
+#else
+  row->skipped = 1;
+  snprintf(row->note, sizeof row->note, "this kvq-bench was built without cuBLAS");
+  return 0;
+#endif
+}
+
 int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_device *dev, bench_cold *cold,
                      const bench_point *p, const char *method, bench_results *res) {
   run r = {.ctx = ctx, .o = o, .dev = dev, .cold = cold, .p = p, .method = method, .res = res};
+  if (!strcmp(method, BENCH_CUBLAS_METHOD)) /* a baseline of CUDA's only: no rows elsewhere */
+    return dev->kind == KVQ_BACKEND_CUDA && o->cases[CASE_FUSED] ? cublas_rows(&r) : 0;
   kvq_layer_config layer = {.query_heads = p->query_heads, .kv_heads = p->kv_heads, .head_dim = p->head_dim};
   if (kvq_parse_layer_spec(method, strlen(method), p->head_dim, &layer.keys, &layer.values) != 0) {
     fprintf(stderr, "kvq-bench: cannot read method '%s' (the names of kvq eval, docs/EVAL.md)\n", method);

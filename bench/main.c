@@ -13,11 +13,12 @@
 #include "core/internal.h"
 #include "method_spec.h"
 
-/* The methods of issue 11's benchmark: the three exact caches and every compressed method at the
- * settings the targets name (QJL with and without outliers, KIVI-2, PolarQuant 4,2,2,2 and 2,2,2,2
- * with 2-bit values, CQ at 2 bits). The exact fp16 cache comes first: every speed-up is against it. */
+/* The methods of issue 11's benchmark: the three exact caches, the cuBLAS fp16 baseline (CUDA
+ * only) and every compressed method at the settings the targets name (QJL with and without outliers,
+ * KIVI-2, PolarQuant 4,2,2,2 and 2,2,2,2 with 2-bit values, CQ at 2 bits). The exact fp16 cache comes
+ * first: every speed-up is against it. */
 static const char *const default_methods[] = {
-    "exact-f16/exact-f16",    "exact-bf16/exact-bf16", "exact-f32/exact-f32", "qjl-m256-k8/uniform-b2",
+    "exact-f16/exact-f16",    BENCH_CUBLAS_METHOD,     "exact-bf16/exact-bf16", "exact-f32/exact-f32", "qjl-m256-k8/uniform-b2",
     "qjl-m256-k0/uniform-b2", "uniform-b4/uniform-b4", "kivi-b2/uniform-b2",   "polar-b4222",
     "polar-b2222/uniform-b2", "cq-c4-b8"};
 
@@ -189,6 +190,7 @@ static int parse_args(int argc, char **argv, bench_options *o, char **methods_bu
   /* method names are read before anything runs: a typo must not cost a long run's first hour */
   for (unsigned m = 0; m < o->n_methods; m++) {
     kvq_method_config keys, values;
+    if (!strcmp(o->methods[m], BENCH_CUBLAS_METHOD)) continue;
     if (kvq_parse_layer_spec(o->methods[m], strlen(o->methods[m]), o->grid.head_dims[0], &keys, &values) != 0)
       return bad("--methods", o->methods[m], "not a method name of kvq eval (docs/EVAL.md)");
   }
