@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# TAP test: `kvq-bench --quick` on the CPU backend and, where it is available, Vulkan (lavapipe in
-# CI), writing JSON and CSV into the build directory; the files must be well-formed and hold a row of
+# TAP test: `kvq-bench --quick` on the CPU backend and, where they are available, Vulkan (lavapipe in
+# CI) and CUDA (a GPU machine: scripts/gpu-check.sh), writing JSON and CSV into the build directory; the files must be well-formed and hold a row of
 # every method and case on every backend that ran, each run or skipped with a reason. The bench
 # itself fails (exit 2) when a case's output is off its reference (bench/cases.c, check_outputs), so a zero exit
 # also says that every timed result was right. Figures are measurements: never checked here.
@@ -27,8 +27,8 @@ def ok(good, what, detail=""):
 
 info = subprocess.run([tool, "info"], capture_output=True, text=True).stdout
 # `kvq info` lists "  vulkan  available: DEVICE" when a Vulkan device is there (lavapipe in CI)
-vulkan = any(line.split()[:2] == ["vulkan", "available:"] for line in info.splitlines())
-backends = ["cpu"] + (["vulkan"] if vulkan else [])
+available = [line.split()[0] for line in info.splitlines() if line.split()[1:2] == ["available:"]]
+backends = ["cpu"] + [b for b in ("vulkan", "cuda") if b in available]
 print("1..%d" % (4 * len(backends) + 1))
 
 for backend in backends:
@@ -53,7 +53,8 @@ for backend in backends:
     for r in doc["rows"]:
         if r["method"] not in methods:
             methods.append(r["method"])
-    missing = [(m, c) for m in methods for c in CASES
+    # (the cuBLAS baseline, CUDA only, has the fused case alone)
+    missing = [(m, c) for m in methods for c in (["fused"] if m == "cublas-f16" else CASES)
                if not any(r["method"] == m and r["case"] == c for r in doc["rows"])]
     ran = [r for r in doc["rows"] if "skipped" not in r]
     bad = [r for r in ran if not (r["call"] and r["call"]["median_ms"] > 0 and r["read_bytes"] > 0)]
