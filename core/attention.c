@@ -101,7 +101,8 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                it->queries + (uint64_t)part_row0[i] * row_floats, (uint64_t)b->seqs[i].query_count * row_floats * 4);
     if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "uploading queries");
   }
-  if (pf) {
+  const uint32_t only = upto == STAGE_OUTPUT ? ctx->bench_jobs : 0u; /* kvq-bench's jobs alone (internal.h) */
+  if (pf && only != KVQ_BENCH_JOBS_WEIGHTED_SUM) {
     kvq_job_prepare prep = {.keys = &ls->side[KVQ_SIDE_KEYS], .query_heads = L->query_heads,
                             .rows = b->rows * L->query_heads, .queries = queries, .out = prepared};
     if ((st = be->ops->prepare_queries(be, &prep)) != KVQ_OK) return kvq_fail_backend(ctx, st, "preparing queries");
@@ -140,8 +141,11 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     free(listed);
     if (st != KVQ_OK) return st;
   }
-  if (upto == STAGE_OUTPUT && be->ops->attention &&
-      be->ops->supports(be, KVQ_JOB_ATTENTION, &job.keys->layout, &job.values->layout)) {
+  if (only == KVQ_BENCH_JOBS_SCORE || only == KVQ_BENCH_JOBS_WEIGHTED_SUM) {
+    st = only == KVQ_BENCH_JOBS_SCORE ? be->ops->score(be, &job) : be->ops->weighted_sum(be, &job);
+    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "a benchmarked job");
+  } else if (upto == STAGE_OUTPUT && only != KVQ_BENCH_JOBS_UNFUSED && be->ops->attention &&
+             be->ops->supports(be, KVQ_JOB_ATTENTION, &job.keys->layout, &job.values->layout)) {
     if ((st = be->ops->attention(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "attention");
   } else {
     if ((st = be->ops->score(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "scoring");

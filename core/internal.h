@@ -37,7 +37,16 @@ struct kvq_context {
    * sequence (kvq_sequence.uid), unique for the context's life. */
   struct kvq_gpu_meta *gpu_meta;
   uint64_t sequence_uids;
+  /* kvq-bench only (KVQ_BENCH_JOBS_*): which attention jobs kvq_attention runs, so that the benchmark
+   * can time scoring and the weighted sum alone; 0 (every other caller) is the normal plan. */
+  uint32_t bench_jobs;
 };
+
+/* kvq_context.bench_jobs. SCORE: query preparation and SCORE only (the output is not written).
+ * UNFUSED: SCORE, SOFTMAX and WEIGHTED_SUM even where the backend has the fused job, which leaves the
+ * probabilities in the cache's score scratch. WEIGHTED_SUM: that job alone, over the probabilities an
+ * UNFUSED call of the same shape left there (the output is then that call's). Not part of the API. */
+enum { KVQ_BENCH_JOBS_SCORE = 1u, KVQ_BENCH_JOBS_UNFUSED = 2u, KVQ_BENCH_JOBS_WEIGHTED_SUM = 3u };
 
 /* The context's backend counters (kvq_backend_stats, backends/backend.h), read and, with `reset`,
  * zeroed: for tests that count submissions and host<->device bytes. KVQ_ERROR_UNSUPPORTED when the

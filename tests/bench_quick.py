@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+# TAP test: `kvq-bench --quick` on the CPU backend and, where they are available, Vulkan (lavapipe in
+# CI) and CUDA (a GPU machine: scripts/gpu-check.sh), writing JSON and CSV into the build directory; the files must be well-formed and hold a row of
+# every method and case on every backend that ran, each run or skipped with a reason. The bench
+# itself fails (exit 2) when a case's output is off its reference (bench/cases.c, check_outputs), so a zero exit
+# also says that every timed result was right. Figures are measurements: never checked here.
+# usage: bench_quick.py KVQ_BENCH KVQ_TOOL OUT_DIR
+import csv
+import json
+import os
+import subprocess
+import sys
+
+bench, tool, out = sys.argv[1], sys.argv[2], sys.argv[3]
+CASES = ["append", "fused", "scores", "wsum"]
+n = 0
+
+
+def ok(good, what, detail=""):
+    global n
+    n += 1
+    print(("ok" if good else "not ok") + " %d - %s" % (n, what))
+    if not good and detail:
+        for line in detail.splitlines()[-40:]:
+            print("# " + line)
+
+
+info = subprocess.run([tool, "info"], capture_output=True, text=True).stdout
+# `kvq info` lists "  vulkan  available: DEVICE" when a Vulkan device is there (lavapipe in CI)
+available = [line.split()[0] for line in info.splitlines() if line.split()[1:2] == ["available:"]]
+backends = ["cpu"] + [b for b in ("vulkan", "cuda") if b in available]
+print("1..%d" % (4 * len(backends) + 1))
+
+for backend in backends:
+    js, cs = os.path.join(out, "bench-quick-%s.json" % backend), os.path.join(out, "bench-quick-%s.csv" % backend)
+    for f in (js, cs):
+        if os.path.exists(f):
+            os.remove(f)
+    run = subprocess.run([bench, "--quick", "--backend", backend, "--json", js, "--csv", cs],
+                         capture_output=True, text=True)
+    ok(run.returncode == 0, "%s: kvq-bench --quick exits 0" % backend, run.stdout + run.stderr)
+    try:
+        with open(js) as f:
+            doc = json.load(f)
+        good = isinstance(doc.get("rows"), list) and doc["devices"][0]["backend"] == backend and \
+            doc["devices"][0]["copy_gb_per_s"] > 0 and doc["kvq_version"]
+        ok(good, "%s: JSON well-formed, with its device and copy bandwidth" % backend, json.dumps(doc)[:2000])
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the finding
+        doc = {"rows": []}
+        ok(False, "%s: JSON well-formed" % backend, repr(e))
+    # every method (the default list, whose first row is exact-f16) has every case, run or skipped
+    methods = []
+    for r in doc["rows"]:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    # (the cuBLAS baseline, CUDA only, has the fused case alone)
+    missing = [(m, c) for m in methods for c in (["fused"] if m == "cublas-f16" else CASES)
+               if not any(r["method"] == m and r["case"] == c for r in doc["rows"])]
+    ran = [r for r in doc["rows"] if "skipped" not in r]
+    bad = [r for r in ran if not (r["call"] and r["call"]["median_ms"] > 0 and r["read_bytes"] > 0)]
+    unchecked = [r for r in ran if r["case"] in ("fused", "wsum") and r["relative_error"] is None]
+    ok(len(methods) >= 10 and not missing and ran and not bad and not unchecked,
+       "%s: a row of every method and case (%d methods), each timed and its output checked" % (backend, len(methods)),
+       "missing %s\nbad %s\nunchecked %s" % (missing, bad[:3], unchecked[:3]))
+    try:
+        with open(cs, newline="") as f:
+            rows = list(csv.reader(f))
+        header = rows[0]
+        good = len(rows) == len(doc["rows"]) + 1 and all(len(r) == len(header) for r in rows) and \
+            "fraction_of_copy" in header and "speedup_over_fp16" in header
+        ok(good, "%s: CSV well-formed, one line per JSON row" % backend,
+           "header %s, %d lines, widths %s" % (header, len(rows), sorted(set(len(r) for r in rows))))
+    except Exception as e:  # noqa: BLE001
+        ok(False, "%s: CSV well-formed" % backend, repr(e))
+
+bad_flag = subprocess.run([bench, "--contexts", "12x"], capture_output=True, text=True)
+ok(bad_flag.returncode == 2 and "--contexts" in bad_flag.stderr, "a bad flag: exit 2 and a message naming it",
+   bad_flag.stderr)
