@@ -80,7 +80,22 @@ typedef struct error_run {
 typedef struct pending_errors {
   error_run *runs;
   uint32_t count, capacity;
+  /* Some runs' errors were read with buffer_read_later: on the host only after the backend's next
+   * wait (pending_wait), their arrays the destinations until then. */
+  int later;
 } pending_errors;
+
+/* The errors read later reach the host with the call's one submission: waited for here, after the
+ * rest of the append is recorded, also when the append failed, before the arrays are freed. `st`:
+ * the append's status so far, kept (with its message) when it is a failure. */
+static kvq_status pending_wait(kvq_cache *cache, pending_errors *p, kvq_status st) {
+  if (!p->later) return st;
+  p->later = 0;
+  kvq_backend *be = cache->ctx->backend;
+  const kvq_status waited = be->ops->finish(be);
+  if (st != KVQ_OK || waited == KVQ_OK) return st;
+  return kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+}
 
 static void pending_apply(kvq_cache *cache, kvq_sequence *seq, pending_errors *p) {
   for (uint32_t i = 0; i < p->count; i++)
@@ -132,23 +147,27 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
   };
   kvq_backend *be = cache->ctx->backend;
   if (st == KVQ_OK && (st = be->ops->quantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "quantizing pages");
+  /* room for the run first: once its read is recorded, host_errors must live until the wait */
+  if (st == KVQ_OK && errors_wanted && pending && pending->count == pending->capacity) {
+    const uint32_t capacity = pending->capacity ? 2 * pending->capacity : 4;
+    error_run *grown = realloc(pending->runs, sizeof *grown * capacity);
+    if (!grown) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
+    else pending->runs = grown, pending->capacity = capacity;
+  }
   if (st == KVQ_OK && errors_wanted) {
-    st = be->ops->buffer_read(be, errors, 0, host_errors, (uint64_t)whole * P * kv_heads * 4);
+    const uint64_t bytes = (uint64_t)whole * P * kv_heads * 4;
+    /* Inside an append the errors are added only at its end, so they can come back with its one
+     * submission (the scratch is reused by the next run: the copy is recorded before that run). */
+    const int later = pending && be->ops->buffer_read_later;
+    st = later ? be->ops->buffer_read_later(be, errors, 0, host_errors, bytes) : be->ops->buffer_read(be, errors, 0, host_errors, bytes);
     if (st != KVQ_OK) {
       st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
     } else if (!pending) {
       kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
     } else { /* kept for the caller to add on success */
-      if (pending->count == pending->capacity) {
-        const uint32_t capacity = pending->capacity ? 2 * pending->capacity : 4;
-        error_run *grown = realloc(pending->runs, sizeof *grown * capacity);
-        if (!grown) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
-        else pending->runs = grown, pending->capacity = capacity;
-      }
-      if (st == KVQ_OK) {
-        pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
-        host_errors = NULL;
-      }
+      pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
+      pending->later |= later;
+      host_errors = NULL;
     }
   }
   free(items);
@@ -372,6 +391,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
                     (uint64_t)(keep_from - n) * token_bytes, if_clear);
   /* the one submission: the checks, and whether the device skipped everything recorded behind them */
   if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
+  st = pending_wait(cache, &pending, st); /* no submission of its own when the checks read waited */
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
