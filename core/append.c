@@ -89,10 +89,7 @@ typedef struct pending_errors {
  * rest of the append is recorded, also when the append failed, before the arrays are freed. `st`:
  * the append's status so far, kept (with its message) when it is a failure. */
 static kvq_status pending_wait(kvq_cache *cache, pending_errors *p, kvq_status st) {
-  if (!p->later) return st;
-  p->later = 0;
-  kvq_backend *be = cache->ctx->backend;
-  const kvq_status waited = be->ops->finish(be);
+  const kvq_status waited = kvq_reads_wait(cache->ctx, &p->later);
   if (st != KVQ_OK || waited == KVQ_OK) return st;
   return kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
 }
@@ -158,15 +155,14 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
     const uint64_t bytes = (uint64_t)whole * P * kv_heads * 4;
     /* Inside an append the errors are added only at its end, so they can come back with its one
      * submission (the scratch is reused by the next run: the copy is recorded before that run). */
-    const int later = pending && be->ops->buffer_read_later;
-    st = later ? be->ops->buffer_read_later(be, errors, 0, host_errors, bytes) : be->ops->buffer_read(be, errors, 0, host_errors, bytes);
+    st = pending ? kvq_read_later(cache->ctx, errors, 0, host_errors, bytes, &pending->later)
+                 : be->ops->buffer_read(be, errors, 0, host_errors, bytes);
     if (st != KVQ_OK) {
       st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
     } else if (!pending) {
       kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
     } else { /* kept for the caller to add on success */
       pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
-      pending->later |= later;
       host_errors = NULL;
     }
   }

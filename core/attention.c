@@ -167,13 +167,13 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                        pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE);
     if (st != KVQ_OK) return st;
   }
+  /* The outputs and the policy's sums come back with one wait (kvq_read_later): the call's one
+   * submission where the backend batches. */
+  int later = 0;
   if (upto == STAGE_OUTPUT && host_outputs) {
     host = malloc(b->rows * row_floats * 4 + 4);
     if (!host) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
-    st = be->ops->buffer_read(be, output, 0, host, b->rows * row_floats * 4);
-    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++)
-      if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
-             (uint64_t)b->seqs[i].query_count * row_floats * 4);
+    st = kvq_read_later(ctx, output, 0, host, b->rows * row_floats * 4, &later);
   } else if (upto != STAGE_OUTPUT) {
     /* Device scores, in place: checked (finite, masked logits aside; the scores' dtype) before any
      * is written, as outputs are. */
@@ -191,19 +191,27 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                 (uint64_t)v->query_count * L->query_heads * n * 4);
     }
   }
-  free(host);
-  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
-  if (accumulating) {
+  if (st == KVQ_OK && accumulating) {
     sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1));
-    if (!sums) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
-    st = be->ops->buffer_read(be, accumulate, 0, sums, b->accumulate_floats * 4);
-    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
-      const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
-      for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
-    }
-    free(sums);
-    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
+    if (!sums) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
+    else if ((st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, &later)) != KVQ_OK)
+      st = kvq_fail_backend(ctx, st, "reading attention sums");
+  } else if (st != KVQ_OK) {
+    st = kvq_fail_backend(ctx, st, "reading results");
   }
+  /* waited for also after a failure: host and sums are the reads' destinations until then */
+  const kvq_status waited = kvq_reads_wait(ctx, &later);
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading results");
+  for (uint32_t i = 0; st == KVQ_OK && host && i < b->seq_count; i++)
+    if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
+           (uint64_t)b->seqs[i].query_count * row_floats * 4);
+  for (uint32_t i = 0; st == KVQ_OK && sums && i < b->seq_count; i++) {
+    const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
+    for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
+  }
+  free(host);
+  free(sums);
+  if (st != KVQ_OK) return st;
   /* host results were read (a wait); device outputs and scores stay in flight until the call ends */
   if ((host_outputs || host_scores || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
     return kvq_fail_backend(ctx, st, "finishing");

@@ -219,7 +219,8 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
  * (appends that quantize one page per side, and those that quantize none) and then 40 tokens at once
  * (two pages per side), each kvq_append is one submission, and the result is the CPU reference's: the
  * same dequantized tokens bit for bit (KIVI and uniform codes are class 1, docs/ACCURACY.md), the
- * same statistics positions and lengths, and the same errors up to their fp32 arithmetic.
+ * same statistics positions and lengths, and the same errors up to their fp32 arithmetic. An attention
+ * of host tensors is one submission too, with the policy's sums read back in it.
  *
  * The error bound: the shader (shaders/quantize_errors.comp) rounds each difference x - x^ and its
  * square (3 u for the term, u = 2^-24), sums d terms in fp32 (gamma(d - 1) more), takes a sqrt (which
@@ -286,6 +287,20 @@ Test(vulkan, qhitter_appends_that_quantize_pages_are_one_submission) {
   }
   cr_assert_eq(memcmp(kd[0], kd[1], sizeof kd[0]), 0, "the Vulkan cache's keys are not the CPU's");
   cr_assert_eq(memcmp(vd[0], vd[1], sizeof vd[0]), 0, "the Vulkan cache's values are not the CPU's");
+  /* An attention over it reads the output and the policy's probability sums back with one wait: every
+   * token's A_t, 0 before, is then positive (the sums reached the host). */
+  static float query[HQ * D], out[HQ * D];
+  fill_kvq(kd[0], vd[0], 1, query, HQ * D);
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(query, KVQ_DTYPE_F32, 3, qshape),
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const kvq_backend_stats a = counted(ctx);
+  cr_assert_eq(a.submissions, 1u, "attention: %llu submissions", (unsigned long long)a.submissions);
+  cr_assert_eq(a.waits, 1u, "attention: %llu waits", (unsigned long long)a.waits);
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, got, N, &n_got));
+  for (uint32_t t = 0; t < N; t++) cr_assert_gt(got[t].attention, 0.0, "token %u: A_t %g after an attention", t, got[t].attention);
   kvq_cache_destroy(ref);
   kvq_cache_destroy(cache);
   kvq_context_destroy(cpu);
