@@ -471,9 +471,13 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
 
 /* Decodes kept tokens [first, first + count) of one side into out[count][kv_heads][head_dim] fp32:
  * `slot` gives each kept token's slot in the layer's view (page slots, then the window). Pages are
- * decoded in runs of at most `run` listed pages per job. */
+ * decoded in runs of at most KVQ_STAGING_PAGES listed pages per job. Every read goes through
+ * kvq_read_later (*later), so the call's tokens come back with one wait: the decoded ones straight
+ * into out, the window's in the input dtype into raw (token i at raw's token i - *in_window), for
+ * the caller to convert once it has waited. */
 static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, int side,
-                                  const kvq_layer_view *view, const uint32_t *slot, uint32_t count, float *out) {
+                                  const kvq_layer_view *view, const uint32_t *slot, uint32_t count, float *out,
+                                  uint8_t *raw, uint32_t *in_window, int *later) {
   kvq_context *ctx = cache->ctx;
   kvq_backend *be = ctx->backend;
   const kvq_layer_storage *ls = &cache->storage[layer];
@@ -491,25 +495,21 @@ static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uin
     kvq_job_dequantize job = {.side = &ls->side[side], .pages = ls->pages[side], .count = pages,
                               .slots = seq->pages + page0, .out = scratch};
     if ((st = be->ops->dequantize(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "dequantizing");
-    for (; k < end && st == KVQ_OK; k++) {
-      st = be->ops->buffer_read(be, scratch, (uint64_t)(slot[k] - page0 * P) * token_floats * 4, out + k * token_floats,
-                                token_floats * 4);
+    for (; k < end && st == KVQ_OK; k++) { /* the copy is recorded before the next run reuses scratch */
+      st = kvq_read_later(ctx, scratch, (uint64_t)(slot[k] - page0 * P) * token_floats * 4, out + k * token_floats,
+                          token_floats * 4, later);
       if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading dequantized tokens");
     }
   }
-  const kvq_dtype dtype = cache->config.input_dtype;
-  const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, ls->config.head_dim);
-  uint8_t *raw = malloc(token_bytes);
-  if (!raw) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+  *in_window = k;
+  const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, ls->config.kv_heads, ls->config.head_dim);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
   for (; k < count && st == KVQ_OK; k++) { /* window tokens */
     const uint32_t position = view->window_first + (slot[k] - view->slots);
-    st = be->ops->buffer_read(be, ls->ring[side], ring_offset + (uint64_t)(position % cache->ring_capacity) * token_bytes,
-                              raw, token_bytes);
+    st = kvq_read_later(ctx, ls->ring[side], ring_offset + (uint64_t)(position % cache->ring_capacity) * token_bytes,
+                        raw + (uint64_t)(k - *in_window) * token_bytes, token_bytes, later);
     if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "reading the window");
-    else kvq_convert_to_f32(dtype, raw, out + (uint64_t)k * token_floats, token_floats);
   }
-  free(raw);
   return st;
 }
 
@@ -620,12 +620,27 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     free(slots);
     return st;
   }
+  const uint64_t token_floats = (uint64_t)L->kv_heads * L->head_dim;
+  const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  uint8_t *raw[2] = {NULL, NULL};
+  uint32_t in_window[2] = {0, 0};
+  int later = 0;
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     if (!outs[s]) continue;
-    buffers[s] = malloc(count * L->kv_heads * L->head_dim * sizeof(float));
-    if (!buffers[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
-    else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s]);
+    buffers[s] = malloc(count * token_floats * sizeof(float));
+    raw[s] = malloc(count * token_bytes);
+    if (!buffers[s] || !raw[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+    else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s], raw[s], &in_window[s], &later);
   }
+  /* both sides' tokens with one wait; also after a failure, before the arrays are freed */
+  const kvq_status waited = kvq_reads_wait(ctx, &later);
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading dequantized tokens");
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    for (uint32_t k = in_window[s]; outs[s] && k < count; k++) /* the window's tokens, in the input dtype */
+      kvq_convert_to_f32(cache->config.input_dtype, raw[s] + (uint64_t)(k - in_window[s]) * token_bytes,
+                         buffers[s] + (uint64_t)k * token_floats, token_floats);
+  free(raw[0]);
+  free(raw[1]);
   free(slots);
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");

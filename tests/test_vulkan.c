@@ -220,7 +220,8 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
  * (two pages per side), each kvq_append is one submission, and the result is the CPU reference's: the
  * same dequantized tokens bit for bit (KIVI and uniform codes are class 1, docs/ACCURACY.md), the
  * same statistics positions and lengths, and the same errors up to their fp32 arithmetic. An attention
- * of host tensors is one submission too, with the policy's sums read back in it.
+ * of host tensors is one submission too, with the policy's sums read back in it, and so is a
+ * kvq_dequantize of every token into host tensors.
  *
  * The error bound: the shader (shaders/quantize_errors.comp) rounds each difference x - x^ and its
  * square (3 u for the term, u = 2^-24), sums d terms in fp32 (gamma(d - 1) more), takes a sqrt (which
@@ -283,7 +284,11 @@ Test(vulkan, qhitter_appends_that_quantize_pages_are_one_submission) {
   const int64_t shape[3] = {N, HKV, D};
   for (int b = 0; b < 2; b++) {
     const kvq_tensor kt = kvq_tensor_host(kd[b], KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(vd[b], KVQ_DTYPE_F32, 3, shape);
+    (void)counted(ctx);
     KVQ_CHECK(b ? cpu : ctx, kvq_dequantize(b ? ref : cache, b ? cpu_seq : seq, 0, 0, N, &kt, &vt));
+    const kvq_backend_stats d = counted(ctx);
+    if (b == 0) /* the pages' and the window's tokens of both sides, read back with one wait */
+      cr_assert_eq(d.submissions, 1u, "dequantize into host tensors: %llu submissions", (unsigned long long)d.submissions);
   }
   cr_assert_eq(memcmp(kd[0], kd[1], sizeof kd[0]), 0, "the Vulkan cache's keys are not the CPU's");
   cr_assert_eq(memcmp(vd[0], vd[1], sizeof vd[0]), 0, "the Vulkan cache's values are not the CPU's");
