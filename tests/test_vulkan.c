@@ -133,7 +133,8 @@ static kvq_backend_stats counted(kvq_context *ctx) {
 
 /*
  * Creating a cache, loading one and loading codebooks each upload their matrices, codebooks, pages
- * and windows in one queue submission (docs/VULKAN.md), not one per buffer: a cache with QJL keys
+ * and windows in one queue submission (docs/VULKAN.md), not one per buffer, and saving one reads its
+ * pages and windows back in one submission, not one per page and token: a cache with QJL keys
  * (sketch and outlier sketch) and PolarQuant values (rotation and tables) over two layers has eight
  * fixed arrays and, loaded, pages and windows besides.
  */
@@ -158,8 +159,10 @@ Test(vulkan, create_and_load_are_one_submission_each) {
   KVQ_CHECK(ctx, kvq_cache_save_size(cache, &bytes));
   uint8_t *image = malloc((size_t)bytes);
   size_t written = 0;
-  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, &written));
   (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, &written));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "kvq_cache_save_to_memory: %llu submissions", (unsigned long long)s.submissions);
   kvq_cache *loaded = NULL;
   KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, written, &loaded));
   s = counted(ctx);
