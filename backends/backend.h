@@ -29,7 +29,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 4u
+#define KVQ_BACKEND_ABI_VERSION 5u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -347,6 +347,14 @@ typedef struct kvq_backend_ops {
   /* Optional (NULL: device keys and values are staged through host memory and checked there). The
    * range checks of device tokens above. */
   kvq_status (*check_tokens)(kvq_backend *backend, const kvq_job_token_check *job);
+
+  /* Optional (NULL: core reads with buffer_read). buffer_read whose bytes may reach dst only when the
+   * work recorded so far is next waited for (a later buffer_read, finish, or end_deferred with wait),
+   * so that reads a call needs only at its end share the call's one submission (Q-Hitter's
+   * quantization errors, core/append.c) instead of each taking its own. dst must stay valid until
+   * then; a wait that fails, or a failed call here, leaves it unwritten. Outside a deferred call the
+   * bytes are on the host when it returns, as with buffer_read. */
+  kvq_status (*buffer_read_later)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes);
 
 } kvq_backend_ops;
 

@@ -71,7 +71,8 @@ static kvq_status copy_from_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ri
  * its tokens at src_offset + i * page_stride; the last page of the run holds `last_tokens` valid
  * tokens, the others P. One QUANTIZE job for the whole run. */
 /* Quantization errors read back but not yet added to the statistics: an append adds them only when
- * it succeeds, so a device failure part way cannot count a page's errors twice on a retry. */
+ * it succeeds, so a device failure part way cannot count a page's errors twice on a retry; kvq_flush
+ * adds every run it read (its quantized layers stay quantized). Both add them after their one wait. */
 typedef struct error_run {
   int side;
   uint32_t first_page, pages, kv_heads;
@@ -80,7 +81,19 @@ typedef struct error_run {
 typedef struct pending_errors {
   error_run *runs;
   uint32_t count, capacity;
+  /* Some runs' errors were read with buffer_read_later: on the host only after the backend's next
+   * wait (pending_wait), their arrays the destinations until then. */
+  int later;
 } pending_errors;
+
+/* The errors read later reach the host with the call's one submission: waited for here, after the
+ * rest of the append is recorded, also when the append failed, before the arrays are freed. `st`:
+ * the append's status so far, kept (with its message) when it is a failure. */
+static kvq_status pending_wait(kvq_cache *cache, pending_errors *p, kvq_status st) {
+  const kvq_status waited = kvq_reads_wait(cache->ctx, &p->later);
+  if (st != KVQ_OK || waited == KVQ_OK) return st;
+  return kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+}
 
 static void pending_apply(kvq_cache *cache, kvq_sequence *seq, pending_errors *p) {
   for (uint32_t i = 0; i < p->count; i++)
@@ -132,23 +145,23 @@ static kvq_status quantize_pages(kvq_cache *cache, uint32_t layer, int side, kvq
   };
   kvq_backend *be = cache->ctx->backend;
   if (st == KVQ_OK && (st = be->ops->quantize(be, &job)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "quantizing pages");
+  /* room for the run first: once its read is recorded, host_errors must live until the wait */
+  if (st == KVQ_OK && errors_wanted && pending->count == pending->capacity) {
+    const uint32_t capacity = pending->capacity ? 2 * pending->capacity : 4;
+    error_run *grown = realloc(pending->runs, sizeof *grown * capacity);
+    if (!grown) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
+    else pending->runs = grown, pending->capacity = capacity;
+  }
   if (st == KVQ_OK && errors_wanted) {
-    st = be->ops->buffer_read(be, errors, 0, host_errors, (uint64_t)whole * P * kv_heads * 4);
+    const uint64_t bytes = (uint64_t)whole * P * kv_heads * 4;
+    /* The errors are added only at the call's end, so they come back with its one submission (the
+     * scratch is reused by the next run: the copy is recorded before that run). */
+    st = kvq_read_later(cache->ctx, errors, 0, host_errors, bytes, &pending->later);
     if (st != KVQ_OK) {
       st = kvq_fail_backend(cache->ctx, st, "reading quantization errors");
-    } else if (!pending) {
-      kvq_policy_add_errors(cache, seq, side, first_page, whole, kv_heads, host_errors);
-    } else { /* kept for the caller to add on success */
-      if (pending->count == pending->capacity) {
-        const uint32_t capacity = pending->capacity ? 2 * pending->capacity : 4;
-        error_run *grown = realloc(pending->runs, sizeof *grown * capacity);
-        if (!grown) st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for quantization errors");
-        else pending->runs = grown, pending->capacity = capacity;
-      }
-      if (st == KVQ_OK) {
-        pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
-        host_errors = NULL;
-      }
+    } else { /* kept for the caller to add */
+      pending->runs[pending->count++] = (error_run){side, first_page, whole, kv_heads, host_errors};
+      host_errors = NULL;
     }
   }
   free(items);
@@ -372,6 +385,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
                     (uint64_t)(keep_from - n) * token_bytes, if_clear);
   /* the one submission: the checks, and whether the device skipped everything recorded behind them */
   if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
+  st = pending_wait(cache, &pending, st); /* no submission of its own when the checks read waited */
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
@@ -411,6 +425,7 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
   if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) return st;
+  pending_errors pending = {0};
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
@@ -427,15 +442,22 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
         const uint32_t until_wrap = (cache->ring_capacity - slot) / P, pages_left = ceil_div(n - first, P);
         const uint32_t pages = pages_left < until_wrap ? pages_left : until_wrap;
         const uint32_t last = first + (pages - 1) * P;
-        st = quantize_pages(cache, l, s, seq, NULL, NULL, first / P, pages, n - last < P ? n - last : P, cache->storage[l].ring[s],
-                            ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
+        st = quantize_pages(cache, l, s, seq, &pending, NULL, first / P, pages, n - last < P ? n - last : P,
+                            cache->storage[l].ring[s], ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
         first += pages * P;
       }
-    if (st != KVQ_OK) return st;
+    if (st != KVQ_OK) break;
     state->ring_start = n / P * P;
     state->quantized = n;
   }
-  return KVQ_OK;
+  /* Q-Hitter's errors come back with the call's one wait. Every run whose errors were read is added,
+   * also when a later job failed: its pages stay quantized, as when each run's errors were read at
+   * once; a failed wait delivers none. */
+  const kvq_status waited = kvq_reads_wait(cache->ctx, &pending.later);
+  if (waited == KVQ_OK) pending_apply(cache, seq, &pending);
+  else if (st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  pending_free(&pending);
+  return st;
 }
 
 kvq_status kvq_append(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *keys, const kvq_tensor *values) {

@@ -171,13 +171,13 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                        pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE);
     if (st != KVQ_OK) return st;
   }
+  /* The outputs and the policy's sums come back with one wait (kvq_read_later): the call's one
+   * submission where the backend batches. */
+  int later = 0;
   if (upto == STAGE_OUTPUT && host_outputs) {
     host = malloc(b->rows * row_floats * 4 + 4);
     if (!host) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
-    st = be->ops->buffer_read(be, output, 0, host, b->rows * row_floats * 4);
-    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++)
-      if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
-             (uint64_t)b->seqs[i].query_count * row_floats * 4);
+    st = kvq_read_later(ctx, output, 0, host, b->rows * row_floats * 4, &later);
   } else if (upto != STAGE_OUTPUT) {
     /* Device scores, in place: checked (finite, masked logits aside; the scores' dtype) before any
      * is written, as outputs are. */
@@ -195,19 +195,27 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                 (uint64_t)v->query_count * L->query_heads * n * 4);
     }
   }
-  free(host);
-  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
-  if (accumulating) {
+  if (st == KVQ_OK && accumulating) {
     sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1));
-    if (!sums) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
-    st = be->ops->buffer_read(be, accumulate, 0, sums, b->accumulate_floats * 4);
-    for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
-      const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
-      for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
-    }
-    free(sums);
-    if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading attention sums");
+    if (!sums) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
+    else if ((st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, &later)) != KVQ_OK)
+      st = kvq_fail_backend(ctx, st, "reading attention sums");
+  } else if (st != KVQ_OK) {
+    st = kvq_fail_backend(ctx, st, "reading results");
   }
+  /* waited for also after a failure: host and sums are the reads' destinations until then */
+  const kvq_status waited = kvq_reads_wait(ctx, &later);
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading results");
+  for (uint32_t i = 0; st == KVQ_OK && host && i < b->seq_count; i++)
+    if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
+           (uint64_t)b->seqs[i].query_count * row_floats * 4);
+  for (uint32_t i = 0; st == KVQ_OK && sums && i < b->seq_count; i++) {
+    const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
+    for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
+  }
+  free(host);
+  free(sums);
+  if (st != KVQ_OK) return st;
   /* host results were read (a wait); device outputs and scores stay in flight until the call ends */
   if ((host_outputs || host_scores || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
     return kvq_fail_backend(ctx, st, "finishing");
@@ -467,9 +475,13 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
 
 /* Decodes kept tokens [first, first + count) of one side into out[count][kv_heads][head_dim] fp32:
  * `slot` gives each kept token's slot in the layer's view (page slots, then the window). Pages are
- * decoded in runs of at most `run` listed pages per job. */
+ * decoded in runs of at most KVQ_STAGING_PAGES listed pages per job. Every read goes through
+ * kvq_read_later (*later), so the call's tokens come back with one wait: the decoded ones straight
+ * into out, the window's in the input dtype into raw (token i at raw's token i - *in_window), for
+ * the caller to convert once it has waited. */
 static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uint32_t layer, int side,
-                                  const kvq_layer_view *view, const uint32_t *slot, uint32_t count, float *out) {
+                                  const kvq_layer_view *view, const uint32_t *slot, uint32_t count, float *out,
+                                  uint8_t *raw, uint32_t *in_window, int *later) {
   kvq_context *ctx = cache->ctx;
   kvq_backend *be = ctx->backend;
   const kvq_layer_storage *ls = &cache->storage[layer];
@@ -487,25 +499,21 @@ static kvq_status dequantize_side(kvq_cache *cache, const kvq_sequence *seq, uin
     kvq_job_dequantize job = {.side = &ls->side[side], .pages = ls->pages[side], .count = pages,
                               .slots = seq->pages + page0, .out = scratch};
     if ((st = be->ops->dequantize(be, &job)) != KVQ_OK) return kvq_fail_backend(ctx, st, "dequantizing");
-    for (; k < end && st == KVQ_OK; k++) {
-      st = be->ops->buffer_read(be, scratch, (uint64_t)(slot[k] - page0 * P) * token_floats * 4, out + k * token_floats,
-                                token_floats * 4);
+    for (; k < end && st == KVQ_OK; k++) { /* the copy is recorded before the next run reuses scratch */
+      st = kvq_read_later(ctx, scratch, (uint64_t)(slot[k] - page0 * P) * token_floats * 4, out + k * token_floats,
+                          token_floats * 4, later);
       if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading dequantized tokens");
     }
   }
-  const kvq_dtype dtype = cache->config.input_dtype;
-  const uint64_t token_bytes = kvq_token_bytes(dtype, ls->config.kv_heads, ls->config.head_dim);
-  uint8_t *raw = malloc(token_bytes);
-  if (!raw) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+  *in_window = k;
+  const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, ls->config.kv_heads, ls->config.head_dim);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
   for (; k < count && st == KVQ_OK; k++) { /* window tokens */
     const uint32_t position = view->window_first + (slot[k] - view->slots);
-    st = be->ops->buffer_read(be, ls->ring[side], ring_offset + (uint64_t)(position % cache->ring_capacity) * token_bytes,
-                              raw, token_bytes);
+    st = kvq_read_later(ctx, ls->ring[side], ring_offset + (uint64_t)(position % cache->ring_capacity) * token_bytes,
+                        raw + (uint64_t)(k - *in_window) * token_bytes, token_bytes, later);
     if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "reading the window");
-    else kvq_convert_to_f32(dtype, raw, out + (uint64_t)k * token_floats, token_floats);
   }
-  free(raw);
   return st;
 }
 
@@ -616,12 +624,27 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     free(slots);
     return st;
   }
+  const uint64_t token_floats = (uint64_t)L->kv_heads * L->head_dim;
+  const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  uint8_t *raw[2] = {NULL, NULL};
+  uint32_t in_window[2] = {0, 0};
+  int later = 0;
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     if (!outs[s]) continue;
-    buffers[s] = malloc(count * L->kv_heads * L->head_dim * sizeof(float));
-    if (!buffers[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
-    else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s]);
+    buffers[s] = malloc(count * token_floats * sizeof(float));
+    raw[s] = malloc(count * token_bytes);
+    if (!buffers[s] || !raw[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
+    else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s], raw[s], &in_window[s], &later);
   }
+  /* both sides' tokens with one wait; also after a failure, before the arrays are freed */
+  const kvq_status waited = kvq_reads_wait(ctx, &later);
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading dequantized tokens");
+  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+    for (uint32_t k = in_window[s]; outs[s] && k < count; k++) /* the window's tokens, in the input dtype */
+      kvq_convert_to_f32(cache->config.input_dtype, raw[s] + (uint64_t)(k - in_window[s]) * token_bytes,
+                         buffers[s] + (uint64_t)k * token_floats, token_floats);
+  free(raw[0]);
+  free(raw[1]);
   free(slots);
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");

@@ -23,6 +23,13 @@ static inline void kvq_put_bytes(kvq_writer *w, const void *src, uint64_t n) {
   if (w->data && n) memcpy(w->data + w->pos, src, (size_t)n);
   w->pos += n;
 }
+/* Room for n bytes that arrive later (a device read straight into the file image): where they go,
+ * or NULL when only counting. */
+static inline uint8_t *kvq_put_later(kvq_writer *w, uint64_t n) {
+  uint8_t *at = w->data ? w->data + w->pos : NULL;
+  w->pos += n;
+  return at;
+}
 static inline void kvq_put_u32(kvq_writer *w, uint32_t v) {
   uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
   kvq_put_bytes(w, b, 4);

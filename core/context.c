@@ -116,6 +116,19 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
   return KVQ_OK;
 }
 
+kvq_status kvq_read_later(kvq_context *ctx, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes, int *later) {
+  kvq_backend *be = ctx->backend;
+  if (!be->ops->buffer_read_later) return be->ops->buffer_read(be, buffer, offset, dst, bytes);
+  *later = 1;
+  return be->ops->buffer_read_later(be, buffer, offset, dst, bytes);
+}
+
+kvq_status kvq_reads_wait(kvq_context *ctx, int *later) {
+  if (!*later) return KVQ_OK;
+  *later = 0;
+  return ctx->backend->ops->finish(ctx->backend);
+}
+
 void kvq_call_begin(kvq_context *ctx) {
   if (ctx->backend->ops->defer) ctx->backend->ops->defer(ctx->backend);
 }

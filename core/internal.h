@@ -79,6 +79,13 @@ kvq_status kvq_fail(kvq_context *ctx, kvq_status status, const char *format, ...
     ;
 /* Records a backend failure: its own message, prefixed. */
 kvq_status kvq_fail_backend(kvq_context *ctx, kvq_status status, const char *what);
+
+/* A read whose bytes the call needs only after kvq_reads_wait: the backend's buffer_read_later where
+ * it has one (then *later is set, and the bytes come with the call's one submission), else
+ * buffer_read, the bytes at once. dst must live until kvq_reads_wait, which a call that set *later
+ * runs also when it fails. Both return the backend's status (the caller says what failed). */
+kvq_status kvq_read_later(kvq_context *ctx, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes, int *later);
+kvq_status kvq_reads_wait(kvq_context *ctx, int *later);
 void kvq_clear_error(kvq_context *ctx);
 
 enum { KVQ_SIDE_KEYS = 0, KVQ_SIDE_VALUES = 1 };

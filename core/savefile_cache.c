@@ -29,22 +29,12 @@ static kvq_status bad(kvq_context *ctx, const char *what) {
 
 /* ---- Writing ------------------------------------------------------------------------------------ */
 
-/* Writes (or, with w->data == NULL, measures) the whole file. Device reads go through a bounce
- * buffer of one page / one token, so the writer never needs the pool in host memory. */
-static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
+/* Writes (or, with w->data == NULL, measures) the whole file. Pages and window tokens are read
+ * from the device straight into their place in the file image (kvq_read_later, *later), all with one
+ * wait before the checksum covers them: one submission where the backend batches. */
+static kvq_status write_contents(kvq_cache *cache, kvq_writer *w, int *later) {
   kvq_context *ctx = cache->ctx;
-  kvq_backend *be = ctx->backend;
   const kvq_cache_config *c = &cache->config;
-  uint64_t max_chunk = 0;
-  for (uint32_t l = 0; l < c->layer_count; l++)
-    for (int s = 0; s < 2; s++) {
-      uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
-      uint64_t tb = kvq_token_bytes(c->input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
-      max_chunk = pb > max_chunk ? pb : max_chunk;
-      max_chunk = tb > max_chunk ? tb : max_chunk;
-    }
-  uint8_t *bounce = w->data ? malloc((size_t)max_chunk) : NULL;
-  if (w->data && !bounce) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "saving: out of host memory");
   kvq_status st = KVQ_OK;
 
   const int policy = c->policy.kind != KVQ_POLICY_KEEP_ALL;
@@ -97,11 +87,9 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
     for (uint32_t l = 0; l < c->layer_count && st == KVQ_OK; l++)
       for (int s = 0; s < 2 && st == KVQ_OK; s++) {
         const uint64_t pb = cache->storage[l].side[s].layout.page_bytes;
-        if (w->data) {
-          st = be->ops->buffer_read(be, cache->storage[l].pages[s], (uint64_t)p * pb, bounce, pb);
-          if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "saving: reading a page");
-        }
-        kvq_put_bytes(w, bounce, pb);
+        uint8_t *at = kvq_put_later(w, pb);
+        if (at && (st = kvq_read_later(ctx, cache->storage[l].pages[s], (uint64_t)p * pb, at, pb, later)) != KVQ_OK)
+          st = kvq_fail_backend(ctx, st, "saving: reading a page");
       }
   }
   free(used);
@@ -117,20 +105,27 @@ static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
       const uint64_t ring_offset = kvq_ring_offset(cache, l, slot);
       for (int s = 0; s < 2 && st == KVQ_OK; s++)
         for (uint32_t t = seq->layers[l].ring_start; t < seq->layers[l].tokens && st == KVQ_OK; t++) {
-          if (w->data) {
-            st = be->ops->buffer_read(be, cache->storage[l].ring[s], ring_offset + (t % cache->ring_capacity) * tb,
-                                      bounce, tb);
-            if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "saving: reading the window");
-          }
-          kvq_put_bytes(w, bounce, tb);
+          uint8_t *at = kvq_put_later(w, tb);
+          if (at && (st = kvq_read_later(ctx, cache->storage[l].ring[s], ring_offset + (t % cache->ring_capacity) * tb, at,
+                                         tb, later)) != KVQ_OK)
+            st = kvq_fail_backend(ctx, st, "saving: reading the window");
         }
     }
   }
   kvq_section_end(w, at);
 
+  const kvq_status waited = kvq_reads_wait(ctx, later); /* the image complete before its checksum */
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "saving: reading the pool");
   kvq_file_end(w, file_bytes_at);
-  free(bounce);
   return st;
+}
+
+/* The reads of one save are one deferred call (kvq_call_begin): they share one submission. */
+static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
+  int later = 0;
+  if (!w->data) return write_contents(cache, w, &later); /* measuring reads nothing */
+  kvq_call_begin(cache->ctx);
+  return kvq_call_end_waiting(cache->ctx, write_contents(cache, w, &later));
 }
 
 kvq_status kvq_cache_save_size(kvq_cache *cache, uint64_t *bytes) {

@@ -133,7 +133,8 @@ static kvq_backend_stats counted(kvq_context *ctx) {
 
 /*
  * Creating a cache, loading one and loading codebooks each upload their matrices, codebooks, pages
- * and windows in one queue submission (docs/VULKAN.md), not one per buffer: a cache with QJL keys
+ * and windows in one queue submission (docs/VULKAN.md), not one per buffer, and saving one reads its
+ * pages and windows back in one submission, not one per page and token: a cache with QJL keys
  * (sketch and outlier sketch) and PolarQuant values (rotation and tables) over two layers has eight
  * fixed arrays and, loaded, pages and windows besides.
  */
@@ -158,8 +159,10 @@ Test(vulkan, create_and_load_are_one_submission_each) {
   KVQ_CHECK(ctx, kvq_cache_save_size(cache, &bytes));
   uint8_t *image = malloc((size_t)bytes);
   size_t written = 0;
-  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, &written));
   (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, &written));
+  s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "kvq_cache_save_to_memory: %llu submissions", (unsigned long long)s.submissions);
   kvq_cache *loaded = NULL;
   KVQ_CHECK(ctx, kvq_cache_load_from_memory(ctx, image, written, &loaded));
   s = counted(ctx);
@@ -209,6 +212,113 @@ Test(vulkan, a_decode_step_with_host_tensors_is_one_submission) {
     cr_assert_geq(s.bytes_to_device, sizeof q, "attention after token %u moved %llu bytes up", t, (unsigned long long)s.bytes_to_device);
   }
   kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+}
+
+/*
+ * Q-Hitter needs every token's quantization error on the host (core/policy.c), so an append that
+ * quantizes pages reads the QUANTIZE job's errors back, for keys and for values: with the rest of the
+ * append, in its one submission (docs/VULKAN.md), not one read of its own per side. Token by token
+ * (appends that quantize one page per side, and those that quantize none) and then 40 tokens at once
+ * (two pages per side), each kvq_append is one submission, and the result is the CPU reference's: the
+ * same dequantized tokens bit for bit (KIVI and uniform codes are class 1, docs/ACCURACY.md), the
+ * same statistics positions and lengths, and the same errors up to their fp32 arithmetic. An attention
+ * of host tensors is one submission too, with the policy's sums read back in it, and so is a
+ * kvq_dequantize of every token into host tensors.
+ *
+ * The error bound: the shader (shaders/quantize_errors.comp) rounds each difference x - x^ and its
+ * square (3 u for the term, u = 2^-24), sums d terms in fp32 (gamma(d - 1) more), takes a sqrt (which
+ * halves the relative error of its argument) that Vulkan allows within 3 ulp (6 u relative); the CPU
+ * sums in double and rounds the root to fp32 (u). Summing the kv heads' positive terms keeps the
+ * relative bound, and each side stores the sum in fp32 (u each): |e_vk - e_cpu| <= ((d + 2) / 2 + 9) u e_cpu
+ * to first order. A stale, missing or swapped read is off by far more (or 0 where the CPU has errors).
+ */
+Test(vulkan, qhitter_appends_that_quantize_pages_are_one_submission) {
+  require_vulkan();
+  kvq_context *ctx = vulkan_context(), *cpu = th_cpu_context();
+  enum { HQ = 4, HKV = 2, D = 64, STEPS = 50, CHUNK = 40, N = STEPS + CHUNK, P = 16, W = 16 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_kivi(2, 16), th_uniform(4, 32));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, 16, 1, 7);
+  config.policy = kvq_policy_defaults(KVQ_POLICY_QHITTER);
+  config.policy.heavy_fraction = 1.0f; /* keeps every token: no eviction, which near-ties could decide apart */
+  static float k[N * HKV * D], v[N * HKV * D], q[1];
+  fill_kvq(k, v, N * HKV * D, q, 1);
+  uint32_t seq, cpu_seq;
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq), *ref = cache_with_sequence(cpu, &config, &cpu_seq);
+  uint32_t ring_start = 0, quantizing = 0;
+  for (uint32_t t = 0; t < N;) {
+    const uint32_t count = t < STEPS ? 1 : CHUNK;
+    (void)counted(ctx);
+    th_append(ctx, cache, seq, 0, k, v, t, count, HKV, D, KVQ_DTYPE_F32);
+    const kvq_backend_stats s = counted(ctx);
+    th_append(cpu, ref, cpu_seq, 0, k, v, t, count, HKV, D, KVQ_DTYPE_F32);
+    t += count;
+    const int quantizes = t - ring_start >= (uint32_t)(W + P);
+    while (t - ring_start >= (uint32_t)(W + P)) ring_start += P;
+    quantizing += quantizes;
+    cr_assert_eq(s.submissions, 1u, "append up to token %u (%s pages): %llu submissions", t, quantizes ? "quantizing" : "no",
+                 (unsigned long long)s.submissions);
+  }
+  cr_assert_geq(quantizing, 3u, "%u appends quantized pages", quantizing);
+  /* kvq_flush quantizes the window (one whole page and a partial one per side): one submission too,
+   * and afterwards the tokens of whole pages carry errors, the partial page's none */
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_flush(cache, seq));
+  const kvq_backend_stats f = counted(ctx);
+  KVQ_CHECK(cpu, kvq_flush(ref, cpu_seq));
+  cr_assert_eq(f.submissions, 1u, "flush: %llu submissions", (unsigned long long)f.submissions);
+  kvq_token_stats got[N], want[N];
+  size_t n_got = 0, n_want = 0;
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, got, N, &n_got));
+  KVQ_CHECK(cpu, kvq_sequence_token_stats(ref, cpu_seq, want, N, &n_want));
+  cr_assert_eq(n_got, (size_t)N);
+  cr_assert_eq(n_want, (size_t)N);
+  const double bound = ((D + 2) / 2.0 + 9.0) * 0x1p-24;
+  uint32_t with_errors = 0;
+  for (uint32_t t = 0; t < N; t++) {
+    cr_assert_eq(got[t].position, want[t].position);
+    const double wk = want[t].key_error, wv = want[t].value_error;
+    with_errors += wk > 0.0 && wv > 0.0;
+    cr_assert(fabs(got[t].key_error - wk) <= bound * wk, "token %u: E^K %.9g on Vulkan, %.9g on the CPU", t,
+              (double)got[t].key_error, wk);
+    cr_assert(fabs(got[t].value_error - wv) <= bound * wv, "token %u: E^V %.9g on Vulkan, %.9g on the CPU", t,
+              (double)got[t].value_error, wv);
+  }
+  cr_assert_eq(with_errors, N / P * P, "%u tokens with errors, %u in whole pages", with_errors, N / P * P);
+  kvq_sequence_info info, cpu_info;
+  KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &info));
+  KVQ_CHECK(cpu, kvq_sequence_info_get(ref, cpu_seq, 0, &cpu_info));
+  cr_assert_eq(info.tokens, cpu_info.tokens);
+  cr_assert_eq(info.kept_tokens, cpu_info.kept_tokens);
+  static float kd[2][N * HKV * D], vd[2][N * HKV * D];
+  const int64_t shape[3] = {N, HKV, D};
+  for (int b = 0; b < 2; b++) {
+    const kvq_tensor kt = kvq_tensor_host(kd[b], KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(vd[b], KVQ_DTYPE_F32, 3, shape);
+    (void)counted(ctx);
+    KVQ_CHECK(b ? cpu : ctx, kvq_dequantize(b ? ref : cache, b ? cpu_seq : seq, 0, 0, N, &kt, &vt));
+    const kvq_backend_stats d = counted(ctx);
+    if (b == 0) /* the pages' and the window's tokens of both sides, read back with one wait */
+      cr_assert_eq(d.submissions, 1u, "dequantize into host tensors: %llu submissions", (unsigned long long)d.submissions);
+  }
+  cr_assert_eq(memcmp(kd[0], kd[1], sizeof kd[0]), 0, "the Vulkan cache's keys are not the CPU's");
+  cr_assert_eq(memcmp(vd[0], vd[1], sizeof vd[0]), 0, "the Vulkan cache's values are not the CPU's");
+  /* An attention over it reads the output and the policy's probability sums back with one wait: every
+   * token's A_t, 0 before, is then positive (the sums reached the host). */
+  static float query[HQ * D], out[HQ * D];
+  fill_kvq(kd[0], vd[0], 1, query, HQ * D);
+  const int64_t qshape[3] = {1, HQ, D};
+  kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(query, KVQ_DTYPE_F32, 3, qshape),
+                               .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_CAUSAL};
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &req, 1));
+  const kvq_backend_stats a = counted(ctx);
+  cr_assert_eq(a.submissions, 1u, "attention: %llu submissions", (unsigned long long)a.submissions);
+  cr_assert_eq(a.waits, 1u, "attention: %llu waits", (unsigned long long)a.waits);
+  KVQ_CHECK(ctx, kvq_sequence_token_stats(cache, seq, got, N, &n_got));
+  for (uint32_t t = 0; t < N; t++) cr_assert_gt(got[t].attention, 0.0, "token %u: A_t %g after an attention", t, got[t].attention);
+  kvq_cache_destroy(ref);
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(cpu);
   kvq_context_destroy(ctx);
 }
 
@@ -933,8 +1043,8 @@ Test(vulkan, device_appends_refuse_what_host_appends_refuse) {
  * two-layer cache with a pool of 8 pages of 16 streams chunks of 1, 5 and 40 device tokens; before
  * each real append the same tokens with one NaN are refused, and the saved cache (page table, pages,
  * windows, statistics) is byte for byte what it was. A chunk of 40 overwrites window slots whose
- * tokens the append quantizes first and takes pages the policy just freed. Q-Hitter reads its
- * quantization errors back while it appends (one more submission per side whose pages it quantizes).
+ * tokens the append quantizes first and takes pages the policy just freed. Q-Hitter's quantization
+ * errors come back with the same one submission (buffer_read_later), and a refused append drops them.
  */
 enum { RA_HQ = 2, RA_HKV = 2, RA_D = 32, RA_P = 16, RA_CHUNK = 40, RA_N = 260 };
 static float ra_value(uint32_t token, uint32_t i, int side) {
@@ -985,11 +1095,10 @@ Test(vulkan, refused_device_append_changes_nothing_in_one_submission, .timeout =
         const kvq_status st = kvq_append(cache, seq, layer, &kd, &vd);
         const kvq_backend_stats s = counted(ctx);
         cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "policy %d, token %u, layer %u: %s", k, t, layer, kvq_status_string(st));
-        if (kinds[k] != KVQ_POLICY_QHITTER) {
+        if (kinds[k] != KVQ_POLICY_QHITTER) /* Q-Hitter: and the errors of the pages it quantized, dropped */
           cr_assert_eq(s.bytes_to_host, 4u, "a refused append read back %llu bytes", (unsigned long long)s.bytes_to_host);
-          cr_assert_eq(s.submissions, 1u, "policy %d, token %u, layer %u: a refused append made %llu submissions", k, t, layer,
-                       (unsigned long long)s.submissions);
-        }
+        cr_assert_eq(s.submissions, 1u, "policy %d, token %u, layer %u: a refused append made %llu submissions", k, t, layer,
+                     (unsigned long long)s.submissions);
         uint8_t *after = ra_saved(ctx, cache, &after_size);
         cr_assert_eq(after_size, before_size, "policy %d, token %u, layer %u: the refused append changed the cache's size", k, t, layer);
         for (size_t i = 0; i < before_size; i++)
@@ -1001,9 +1110,8 @@ Test(vulkan, refused_device_append_changes_nothing_in_one_submission, .timeout =
         (void)counted(ctx);
         KVQ_CHECK(ctx, kvq_append(cache, seq, layer, &kd, &vd));
         const kvq_backend_stats a = counted(ctx);
-        if (kinds[k] != KVQ_POLICY_QHITTER)
-          cr_assert_eq(a.submissions, 1u, "policy %d, token %u, layer %u: %llu submissions", k, t, layer,
-                       (unsigned long long)a.submissions);
+        cr_assert_eq(a.submissions, 1u, "policy %d, token %u, layer %u: %llu submissions", k, t, layer,
+                     (unsigned long long)a.submissions);
       }
     }
     kvq_sequence_info info;

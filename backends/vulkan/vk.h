@@ -106,6 +106,13 @@ typedef struct vk_backend {
   uint64_t staging_used, metadata_used; /* bytes of the staging and metadata buffers the recording uses */
   kvq_buffer **retired; /* freed once the recorded or in-flight work that may use them is done */
   uint32_t retired_count, retired_capacity;
+  /* The reads buffer_read_later recorded: `bytes` of the staging buffer at `at` go to dst once the
+   * submission that copies them there is waited for (kvq_vk_wait); dropped if it fails. */
+  struct kvq_vk_later {
+    void *dst;
+    uint64_t at, bytes;
+  } *later;
+  uint32_t later_count, later_capacity;
   uint32_t sets_used;  /* descriptor sets allocated since the last reset */
   /* The descriptor set bound last in this submission and its buffers: dispatches with the same
    * buffers (a job's steps) reuse it. VK_NULL_HANDLE after a submit. */
@@ -159,6 +166,7 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
 void kvq_vk_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer);
 kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, const void *src, uint64_t bytes);
 kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes);
+kvq_status kvq_vk_buffer_read_later(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes);
 kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,
                               uint64_t src_offset, uint64_t bytes);
 kvq_status kvq_vk_buffer_zero(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, uint64_t bytes);

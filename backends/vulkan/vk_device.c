@@ -366,6 +366,7 @@ static void vk_destroy(kvq_backend *backend) {
     b->vk.vkDeviceWaitIdle(b->device);
     for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
     free(b->retired);
+    free(b->later);
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
     kvq_vk_buffer_free(b, b->dummy);
@@ -410,6 +411,7 @@ static const kvq_backend_ops vk_ops = {
     .end_deferred = kvq_vk_end_deferred,
     .convert = kvq_vk_convert,
     .check_tokens = kvq_vk_check_tokens,
+    .buffer_read_later = kvq_vk_buffer_read_later,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

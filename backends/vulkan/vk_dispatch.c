@@ -140,6 +140,7 @@ static void release_submission(vk_backend *b) {
   b->bound_set = VK_NULL_HANDLE;
   for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
   b->retired_count = 0;
+  b->later_count = 0; /* delivered by kvq_vk_wait, or dropped with a submission that failed */
 }
 
 kvq_status kvq_vk_wait(vk_backend *b) {
@@ -149,6 +150,12 @@ kvq_status kvq_vk_wait(vk_backend *b) {
   VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
   /* whatever happened, the pools start over for the next submission */
   b->vk.vkResetFences(b->device, 1, &b->fence);
+  if (r == VK_SUCCESS) /* buffer_read_later's bytes: in the staging buffer now, reused by the next recording */
+    for (uint32_t i = 0; i < b->later_count; i++) {
+      const struct kvq_vk_later *l = &b->later[i];
+      memcpy(l->dst, (const uint8_t *)b->staging->mapped + l->at, (size_t)l->bytes);
+      b->stats.bytes_to_host += l->bytes;
+    }
   release_submission(b);
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "waiting for the device");
   if (b->timestamps) {

@@ -158,21 +158,42 @@ kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_
   return kvq_vk_done(b, st);
 }
 
-kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes) {
+/* A read without a submission of its own: the copies into the staging buffer are recorded and
+ * kvq_vk_wait hands their bytes over (b->later), so a deferred call's reads share its submission. */
+kvq_status kvq_vk_buffer_read_later(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes) {
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a read");
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
     const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    if (b->later_count == b->later_capacity) { /* before the staging space, which may submit and deliver */
+      const uint32_t capacity = b->later_capacity ? 2 * b->later_capacity : 8;
+      struct kvq_vk_later *grown = realloc(b->later, sizeof *grown * capacity);
+      if (!grown) {
+        st = kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+        break;
+      }
+      b->later = grown;
+      b->later_capacity = capacity;
+    }
     uint64_t at;
     if ((st = kvq_vk_staging(b, chunk, &at)) != KVQ_OK) break;
     copy_region(b, b->staging, at, buffer, offset + done, chunk);
     kvq_vk_transfer_barrier(b);
-    if ((st = kvq_vk_submit(b)) != KVQ_OK) break; /* the data must be on the host */
-    memcpy((uint8_t *)dst + done, (const uint8_t *)b->staging->mapped + at, (size_t)chunk);
-    b->stats.bytes_to_host += chunk;
+    b->later[b->later_count++] = (struct kvq_vk_later){(uint8_t *)dst + done, at, chunk};
     done += chunk;
   }
-  return st;
+  if (st != KVQ_OK) /* a failed call writes nothing: the caller may free dst */
+    for (uint32_t i = b->later_count; i-- > 0;)
+      if ((uint8_t *)b->later[i].dst >= (uint8_t *)dst && (uint8_t *)b->later[i].dst < (uint8_t *)dst + bytes)
+        b->later[i] = b->later[--b->later_count];
+  return kvq_vk_done(b, st);
+}
+
+/* The data must be on the host when it returns: deferred or not, what is recorded is submitted and
+ * waited for, and the wait hands the bytes over. */
+kvq_status kvq_vk_buffer_read(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes) {
+  kvq_status st = kvq_vk_buffer_read_later(backend, buffer, offset, dst, bytes);
+  return st == KVQ_OK ? kvq_vk_submit((vk_backend *)backend) : st;
 }
 
 kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t dst_offset, kvq_buffer *src,

@@ -105,46 +105,52 @@ KVQ_SHARED_FN void kvq_polar_rotate(KVQ_IO_PARAM kvq_u32 x, kvq_u32 d, kvq_u32 r
   for (kvq_u32 c = 0u; c < d; c++) y[c] = KVQ_FMUL(y[c], scale);
 }
 
-/* x = R^T y: the columns of the dense matrix (summed in kvq_acc), or signs * (H y) * scale (H is
- * symmetric). Only class-3 results come from here. */
+/* Coordinate c of x = R^T y, into the float lvalue x_c: column c of the dense matrix against y
+ * (summed in kvq_acc, rows increasing, four per trip), or signs_c * (z_c * scale) for the Hadamard
+ * form, where y must already have gone through kvq_polar_butterflies (H is symmetric). Only class-3
+ * results come from here.
+ *
+ * A macro, not a function, because y is an array: GLSL passes array parameters by copy, so a
+ * function taking y and called once per coordinate would copy d floats d times. The macro expands
+ * in place in kvq_polar_unrotate and kvq_polar_unrotate_coord below, the only two places that
+ * compute this, in C, CUDA and GLSL alike (GLSL's preprocessor takes the line continuations). */
+#define KVQ_POLAR_UNROTATE_COORD(x_c, y, d, rotation, c)                                                        \
+  {                                                                                                             \
+    if ((rotation) == KVQ_LAYOUT_ROTATION_DENSE) {                                                              \
+      kvq_acc kvq_polar_column = KVQ_ACC(0.0f);                                                                 \
+      for (kvq_u32 kvq_polar_i = 0u; kvq_polar_i < (d); kvq_polar_i += 4u) {                                    \
+        kvq_polar_column += KVQ_ACC(KVQ_POLAR_ROTATION(kvq_polar_i * (d) + (c))) * KVQ_ACC((y)[kvq_polar_i]);   \
+        kvq_polar_column +=                                                                                     \
+            KVQ_ACC(KVQ_POLAR_ROTATION((kvq_polar_i + 1u) * (d) + (c))) * KVQ_ACC((y)[kvq_polar_i + 1u]);       \
+        kvq_polar_column +=                                                                                     \
+            KVQ_ACC(KVQ_POLAR_ROTATION((kvq_polar_i + 2u) * (d) + (c))) * KVQ_ACC((y)[kvq_polar_i + 2u]);       \
+        kvq_polar_column +=                                                                                     \
+            KVQ_ACC(KVQ_POLAR_ROTATION((kvq_polar_i + 3u) * (d) + (c))) * KVQ_ACC((y)[kvq_polar_i + 3u]);       \
+      }                                                                                                         \
+      x_c = KVQ_F32(kvq_polar_column);                                                                          \
+    } else {                                                                                                    \
+      x_c = KVQ_POLAR_ROTATION(c) * ((y)[c] * kvq_hadamard_scale(d));                                           \
+    }                                                                                                           \
+  }
+
+/* x = R^T y for the whole vector: the Hadamard butterflies on a copy of y (the caller's y is left
+ * as it is), then every coordinate as KVQ_POLAR_UNROTATE_COORD. */
 KVQ_SHARED_FN void kvq_polar_unrotate(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
                                       KVQ_OUT kvq_f32 x[KVQ_MAX_HEAD_DIM]) {
-  if (rotation == KVQ_LAYOUT_ROTATION_DENSE) {
-    for (kvq_u32 c = 0u; c < d; c++) {
-      kvq_acc sum = KVQ_ACC(0.0f);
-      for (kvq_u32 i = 0u; i < d; i += 4u) {
-        sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
-        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
-        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
-        sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
-      }
-      x[c] = KVQ_F32(sum);
-    }
-    return;
-  }
   kvq_f32 z[KVQ_MAX_HEAD_DIM];
   for (kvq_u32 c = 0u; c < d; c++) z[c] = y[c];
-  kvq_polar_butterflies(z, d);
-  kvq_f32 scale = kvq_hadamard_scale(d);
-  for (kvq_u32 c = 0u; c < d; c++) x[c] = KVQ_POLAR_ROTATION(c) * (z[c] * scale);
+  if (rotation != KVQ_LAYOUT_ROTATION_DENSE) kvq_polar_butterflies(z, d);
+  for (kvq_u32 c = 0u; c < d; c++) KVQ_POLAR_UNROTATE_COORD(x[c], z, d, rotation, c)
 }
 
-/* Coordinate c of kvq_polar_unrotate's x, the same operations in the same order, for a GPU kernel
- * whose threads share the coordinates: y is the rotated vector for the dense form, and for the
- * Hadamard form the vector after kvq_polar_butterflies ran on it in place (in shared or scratch
- * memory, not a per-thread copy). Not called by kvq_polar_unrotate itself, which GLSL would make
- * copy y once per coordinate. */
+/* Coordinate c of kvq_polar_unrotate's x, for a GPU kernel whose threads share the coordinates: y
+ * is the rotated vector for the dense form, and for the Hadamard form the vector after
+ * kvq_polar_butterflies ran on it in place (in shared or scratch memory, not a per-thread copy). */
 KVQ_SHARED_FN kvq_f32 kvq_polar_unrotate_coord(KVQ_IO_PARAM const kvq_f32 y[KVQ_MAX_HEAD_DIM], kvq_u32 d, kvq_u32 rotation,
                                                kvq_u32 c) {
-  if (rotation != KVQ_LAYOUT_ROTATION_DENSE) return KVQ_POLAR_ROTATION(c) * (y[c] * kvq_hadamard_scale(d));
-  kvq_acc sum = KVQ_ACC(0.0f);
-  for (kvq_u32 i = 0u; i < d; i += 4u) {
-    sum += KVQ_ACC(KVQ_POLAR_ROTATION(i * d + c)) * KVQ_ACC(y[i]);
-    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 1u) * d + c)) * KVQ_ACC(y[i + 1u]);
-    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 2u) * d + c)) * KVQ_ACC(y[i + 2u]);
-    sum += KVQ_ACC(KVQ_POLAR_ROTATION((i + 3u) * d + c)) * KVQ_ACC(y[i + 3u]);
-  }
-  return KVQ_F32(sum);
+  kvq_f32 x_c;
+  KVQ_POLAR_UNROTATE_COORD(x_c, y, d, rotation, c)
+  return x_c;
 }
 
 /* ---- QUANTIZE --------------------------------------------------------------------------------- */
