@@ -622,9 +622,9 @@ struct thread_pool {
 // neighbour), mapped once per OS thread (of_this_thread) and kept for the thread's life. The scheduler
 // resumes, in thread order, every fiber that can go on (not started yet, released from a rendezvous, or
 // in a failed launch, where it ends); a fiber runs until it waits at a barrier or warp operation
-// (wait_at yields) or returns. A rendezvous that can never complete
-// is found by check_deadlock as with OS threads; a timeout has nothing to measure here (while one fiber
-// runs no other can arrive), so a loop that never ends hangs the launch as it would on the GPU.
+// (wait_at yields) or returns. A rendezvous that can never complete is found by check_deadlock as with
+// OS threads; a timeout has nothing to measure here (while one fiber runs no other can arrive), so a
+// loop that never ends hangs the launch as it would on the GPU.
 //
 // The switch saves the callee-saved registers and the stack pointer (x86-64: a few instructions);
 // elsewhere, or with KVQ_CUDA_EMU_UCONTEXT defined, it is swapcontext. Under AddressSanitizer and
@@ -723,9 +723,10 @@ struct fiber_runner {
 
   // A fiber's life: the kernel's thread of one block after another, each time ending with a switch back
   // to the scheduler (which resumes it for the next block), until the runner ends it; then one last
-  // switch back. The fiber stays inside this loop for the whole launch: were it to start afresh for each
-  // block from a new frame (as it once did), the frames it left would stay on ThreadSanitizer's shadow
-  // call stack of the fiber (a function entered and never returned from), one more for every block, so
+  // switch back. The fiber stays inside this loop for the runner's life (launch after launch): were it
+  // to start afresh for each block from a new frame (as it once did), the frames it left would stay on
+  // ThreadSanitizer's shadow call stack of the fiber (a function entered and never returned from), one
+  // more for every block, so
   // that every stack ThreadSanitizer records (each allocation, each synchronisation) would be new and
   // longer, block after block: its stack depot grew without bound, to gigabytes on the golden matrix
   // (docs/CUDA.md, "Test time").
