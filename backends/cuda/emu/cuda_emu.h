@@ -846,7 +846,7 @@ struct fiber_runner {
   // of CPU time per launch under ThreadSanitizer, most of it in the kernel, and the golden matrix
   // launches thousands of kernels; one runner per thread (replaced by a larger one when a launch needs
   // more threads) also bounds the fibers alive, each of which holds its ThreadSanitizer trace.
-  // Only blocks of up to kept_max threads (kvq's kernels use 32 to 256) run on the kept runner: under
+  // Only blocks of up to kept_max threads (kvq's kernels name 128 and 256) run on the kept runner: under
   // ThreadSanitizer each fiber holds about 1 MB (its trace) while it exists, so a kept runner of 1024
   // fibers would hold a gigabyte for the thread's life; a larger block gets a runner of its launch.
   static constexpr unsigned kept_max = 256;
