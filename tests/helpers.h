@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kvq/kvq.h"
+#include "th_configs.h"
 
 /*
  * Every test ends with a leak check. Criterion runs each test in a worker process that leaves
@@ -33,17 +34,6 @@ void th_leak_check(void);
     cr_assert_eq(st_, KVQ_OK, "%s -> %s: %s", #call, kvq_status_string(st_), kvq_context_last_error(ctx)); \
   } while (0)
 
-/* Method configs with explicit parameters. */
-kvq_method_config th_qjl(uint32_t m, uint32_t k, uint32_t m_o);
-kvq_method_config th_uniform(uint32_t bits, uint32_t group);
-kvq_method_config th_kivi(uint32_t bits, uint32_t group_tokens); /* 0: each channel's scale over the page */
-kvq_method_config th_cq(uint32_t channels, uint32_t bits);
-/* PolarQuant with offline codebooks: L = 3, bits 3, 2, 2, dense or Hadamard rotation. */
-kvq_method_config th_polar(kvq_rotation rotation);
-kvq_method_config th_exact(kvq_dtype dtype);
-
-/* A one-layer config with the given methods. */
-kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values);
 kvq_cache_config th_config(const kvq_layer_config *layers, uint32_t count, kvq_dtype input, uint32_t page_size,
                            uint32_t window, uint32_t max_pages, uint32_t max_sequences, uint64_t seed);
 

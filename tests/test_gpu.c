@@ -20,6 +20,7 @@
 
 #include "golden/cases.h"
 #include "golden/golden.h"
+#include "gpu_odd_sizes.h"
 #include "helpers.h"
 
 /* The backend under test, from KVQ_TEST_GPU (meson sets it for each run of this executable). */
@@ -78,48 +79,11 @@ Test(gpu, agrees_with_committed_golden_files, .timeout = 600) {
 
 /* ---- Odd sizes: files the CPU writes here, checked on the backend under test ------------------------- */
 
-/*
- * 1 token, a page + 1, many pages; GQA ratios 1, 4, 7 and 8, and 12 (more query heads than the fused
- * attention takes per pass); every input dtype; with and without a residual window. Each case's two
- * sequences get different lengths, so the batch mixes them.
- */
+/* The matrix: tests/gpu_odd_sizes.c (test_gpu_tsan runs it too). */
 static void check_odd_sizes(void) {
-  enum { P = 16 };
-  static const struct {
-    uint32_t kv_heads, ratio, len0, len1, window;
-    kvq_dtype input;
-  } shapes[] = {
-      {1, 1, 1, 2, 0, KVQ_DTYPE_F32},          {2, 4, P + 1, 1, 0, KVQ_DTYPE_F16},
-      {1, 7, 7 * P + 3, P + 1, P, KVQ_DTYPE_BF16}, {2, 8, 1, 5 * P - 1, 2 * P, KVQ_DTYPE_F16},
-      {3, 1, 9 * P + 5, 2 * P, 0, KVQ_DTYPE_F32},  {1, 12, 3 * P + 7, 40, P, KVQ_DTYPE_F16},
-  };
-  static char names[48][64];
-  golden_case cases[48];
-  uint32_t count = 0;
-  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 6; pair++) {
-      golden_case *c = &cases[count];
-      memset(c, 0, sizeof *c);
-      kvq_method_config keys, values;
-      if (pair == 0) keys = th_kivi(2, P), values = th_uniform(2, 32);
-      else if (pair == 1) keys = th_exact(KVQ_DTYPE_F16), values = th_uniform(3, 16);
-      else if (pair == 2) keys = th_kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
-      else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
-      else if (pair == 4) keys = th_polar(KVQ_ROTATION_DENSE), values = th_polar(KVQ_ROTATION_HADAMARD);
-      else keys = th_cq(4, 8), values = th_cq(2, 5);
-      snprintf(names[count], sizeof names[count], "odd-%zu-%d", s, pair);
-      c->name = names[count];
-      c->input = shapes[s].input;
-      c->page_size = P;
-      c->window = shapes[s].window;
-      c->layer_count = 1;
-      c->layers[0] = th_layer(shapes[s].kv_heads * shapes[s].ratio, shapes[s].kv_heads, 64, keys, values);
-      c->lengths[0] = shapes[s].len0;
-      c->lengths[1] = shapes[s].len1;
-      c->seed = 1000 + count;
-      c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
-      count++;
-    }
+  static char names[GPU_ODD_SIZE_MAX][GPU_ODD_SIZE_NAME];
+  golden_case cases[GPU_ODD_SIZE_MAX];
+  const uint32_t count = gpu_odd_size_cases(cases, names);
   char *dir = th_temp_dir("gpu");
   FILE *log = tmpfile();
   for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);

@@ -12,6 +12,14 @@ __global__ void bug_missing_sync(const float *in, float *out) {
   s[threadIdx.x] = in[threadIdx.x];
   out[threadIdx.x] = s[127 - threadIdx.x];
 }
+// Bug: as bug_missing_sync, in the last block of the grid only (the blocks before it are correct), so
+// that the race is reported after the block's fibers have run many blocks before it.
+__global__ void bug_missing_sync_last_block(const float *in, float *out) {
+  KVQ_SHARED(float, s, 128);
+  s[threadIdx.x] = in[threadIdx.x];
+  if (blockIdx.x + 1 != gridDim.x) __syncthreads(); // the same in every thread of a block
+  out[threadIdx.x] = s[127 - threadIdx.x];
+}
 // Bug: a shuffle instead of __syncwarp between the write and the read: shuffles exchange registers but
 // do not order memory (on Volta and later the lanes of a warp need not run in step).
 __global__ void bug_shuffle_as_barrier(float *out) {

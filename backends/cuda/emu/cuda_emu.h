@@ -411,18 +411,24 @@ template <class Use> void warp_op(Site s, op kind, unsigned mask, uint64_t mine,
   const unsigned lanes = std::min(32u, b.nthreads - warp * 32);
   const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
   char hex[16];
-  std::snprintf(hex, sizeof hex, "0x%08x", mask);
-  const std::string call = std::string(op_name(kind)) + "(mask " + hex + ") at " + site_text(s) + " by " + thread_name(b, c.tid);
-  if (!(mask & bit)) fail(b, call + ": the mask does not name the calling lane " + std::to_string(lane));
+  // The call as a failure message names it: built only on a failure (at every call, its few heap
+  // strings per shuffle were a large part of a profile of the golden matrix under ThreadSanitizer,
+  // which intercepts every allocation and records its stack).
+  auto call = [&] {
+    char m[16];
+    std::snprintf(m, sizeof m, "0x%08x", mask);
+    return std::string(op_name(kind)) + "(mask " + m + ") at " + site_text(s) + " by " + thread_name(b, c.tid);
+  };
+  if (!(mask & bit)) fail(b, call() + ": the mask does not name the calling lane " + std::to_string(lane));
   if (mask & ~exist)
-    fail(b, call + ": the mask names lanes this warp does not have (the block has " + std::to_string(b.nthreads) + " threads)");
+    fail(b, call() + ": the mask names lanes this warp does not have (the block has " + std::to_string(b.nthreads) + " threads)");
   for (unsigned l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u) || l == lane) continue;
     const state w = b.where[warp * 32 + l];
     if (w == state::exited)
-      fail(b, call + ": lane " + std::to_string(l) + ", named in the mask, has returned from the kernel (divergent warp operation)");
+      fail(b, call() + ": lane " + std::to_string(l) + ", named in the mask, has returned from the kernel (divergent warp operation)");
     if (w == state::barrier)
-      fail(b, call + ": lane " + std::to_string(l) + ", named in the mask, waits at __syncthreads at " + site_text(b.at[warp * 32 + l]));
+      fail(b, call() + ": lane " + std::to_string(l) + ", named in the mask, waits at __syncthreads at " + site_text(b.at[warp * 32 + l]));
   }
   // Lanes may be at different warp operations at once (disjoint masks; or a lane at its next operation
   // while others finish the last one without it). A group that names this lane and that lanes of this
@@ -432,7 +438,7 @@ template <class Use> void warp_op(Site s, op kind, unsigned mask, uint64_t mine,
   for (auto &o : open) {
     if ((o->mask & bit) && (o->arrived & mask) && !(o->mask == mask && same_kind(o->kind, kind))) {
       std::snprintf(hex, sizeof hex, "0x%08x", o->mask);
-      fail(b, call + ": other lanes of the warp wait for this lane at " + op_name(o->kind) + "(mask " + hex + ") at " +
+      fail(b, call() + ": other lanes of the warp wait for this lane at " + op_name(o->kind) + "(mask " + hex + ") at " +
                   site_text(o->site) + ": every lane named in a mask must call the same operation with the same mask (divergent warp operation)");
     }
     if (o->mask == mask && same_kind(o->kind, kind) && !(o->arrived & bit)) g = o;
@@ -612,19 +618,21 @@ struct thread_pool {
 };
 
 // The threads of a block as fibers: user-level threads taking turns on the launching thread. Each has
-// its own stack (mapped once per launch, a guard page below each, so that an overflow faults instead of
-// writing into a neighbour). The scheduler resumes, in thread order, every fiber that can go on (not
-// started yet, released from a rendezvous, or in a failed launch, where it ends); a fiber runs until it
-// waits at a barrier or warp operation (wait_at yields) or returns. A rendezvous that can never complete
-// is found by check_deadlock as with OS threads; a timeout has nothing to measure here (while one fiber
-// runs no other can arrive), so a loop that never ends hangs the launch as it would on the GPU.
+// its own stack (a guard page below each, so that an overflow faults instead of writing into a
+// neighbour), mapped once per OS thread (of_this_thread) and kept for the thread's life. The scheduler
+// resumes, in thread order, every fiber that can go on (not started yet, released from a rendezvous, or
+// in a failed launch, where it ends); a fiber runs until it waits at a barrier or warp operation
+// (wait_at yields) or returns. A rendezvous that can never complete is found by check_deadlock as with
+// OS threads; a timeout has nothing to measure here (while one fiber runs no other can arrive), so a
+// loop that never ends hangs the launch as it would on the GPU.
 //
 // The switch saves the callee-saved registers and the stack pointer (x86-64: a few instructions);
 // elsewhere, or with KVQ_CUDA_EMU_UCONTEXT defined, it is swapcontext. Under AddressSanitizer and
 // ThreadSanitizer every switch is announced to the sanitizer (their fiber interfaces). ThreadSanitizer's
 // fibers are switched without synchronisation, so that within a block only the barriers' edges order
 // memory, as with OS threads; a fiber's first switch of a block synchronises with the launching thread
-// (what the launch wrote before), and the launching thread acquires every fiber's end after the block.
+// (what the launch wrote before), and the launching thread acquires every fiber's end after the block:
+// so a fiber that ran block k of one launch and runs a block of the next is ordered as a new thread would be.
 #if defined(__x86_64__) && !defined(KVQ_CUDA_EMU_UCONTEXT)
 #define KVQ_CUDA_EMU_ASM_SWITCH 1
 // Pushes rbp, rbx, r12-r15, stores the stack pointer in *from, loads `to`, pops them and returns there.
@@ -649,6 +657,7 @@ struct fiber_runner {
   block *b = nullptr;
   const std::function<void()> *body = nullptr;
   char end_of_block = 0; // ThreadSanitizer: each fiber's end happens before the launching thread goes on
+  bool quit = false;     // set by the destructor: the fibers leave their loop (fiber_main) and end
 #if defined(KVQ_CUDA_EMU_ASM_SWITCH)
   std::vector<void *> sp; // each fiber's stack pointer while it does not run
   void *scheduler_sp = nullptr;
@@ -687,6 +696,7 @@ struct fiber_runner {
 #else
     uc.resize(n);
 #endif
+    for (unsigned t = 0; t < n; ++t) prepare(t);
 #if defined(KVQ_CUDA_EMU_ASAN)
     fake.assign(n, nullptr);
 #endif
@@ -697,37 +707,66 @@ struct fiber_runner {
     return true;
   }
   ~fiber_runner() {
+    if (region) { // every fiber waits for its next block in fiber_main: let each end (AddressSanitizer
+      ignore_accesses quiet; // frees a fiber's fake stack when it ends)
+      quit = true;
+      for (unsigned t = 0; t < n; ++t) {
+        started[t] = 1; // (no synchronisation with the launching thread: the fiber only ends)
+        resume(t);
+      }
+    }
 #if defined(KVQ_CUDA_EMU_TSAN)
     for (void *t : tsan_fiber) __tsan_destroy_fiber(t);
 #endif
     if (region) munmap(region, region_bytes);
   }
 
-  // A fiber's life: the kernel's thread, then one last switch back to the scheduler.
+  // A fiber's life: the kernel's thread of one block after another, each time ending with a switch back
+  // to the scheduler (which resumes it for the next block), until the runner ends it; then one last
+  // switch back. The fiber stays inside this loop for the runner's life (launch after launch): were it
+  // to start afresh for each block from a new frame (as it once did), the frames it left would stay on
+  // ThreadSanitizer's shadow call stack of the fiber (a function entered and never returned from), one
+  // more for every block, so
+  // that every stack ThreadSanitizer records (each allocation, each synchronisation) would be new and
+  // longer, block after block: its stack depot grew without bound, to gigabytes on the golden matrix
+  // (docs/CUDA.md, "Test time").
   static void fiber_main(void *self) {
     fiber_runner &f = *static_cast<fiber_runner *>(self);
 #if defined(KVQ_CUDA_EMU_ASAN)
     __sanitizer_finish_switch_fiber(nullptr, &f.scheduler_bottom, &f.scheduler_size);
 #endif
-    unsigned me;
-    start_arg a;
-    {
-      ignore_accesses quiet;
-      me = f.cur;
-      a = start_arg{f.b, me, f.body};
+    for (;;) {
+      unsigned me;
+      start_arg a;
+      bool quit;
+      {
+        ignore_accesses quiet;
+        me = f.cur;
+        a = start_arg{f.b, me, f.body};
+        quit = f.quit;
+      }
+      if (quit) break;
+      thread_main(&a);
+      {
+        ignore_accesses quiet;
+        f.returned[me] = 1;
+      }
+#if defined(KVQ_CUDA_EMU_TSAN)
+      AnnotateHappensBefore(__FILE__, __LINE__, &f.end_of_block);
+#endif
+      fiber_yield(f); // back when the next block, or the runner's end, resumes this fiber
     }
-    thread_main(&a);
 #if defined(KVQ_CUDA_EMU_ASM_SWITCH)
     void **mine, *to;
 #else
     ucontext_t *mine, *to;
 #endif
 #if defined(KVQ_CUDA_EMU_TSAN)
-    void *scheduler; // read before this fiber's last release: nothing of the runner is read after it
+    void *scheduler;
 #endif
     {
-      ignore_accesses quiet; // ended before the last switch: the fiber's next block starts without ignores
-      f.returned[me] = 1;
+      ignore_accesses quiet; // ended before the last switch: a fiber must not end with ignores on
+      const unsigned me = f.cur;
 #if defined(KVQ_CUDA_EMU_ASM_SWITCH)
       mine = &f.sp[me];
       to = f.scheduler_sp;
@@ -743,7 +782,6 @@ struct fiber_runner {
 #endif
     }
 #if defined(KVQ_CUDA_EMU_TSAN)
-    AnnotateHappensBefore(__FILE__, __LINE__, &f.end_of_block);
     __tsan_switch_to_fiber(scheduler, 1 /* __tsan_switch_to_fiber_no_sync */);
 #endif
 #if defined(KVQ_CUDA_EMU_ASM_SWITCH)
@@ -801,18 +839,39 @@ struct fiber_runner {
 #endif
   }
 
-  // Runs one block: every fiber from a fresh stack, in turns, until all have returned.
+  // The calling OS thread's runner, with at least `count` fibers, kept for the thread's life and given
+  // its launches one after another, whatever their block size (a block of m threads runs on the first m
+  // fibers); null when the stacks cannot be mapped (the caller reports it). Mapping the stacks, creating
+  // the ThreadSanitizer fibers and unmapping them again at every launch (as it once did) cost about 60 ms
+  // of CPU time per launch under ThreadSanitizer, most of it in the kernel, and the golden matrix
+  // launches thousands of kernels; one runner per thread (replaced by a larger one when a launch needs
+  // more threads) also bounds the fibers alive, each of which holds its ThreadSanitizer trace.
+  // Only blocks of up to kept_max threads (kvq's kernels name 128 and 256) run on the kept runner: under
+  // ThreadSanitizer each fiber holds about 1 MB (its trace) while it exists, so a kept runner of 1024
+  // fibers would hold a gigabyte for the thread's life; a larger block gets a runner of its launch.
+  static constexpr unsigned kept_max = 256;
+  static fiber_runner *of_this_thread(unsigned count, const std::function<void()> *f) {
+    thread_local std::unique_ptr<fiber_runner> kept;
+    if (!kept || kept->n < count) {
+      kept.reset(); // its fibers end before the larger runner's are created
+      std::unique_ptr<fiber_runner> r(new fiber_runner);
+      if (!r->start(count, f)) return nullptr;
+      kept = std::move(r);
+    }
+    kept->body = f;
+    return kept.get();
+  }
+
+  // Runs one block: every fiber from the top of its loop in fiber_main, in turns, until all have returned.
   void run(block *blk) {
     ignore_accesses quiet;
     b = blk;
     blk->fibers = this;
-    for (unsigned t = 0; t < n; ++t) {
-      started[t] = returned[t] = 0;
-      prepare(t);
-    }
+    const unsigned m = blk->nthreads; // the first m fibers (at most n)
+    for (unsigned t = 0; t < m; ++t) started[t] = returned[t] = 0;
     for (;;) {
       bool ran = false, all_returned = true;
-      for (unsigned t = 0; t < n; ++t) {
+      for (unsigned t = 0; t < m; ++t) {
         if (returned[t]) continue;
         all_returned = false;
         if (!started[t] || b->where[t] == state::running || b->failed) {
@@ -898,8 +957,9 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
     std::apply(kernel, params); // every thread gets its own copy of the arguments, as on the GPU
   };
   const bool fibers = use_fibers();
-  thread_pool pool;     // the launch's OS threads, one per CUDA thread of a block, reused block after block
-  fiber_runner runner;  // or its fibers, the same
+  thread_pool pool;                // the launch's OS threads, one per CUDA thread of a block, reused block after block
+  fiber_runner *runner = nullptr;  // or this OS thread's fibers for n threads (fiber_runner::of_this_thread),
+  std::unique_ptr<fiber_runner> own_runner; // or, for more than kept_max threads, the launch's own
   bool runner_started = false;
   for (unsigned bz = 0; bz < grid.z && r.ok; ++bz)
     for (unsigned by = 0; by < grid.y && r.ok; ++by)
@@ -916,15 +976,21 @@ Result launch(void (*kernel)(P...), dim3 grid, dim3 blk, size_t dynamic_bytes, A
         std::memset(b.dynamic.get(), 0xA5, dynamic_bytes);
         b.shared_bytes = dynamic_bytes;
         if (fibers) {
-          if (!runner.region && !runner_started) {
+          if (!runner_started) {
             runner_started = true;
-            runner.start(static_cast<unsigned>(n), &body);
+            internal_scope quiet; // the emulator's own bookkeeping (the thread's kept runner)
+            if (n <= fiber_runner::kept_max) {
+              runner = fiber_runner::of_this_thread(static_cast<unsigned>(n), &body);
+            } else {
+              own_runner.reset(new fiber_runner);
+              if (own_runner->start(static_cast<unsigned>(n), &body)) runner = own_runner.get();
+            }
           }
-          if (!runner.region) { // the stacks could not be mapped: the block cannot run
+          if (!runner) { // the stacks could not be mapped: the block cannot run
             std::lock_guard<std::mutex> lk(b.m);
             record_failure(b, "cannot map the stacks of the block's " + std::to_string(n) + " fibers");
           } else {
-            runner.run(&b);
+            runner->run(&b);
           }
         } else {
           if (!pool.started) pool.start(static_cast<unsigned>(n), &body);
