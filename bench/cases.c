@@ -236,12 +236,7 @@ static int reference_of(run *r, uint32_t seq, const float *k, const float *v, ui
 
 /* Outputs of every sequence against the reference: the worst sequence's relative error. */
 static int check_outputs(run *r, const float *out, const float *reference, int tight, bench_row *row) {
-  const size_t per = (size_t)r->p->query_heads * r->p->head_dim;
-  double worst = 0;
-  for (uint32_t s = 0; s < r->p->batch; s++) {
-    const double e = bench_relative_error(out + s * per, reference, per);
-    if (!(e <= worst)) worst = e;
-  }
+  const double worst = bench_worst_error(out, reference, (size_t)r->p->query_heads * r->p->head_dim, r->p->batch);
   row->error = worst;
   /* against the cache's own tokens every backend agrees to fp32 rounding (and fp16 conversions on
    * GPUs); against the input only the exact caches do (fp16/bf16 rounding), and a compressed
@@ -379,11 +374,7 @@ static int cublas_rows(run *r) {
       row->skipped = 1;
       snprintf(row->note, sizeof row->note, "%s", result.message);
     } else {
-      double worst = 0;
-      for (uint32_t s = 0; s < p->batch; s++) {
-        const double e = bench_relative_error(out + s * per, reference, per);
-        if (!(e <= worst)) worst = e;
-      }
+      const double worst = bench_worst_error(out, reference, per, p->batch);
       row->error = worst;
       row->check = "fp32 attention over the input";
       if (!(worst <= 0.05)) {
