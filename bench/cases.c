@@ -95,6 +95,17 @@ static int failed_call(run *r, bench_row *row) {
   return 1;
 }
 
+/* A timed row's rates from its median time (the device clock's where there is one). A zero time (a
+ * device clock that counted no submission, a clock coarser than the call) has no rate: 0, where a
+ * division would give inf. */
+static double finish_row(run *r, bench_row *row, uint64_t read_bytes) {
+  row->read_bytes = read_bytes;
+  const double t = row->device.count ? row->device.median : row->wall.median;
+  row->gbs = t > 0 ? read_bytes / t / 1e9 : 0;
+  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
+  return t;
+}
+
 /* ---- Appends -------------------------------------------------------------------------------- */
 
 typedef struct append_arg {
@@ -142,11 +153,9 @@ static int fill(run *r, const float *k, const float *v, uint32_t *seqs, bench_ro
   row->plan = "quantize";
   bench_stats_of(walls, n, &row->wall);
   if (r->dev->device_clock) bench_stats_of(devices, n, &row->device);
-  row->read_bytes = (uint64_t)r->p->context * r->p->kv_heads * r->p->head_dim * 4 * 2; /* fp32 K and V, per sequence */
-  const double t = row->device.count ? row->device.median : row->wall.median;
-  row->tokens_per_s = r->p->context / t;
-  row->gbs = row->read_bytes / t / 1e9;
-  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
+  /* fp32 K and V, per sequence */
+  const double t = finish_row(r, row, (uint64_t)r->p->context * r->p->kv_heads * r->p->head_dim * 4 * 2);
+  row->tokens_per_s = t > 0 ? r->p->context / t : 0;
   row->check = "appends accepted";
   return 0;
 }
@@ -203,13 +212,6 @@ static void plan_of(run *r, int *fused, uint64_t *flash_scratch, uint64_t *rotat
     else *rotated = plan.scratch_bytes;
   }
   free(seqs);
-}
-
-static void finish_row(run *r, bench_row *row, uint64_t read_bytes) {
-  row->read_bytes = read_bytes;
-  const double t = row->device.count ? row->device.median : row->wall.median;
-  row->gbs = t > 0 ? read_bytes / t / 1e9 : 0;
-  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
 }
 
 /* The reference output of a point's query (bench/check.c): attention in double precision over the
