@@ -420,9 +420,12 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
     snprintf(why, sizeof why, "batch x context beyond --max-tokens %llu", (unsigned long long)o->max_tokens);
     return skip_all(&r, why);
   }
-  const uint32_t pages_per_seq = (p->context + o->page_size - 1) / o->page_size;
+  /* the batch and the warm-up sequence: in 64 bits, since a 32-bit product wraps for long contexts
+   * with small pages and would ask kvq for a small pool that then fails as "does not fit" */
+  const uint64_t max_pages = (uint64_t)(p->context / o->page_size + (p->context % o->page_size != 0)) * (p->batch + 1);
+  if (max_pages > UINT32_MAX) return skip_all(&r, "more than 2^32 pages (raise --page-size)");
   kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32,
-                             .page_size = o->page_size, .max_pages = pages_per_seq * (p->batch + 1),
+                             .page_size = o->page_size, .max_pages = (uint32_t)max_pages,
                              .max_sequences = p->batch + 1, .seed = 1};
   char message[256];
   kvq_status st = kvq_cache_config_check(&config, message, sizeof message);
