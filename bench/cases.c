@@ -349,11 +349,11 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
  * against the fp32 reference like an exact cache, with a looser bound (its probabilities are fp16).
  * A baseline that fails or is off is a skipped row saying why: it is not kvq's work. */
 static int cublas_rows(run *r) {
-  const bench_point *p = r->p;
   bench_row *row = new_row(r, CASE_FUSED);
   if (!row) return 2;
   row->bits = 16;
 #ifdef KVQ_BENCH_CUBLAS
+  const bench_point *p = r->p; /* here: unused without cuBLAS, which -Werror turns into a failed build */
   const uint32_t chunk = p->context < CHUNK_TOKENS ? p->context : CHUNK_TOKENS;
   float *k = NULL, *v = NULL, *q = NULL;
   const size_t kv = (size_t)chunk * p->kv_heads * p->head_dim, per = (size_t)p->query_heads * p->head_dim;
