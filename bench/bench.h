@@ -128,6 +128,9 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
 void bench_reference(const float *k, const float *v, uint32_t chunk, const float *q, const bench_point *p, float *out);
 /* Relative L2 error of out against ref (n floats); a non-finite out gives +infinity. */
 double bench_relative_error(const float *out, const float *ref, size_t n);
+/* The worst relative error of `batch` outputs of `per` floats each against one reference (every
+ * sequence of a point runs the same query over the same tokens); NaN when any is NaN. */
+double bench_worst_error(const float *out, const float *ref, size_t per, uint32_t batch);
 /* The synthetic data a point's cases run on: keys and values of `chunk` tokens and one query. */
 int bench_synth(const bench_point *p, uint32_t chunk, float **k, float **v, float **q);
 

@@ -95,6 +95,17 @@ static int failed_call(run *r, bench_row *row) {
   return 1;
 }
 
+/* A timed row's rates from its median time (the device clock's where there is one). A zero time (a
+ * device clock that counted no submission, a clock coarser than the call) has no rate: 0, where a
+ * division would give inf. */
+static double finish_row(run *r, bench_row *row, uint64_t read_bytes) {
+  row->read_bytes = read_bytes;
+  const double t = row->device.count ? row->device.median : row->wall.median;
+  row->gbs = t > 0 ? read_bytes / t / 1e9 : 0;
+  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
+  return t;
+}
+
 /* ---- Appends -------------------------------------------------------------------------------- */
 
 typedef struct append_arg {
@@ -142,11 +153,9 @@ static int fill(run *r, const float *k, const float *v, uint32_t *seqs, bench_ro
   row->plan = "quantize";
   bench_stats_of(walls, n, &row->wall);
   if (r->dev->device_clock) bench_stats_of(devices, n, &row->device);
-  row->read_bytes = (uint64_t)r->p->context * r->p->kv_heads * r->p->head_dim * 4 * 2; /* fp32 K and V, per sequence */
-  const double t = row->device.count ? row->device.median : row->wall.median;
-  row->tokens_per_s = r->p->context / t;
-  row->gbs = row->read_bytes / t / 1e9;
-  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
+  /* fp32 K and V, per sequence */
+  const double t = finish_row(r, row, (uint64_t)r->p->context * r->p->kv_heads * r->p->head_dim * 4 * 2);
+  row->tokens_per_s = t > 0 ? r->p->context / t : 0;
   row->check = "appends accepted";
   return 0;
 }
@@ -205,13 +214,6 @@ static void plan_of(run *r, int *fused, uint64_t *flash_scratch, uint64_t *rotat
   free(seqs);
 }
 
-static void finish_row(run *r, bench_row *row, uint64_t read_bytes) {
-  row->read_bytes = read_bytes;
-  const double t = row->device.count ? row->device.median : row->wall.median;
-  row->gbs = t > 0 ? read_bytes / t / 1e9 : 0;
-  row->of_copy = r->dev->copy_gbs > 0 ? row->gbs / r->dev->copy_gbs : -1;
-}
-
 /* The reference output of a point's query (bench/check.c): attention in double precision over the
  * tokens as the cache holds them (kvq_dequantize of the first sequence; for QJL keys the estimate
  * whose inner products are the scores), which every backend must reproduce to rounding; where those
@@ -236,12 +238,7 @@ static int reference_of(run *r, uint32_t seq, const float *k, const float *v, ui
 
 /* Outputs of every sequence against the reference: the worst sequence's relative error. */
 static int check_outputs(run *r, const float *out, const float *reference, int tight, bench_row *row) {
-  const size_t per = (size_t)r->p->query_heads * r->p->head_dim;
-  double worst = 0;
-  for (uint32_t s = 0; s < r->p->batch; s++) {
-    const double e = bench_relative_error(out + s * per, reference, per);
-    if (!(e <= worst)) worst = e;
-  }
+  const double worst = bench_worst_error(out, reference, (size_t)r->p->query_heads * r->p->head_dim, r->p->batch);
   row->error = worst;
   /* against the cache's own tokens every backend agrees to fp32 rounding (and fp16 conversions on
    * GPUs); against the input only the exact caches do (fp16/bf16 rounding), and a compressed
@@ -352,11 +349,11 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
  * against the fp32 reference like an exact cache, with a looser bound (its probabilities are fp16).
  * A baseline that fails or is off is a skipped row saying why: it is not kvq's work. */
 static int cublas_rows(run *r) {
-  const bench_point *p = r->p;
   bench_row *row = new_row(r, CASE_FUSED);
   if (!row) return 2;
   row->bits = 16;
 #ifdef KVQ_BENCH_CUBLAS
+  const bench_point *p = r->p; /* here: unused without cuBLAS, which -Werror turns into a failed build */
   const uint32_t chunk = p->context < CHUNK_TOKENS ? p->context : CHUNK_TOKENS;
   float *k = NULL, *v = NULL, *q = NULL;
   const size_t kv = (size_t)chunk * p->kv_heads * p->head_dim, per = (size_t)p->query_heads * p->head_dim;
@@ -379,11 +376,7 @@ static int cublas_rows(run *r) {
       row->skipped = 1;
       snprintf(row->note, sizeof row->note, "%s", result.message);
     } else {
-      double worst = 0;
-      for (uint32_t s = 0; s < p->batch; s++) {
-        const double e = bench_relative_error(out + s * per, reference, per);
-        if (!(e <= worst)) worst = e;
-      }
+      const double worst = bench_worst_error(out, reference, per, p->batch);
       row->error = worst;
       row->check = "fp32 attention over the input";
       if (!(worst <= 0.05)) {
@@ -427,9 +420,12 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
     snprintf(why, sizeof why, "batch x context beyond --max-tokens %llu", (unsigned long long)o->max_tokens);
     return skip_all(&r, why);
   }
-  const uint32_t pages_per_seq = (p->context + o->page_size - 1) / o->page_size;
+  /* the batch and the warm-up sequence: in 64 bits, since a 32-bit product wraps for long contexts
+   * with small pages and would ask kvq for a small pool that then fails as "does not fit" */
+  const uint64_t max_pages = (uint64_t)(p->context / o->page_size + (p->context % o->page_size != 0)) * (p->batch + 1);
+  if (max_pages > UINT32_MAX) return skip_all(&r, "more than 2^32 pages (raise --page-size)");
   kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32,
-                             .page_size = o->page_size, .max_pages = pages_per_seq * (p->batch + 1),
+                             .page_size = o->page_size, .max_pages = (uint32_t)max_pages,
                              .max_sequences = p->batch + 1, .seed = 1};
   char message[256];
   kvq_status st = kvq_cache_config_check(&config, message, sizeof message);

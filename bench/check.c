@@ -72,3 +72,15 @@ double bench_relative_error(const float *out, const float *ref, size_t n) {
   }
   return norm > 0 ? sqrt(err / norm) : sqrt(err);
 }
+
+double bench_worst_error(const float *out, const float *ref, size_t per, uint32_t batch) {
+  double worst = 0;
+  for (uint32_t s = 0; s < batch; s++) {
+    const double e = bench_relative_error(out + (size_t)s * per, ref, per);
+    /* a NaN (a NaN reference) is the worst and stays: `e > worst` alone would let the next finite
+     * error replace it and pass the check */
+    if (isnan(e)) return e;
+    if (e > worst) worst = e;
+  }
+  return worst;
+}

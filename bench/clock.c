@@ -132,6 +132,11 @@ int bench_measure_copy(kvq_context *ctx, bench_device *dev) {
   kvq_backend *be = ctx->backend;
   copy_arg c = {.bytes = dev->copy_bytes};
   dev->copy_gbs = dev->read_gbs = -1;
+  /* named before anything can fail: the header and the JSON print them after a failure too */
+  dev->copy_how = dev->kind == KVQ_BACKEND_VULKAN ? "vkCmdCopyBuffer between two device buffers, device clock, best of 3"
+                  : dev->kind == KVQ_BACKEND_CUDA  ? "cudaMemcpyAsync between two device buffers, device clock (events), best of 3"
+                                                   : "memmove between two host buffers, wall clock, best of 3";
+  dev->read_how = "not measured";
   if (be->ops->buffer_create(be, c.bytes, &c.a) != KVQ_OK || be->ops->buffer_create(be, c.bytes, &c.b) != KVQ_OK) {
     if (c.a) be->ops->buffer_destroy(be, c.a);
     return 2;
@@ -143,9 +148,6 @@ int bench_measure_copy(kvq_context *ctx, bench_device *dev) {
     if (rep > 0 && (best < 0 || t < best)) best = t;
   }
   if (best > 0) dev->copy_gbs = 2.0 * c.bytes / best / 1e9;
-  dev->copy_how = dev->kind == KVQ_BACKEND_VULKAN ? "vkCmdCopyBuffer between two device buffers, device clock, best of 3"
-                  : dev->kind == KVQ_BACKEND_CUDA  ? "cudaMemcpyAsync between two device buffers, device clock (events), best of 3"
-                                                   : "memmove between two host buffers, wall clock, best of 3";
   if (be->ops->check_tokens) {
     /* an exact fp16 side of head_dim 16, one kv head: one invocation per 64-byte vector, the
      * smallest kvq's layouts allow, so that neighbouring invocations read neighbouring bytes */

@@ -145,15 +145,19 @@ static void driver_of(const bench_device *d, char *out, size_t size) {
   if (f) fclose(f);
 }
 
-int bench_write_json(const char *path, const bench_results *res, const bench_options *o) {
+/* An output file, opened for writing, and the host's processor that both files record. */
+static FILE *open_output(const char *path, char *cpu, size_t size, double *mhz) {
   FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "kvq-bench: cannot write %s: %s\n", path, strerror(errno));
-    return 2;
-  }
+  if (!f) fprintf(stderr, "kvq-bench: cannot write %s: %s\n", path, strerror(errno));
+  else host_cpu(cpu, size, mhz);
+  return f;
+}
+
+int bench_write_json(const char *path, const bench_results *res, const bench_options *o) {
   char cpu[256];
   double mhz;
-  host_cpu(cpu, sizeof cpu, &mhz);
+  FILE *f = open_output(path, cpu, sizeof cpu, &mhz);
+  if (!f) return 2;
   fprintf(f, "{\n  \"kvq_version\": ");
   json_string(f, kvq_version());
   fprintf(f, ",\n  \"mode\": \"%s\",\n  \"host_cpu\": ", o->quick ? "quick" : "standard");
@@ -174,7 +178,7 @@ int bench_write_json(const char *path, const bench_results *res, const bench_opt
     json_string(f, driver);
     fprintf(f, ", \"gpu\": %s, \"device_clock\": %s, \"copy_bytes\": %llu, \"copy_gb_per_s\": ", d->gpu ? "true" : "false",
             d->device_clock ? "true" : "false", (unsigned long long)d->copy_bytes);
-    json_number(f, d->copy_gbs);
+    json_number(f, d->copy_gbs > 0 ? d->copy_gbs : NAN); /* -1: the copy failed or was not timed */
     fprintf(f, ", \"read_gb_per_s\": ");
     json_number(f, d->read_gbs > 0 ? d->read_gbs : NAN);
     fprintf(f, ", \"copy_how\": ");
@@ -210,7 +214,7 @@ int bench_write_json(const char *path, const bench_results *res, const bench_opt
             (unsigned long long)r->read_bytes, (unsigned long long)r->scratch_write, (unsigned long long)r->scratch_read);
     json_number(f, r->gbs);
     fprintf(f, ", \"fraction_of_copy\": ");
-    json_number(f, r->of_copy);
+    json_number(f, r->of_copy >= 0 ? r->of_copy : NAN); /* -1: no copy bandwidth was measured */
     fprintf(f, ", \"speedup_over_fp16\": ");
     json_number(f, r->speedup > 0 ? r->speedup : NAN);
     fprintf(f, ", \"tokens_per_s\": ");
@@ -236,14 +240,12 @@ static void csv_text(FILE *f, const char *s) {
 }
 
 int bench_write_csv(const char *path, const bench_results *res) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "kvq-bench: cannot write %s: %s\n", path, strerror(errno));
-    return 2;
-  }
-  char cpu[256];
+  char cpu[256], drivers[3][256];
   double mhz;
-  host_cpu(cpu, sizeof cpu, &mhz);
+  FILE *f = open_output(path, cpu, sizeof cpu, &mhz);
+  if (!f) return 2;
+  /* once per device, not per line: the file is rewritten after every point of a long run */
+  for (unsigned d = 0; d < res->n_devices && d < 3; d++) driver_of(&res->devices[d], drivers[d], sizeof drivers[d]);
   fprintf(f, "kvq_version,backend,device,driver,host_cpu,host_cpu_mhz,copy_gb_per_s,method,case,context,batch,query_heads,"
              "kv_heads,head_dim,bits,plan,call_median_ms,call_min_ms,call_max_ms,kernel_median_ms,kernel_q1_ms,"
              "kernel_q3_ms,read_bytes,scratch_write_bytes,scratch_read_bytes,gb_per_s,fraction_of_copy,"
@@ -256,9 +258,7 @@ int bench_write_csv(const char *path, const bench_results *res) {
     fputc(',', f);
     csv_text(f, r->dev->device);
     fputc(',', f);
-    char driver[256];
-    driver_of(r->dev, driver, sizeof driver);
-    csv_text(f, driver);
+    csv_text(f, drivers[r->dev - res->devices]);
     fputc(',', f);
     csv_text(f, cpu);
     fprintf(f, ",%.0f,%.4f,", mhz, r->dev->copy_gbs);
@@ -277,8 +277,10 @@ int bench_write_csv(const char *path, const bench_results *res) {
       fprintf(f, "%.6f,%.6f,%.6f,", r->device.median * 1e3, r->device.q1 * 1e3, r->device.q3 * 1e3);
     else
       fprintf(f, ",,,");
-    fprintf(f, "%llu,%llu,%llu,%.6f,%.6f,", (unsigned long long)r->read_bytes, (unsigned long long)r->scratch_write,
-            (unsigned long long)r->scratch_read, r->gbs, r->of_copy);
+    fprintf(f, "%llu,%llu,%llu,%.6f,", (unsigned long long)r->read_bytes, (unsigned long long)r->scratch_write,
+            (unsigned long long)r->scratch_read, r->gbs);
+    if (r->of_copy >= 0) fprintf(f, "%.6f", r->of_copy); /* empty, as in the JSON's null, without a copy bandwidth */
+    fputc(',', f);
     if (r->speedup > 0) fprintf(f, "%.4f", r->speedup);
     fputc(',', f);
     if (r->kase == CASE_APPEND) fprintf(f, "%.1f", r->tokens_per_s);

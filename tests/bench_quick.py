@@ -25,6 +25,11 @@ def ok(good, what, detail=""):
             print("# " + line)
 
 
+def not_json(constant):
+    # Python reads NaN and Infinity, which JSON has not: other readers would reject the file
+    raise ValueError("not JSON: " + constant)
+
+
 info = subprocess.run([tool, "info"], capture_output=True, text=True).stdout
 # `kvq info` lists "  vulkan  available: DEVICE" when a Vulkan device is there (lavapipe in CI)
 available = [line.split()[0] for line in info.splitlines() if line.split()[1:2] == ["available:"]]
@@ -41,7 +46,7 @@ for backend in backends:
     ok(run.returncode == 0, "%s: kvq-bench --quick exits 0" % backend, run.stdout + run.stderr)
     try:
         with open(js) as f:
-            doc = json.load(f)
+            doc = json.load(f, parse_constant=not_json)
         good = isinstance(doc.get("rows"), list) and doc["devices"][0]["backend"] == backend and \
             doc["devices"][0]["copy_gb_per_s"] > 0 and doc["kvq_version"]
         ok(good, "%s: JSON well-formed, with its device and copy bandwidth" % backend, json.dumps(doc)[:2000])
@@ -57,17 +62,24 @@ for backend in backends:
     missing = [(m, c) for m in methods for c in (["fused"] if m == "cublas-f16" else CASES)
                if not any(r["method"] == m and r["case"] == c for r in doc["rows"])]
     ran = [r for r in doc["rows"] if "skipped" not in r]
+    # the quick grid fits every backend: a skipped kvq row is a regression that would otherwise pass
+    # as "run or skipped" (only the cuBLAS baseline may skip: it is not kvq's work)
+    skipped = [(r["method"], r["case"], r["skipped"]) for r in doc["rows"] if "skipped" in r and r["method"] != "cublas-f16"]
     bad = [r for r in ran if not (r["call"] and r["call"]["median_ms"] > 0 and r["read_bytes"] > 0)]
     unchecked = [r for r in ran if r["case"] in ("fused", "wsum") and r["relative_error"] is None]
-    ok(len(methods) >= 10 and not missing and ran and not bad and not unchecked,
+    ok(len(methods) >= 10 and not missing and ran and not bad and not unchecked and not skipped,
        "%s: a row of every method and case (%d methods), each timed and its output checked" % (backend, len(methods)),
-       "missing %s\nbad %s\nunchecked %s" % (missing, bad[:3], unchecked[:3]))
+       "missing %s\nbad %s\nunchecked %s\nskipped %s" % (missing, bad[:3], unchecked[:3], skipped[:3]))
     try:
         with open(cs, newline="") as f:
             rows = list(csv.reader(f))
         header = rows[0]
         good = len(rows) == len(doc["rows"]) + 1 and all(len(r) == len(header) for r in rows) and \
             "fraction_of_copy" in header and "speedup_over_fp16" in header
+        # the same rows in the same order: a line per JSON row, not just as many lines
+        at = {name: header.index(name) for name in ("method", "case")}
+        good = good and [(r[at["method"]], r[at["case"]]) for r in rows[1:]] == \
+            [(r["method"], r["case"]) for r in doc["rows"]]
         ok(good, "%s: CSV well-formed, one line per JSON row" % backend,
            "header %s, %d lines, widths %s" % (header, len(rows), sorted(set(len(r) for r in rows))))
     except Exception as e:  # noqa: BLE001
