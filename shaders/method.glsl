@@ -54,4 +54,4 @@ uint kvq_encode_units(uint n) {
   return kvq_encode_units_of(KVQ_METHOD, n, pc.head_dim, pc.group, pc.sketch_dim, pc.outliers, pc.outlier_sketch_dim,
                              pc.channels);
 }
-uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim); }
+uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim); }

@@ -11,8 +11,10 @@
  * PolarQuant's unit is KVQ_POLAR_GROUP_TOKENS tokens encoded by a whole workgroup
  * (kvq_encode_by_workgroup): the rotation's rows or butterflies and each polar level's angles are
  * shared by the invocations, and each entry of a dense rotation is read once for all the tokens.
- * Preparing: one row of S q for QJL (all m x d products in one would pass that limit); the whole
- * rotated query for PolarQuant (the Hadamard form needs every coordinate).
+ * Preparing: one row of S q for QJL (all m x d products in one would pass that limit); for
+ * PolarQuant one row of R q with the dense rotation (the whole d x d product passed that limit at
+ * d = 256: every read of the query enters the fp16 conversion's loop), the whole rotated query with
+ * the Hadamard form, which needs every coordinate (units 1 .. d - 1 then do nothing).
  */
 #ifndef KVQ_SHADERS_WORK_UNITS_H
 #define KVQ_SHADERS_WORK_UNITS_H
@@ -39,7 +41,10 @@ KVQ_SHARED_FN kvq_u32 kvq_encode_units_of(kvq_u32 method, kvq_u32 n, kvq_u32 d, 
  * KVQ_ENCODES_BY_WORKGROUP), 0 where by one invocation: the host sizes the QUANTIZE dispatch with it. */
 KVQ_SHARED_FN kvq_u32 kvq_encode_by_workgroup(kvq_u32 method) { return method == KVQ_LAYOUT_POLAR ? 1u : 0u; }
 
-/* Work units to prepare one query (methods with prepared queries). */
-KVQ_SHARED_FN kvq_u32 kvq_prepare_units_of(kvq_u32 method, kvq_u32 m) { return method == KVQ_LAYOUT_QJL ? m : 1u; }
+/* Work units to prepare one query (methods with prepared queries) of head_dim d. */
+KVQ_SHARED_FN kvq_u32 kvq_prepare_units_of(kvq_u32 method, kvq_u32 m, kvq_u32 d) {
+  if (method == KVQ_LAYOUT_QJL) return m;
+  return method == KVQ_LAYOUT_POLAR ? d : 1u;
+}
 
 #endif

@@ -179,6 +179,6 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   kvq_vk_bind_side(buffers, b, job->keys, NULL, NULL);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
-  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim));
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim, s->head_dim));
   return kvq_vk_done(b, st);
 }

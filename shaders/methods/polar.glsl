@@ -153,9 +153,15 @@ float kvq_token_error(uint block, uint t, uint x) {
   return sqrt(sum);
 }
 
-// PREPARE_QUERY: R q, exactly as the CPU reference rotates queries (pc.input_dtype is fp32 there).
+// PREPARE_QUERY: R q, exactly as the CPU reference rotates queries (pc.input_dtype is fp32 there):
+// unit i computes row i of the dense form (kvq_polar_rotate's rows), unit 0 the whole Hadamard form.
 uint kvq_prepared_floats() { return pc.head_dim; }
 void kvq_prepare_unit(uint q, uint h, uint unit, uint out_at) {
+  if (pc.rotation == KVQ_LAYOUT_ROTATION_DENSE) {
+    dst[out_at + unit] = floatBitsToUint(kvq_polar_rotate_row(q, unit, pc.head_dim));
+    return;
+  }
+  if (unit != 0u) return;
   float y[KVQ_MAX_HEAD_DIM];
   kvq_polar_rotate(q, pc.head_dim, pc.rotation, y);
   for (uint i = 0u; i < pc.head_dim; i++) dst[out_at + i] = floatBitsToUint(y[i]);
