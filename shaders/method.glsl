@@ -10,6 +10,12 @@
 //                                                       byte `block` of `pages`; token t, channel c
 //                                                       of the input is element x + t*kv_heads*d + c of src
 //   float kvq_decode(uint block, uint t, uint c)        channel c of token t as DEQUANTIZE returns it
+// or instead, with KVQ_ENCODES_BY_WORKGROUP defined (shaders/work_units.h's kvq_encode_by_workgroup
+// must say the same for the method, as the host sizes the dispatch by it):
+//   void  kvq_encode_unit_group(uint block, uint unit, uint n, uint x)
+//                                                       the same, called by every invocation of a
+//                                                       workgroup with the same arguments (it may hold
+//                                                       barriers)
 // and may define, with their functions:
 //   KVQ_PREPARES      keys are scored against a prepared query (PREPARE_QUERY):
 //     uint  kvq_prepared_floats()                       floats of one prepared query
@@ -48,4 +54,4 @@ uint kvq_encode_units(uint n) {
   return kvq_encode_units_of(KVQ_METHOD, n, pc.head_dim, pc.group, pc.sketch_dim, pc.outliers, pc.outlier_sketch_dim,
                              pc.channels);
 }
-uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim); }
+uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim); }

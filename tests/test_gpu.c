@@ -79,11 +79,9 @@ Test(gpu, agrees_with_committed_golden_files, .timeout = 600) {
 
 /* ---- Odd sizes: files the CPU writes here, checked on the backend under test ------------------------- */
 
-/* The matrix: tests/gpu_odd_sizes.c (test_gpu_tsan runs it too). */
-static void check_odd_sizes(void) {
-  static char names[GPU_ODD_SIZE_MAX][GPU_ODD_SIZE_NAME];
-  golden_case cases[GPU_ODD_SIZE_MAX];
-  const uint32_t count = gpu_odd_size_cases(cases, names);
+/* The CPU writes golden files of `cases` here; the backend under test must agree with them (codes byte
+ * for byte or proven near-ties, side data within 1 ulp, class-3 values within their bounds). */
+static void check_cases(const golden_case *cases, uint32_t count, uint64_t min_code_bytes, uint64_t min_class3) {
   char *dir = th_temp_dir("gpu");
   FILE *log = tmpfile();
   for (uint32_t i = 0; i < count; i++) cr_assert_eq(kvq_golden_write_case(&cases[i], dir, log), 0, "writing %s", cases[i].name);
@@ -96,12 +94,20 @@ static void check_odd_sizes(void) {
   free(dir);
   cr_assert_eq(t.configurations, count);
   cr_assert_eq(t.configurations_failed, 0u, "the log above names the configurations that failed");
-  cr_assert_gt(t.code_bytes, 10000u);
+  cr_assert_gt(t.code_bytes, min_code_bytes);
   cr_assert_eq(t.code_bytes_differing, t.near_ties + t.implied, "every differing byte is a proven near-tie");
   cr_assert_eq(t.unexplained, 0u);
   cr_assert_eq(t.side_beyond, 0u);
-  cr_assert_gt(t.class3_values, 1000u);
+  cr_assert_gt(t.class3_values, min_class3);
   cr_assert_eq(t.class3_beyond, 0u);
+}
+
+/* The matrix: tests/gpu_odd_sizes.c (test_gpu_tsan runs it too). */
+static void check_odd_sizes(void) {
+  static char names[GPU_ODD_SIZE_MAX][GPU_ODD_SIZE_NAME];
+  golden_case cases[GPU_ODD_SIZE_MAX];
+  const uint32_t count = gpu_odd_size_cases(cases, names);
+  check_cases(cases, count, 10000u, 1000u);
 }
 
 /* On Vulkan twice: as the device is, then with the fallback every device has (no subgroup operations),
@@ -119,6 +125,42 @@ Test(gpu, odd_sizes_agree_with_the_cpu, .timeout = 900) {
   check_odd_sizes();
 }
 
+
+/*
+ * PolarQuant at the largest head_dim (256): the Vulkan backend encodes KVQ_POLAR_GROUP_TOKENS tokens
+ * per workgroup (shaders/methods/polar.glsl), so this covers four dense rows per invocation, its
+ * shared memory at its largest, units cut short by the valid count (a page + 7 and 2 tokens) and
+ * the worst case for the loop limit (docs/VULKAN.md: 8 bits at every level). Dense 8 levels keys,
+ * Hadamard 3 levels values, fp16 and fp32 inputs. On lavapipe, the encoder of one token per
+ * invocation wrote zero codes here (past the loop limit with fp16 inputs), and so did the dense query
+ * rotation in one invocation (wrong logits).
+ */
+Test(gpu, polarquant_at_the_largest_head_dim_agrees_with_the_cpu, .timeout = 600) {
+  require_gpu();
+  enum { P = 16, D = 256 };
+  kvq_method_config keys = th_polar(KVQ_ROTATION_DENSE), values = th_polar(KVQ_ROTATION_HADAMARD);
+  keys.polar.levels = 8;
+  for (uint32_t l = 0; l < 8; l++) keys.polar.bits[l] = 8;
+  values.polar.levels = 3;
+  values.polar.bits[0] = 8, values.polar.bits[1] = 4, values.polar.bits[2] = 1;
+  static const kvq_dtype inputs[2] = {KVQ_DTYPE_F16, KVQ_DTYPE_F32};
+  static const char *names[2] = {"polar-d256-f16", "polar-d256-f32"};
+  golden_case cases[2];
+  for (uint32_t i = 0; i < 2; i++) {
+    golden_case *c = &cases[i];
+    memset(c, 0, sizeof *c);
+    c->name = names[i];
+    c->input = inputs[i];
+    c->page_size = P;
+    c->layer_count = 1;
+    c->layers[0] = th_layer(4, 2, D, keys, values);
+    c->lengths[0] = P + 7;
+    c->lengths[1] = 2;
+    c->seed = 3000 + i;
+    c->policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
+  }
+  check_cases(cases, 2, 10000u, 100u);
+}
 
 /* ---- Long sequences ---------------------------------------------------------------------------------- */
 

@@ -107,7 +107,9 @@ kvq_status kvq_vk_quantize(kvq_backend *backend, const kvq_job_quantize *job) {
     /* QJL: every token's encoding reads its page's outlier list, so the list is decided first */
     if (st == KVQ_OK && s->method == KVQ_LAYOUT_QJL && s->outliers > 0)
       st = kvq_vk_dispatch(b, KVQ_VK_SHADER_qjl_outliers, &push, buffers, (uint64_t)count * s->kv_heads * KVQ_GPU_GROUP_SIZE);
-    if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.units);
+    /* a unit per invocation, or per workgroup where the method spreads one over its invocations */
+    const uint64_t per_unit = kvq_encode_by_workgroup(s->method) ? KVQ_GPU_GROUP_SIZE : 1;
+    if (st == KVQ_OK) st = kvq_vk_dispatch(b, encode, &push, buffers, (uint64_t)count * s->kv_heads * push.units * per_unit);
     if (st == KVQ_OK && job->errors)
       st = kvq_vk_dispatch(b, errors, &push, buffers, (uint64_t)count * s->kv_heads * s->page_size);
     first += count;
@@ -177,6 +179,6 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   kvq_vk_bind_side(buffers, b, job->keys, NULL, NULL);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
-  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim));
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim, s->head_dim));
   return kvq_vk_done(b, st);
 }

@@ -62,9 +62,14 @@ KVQ_SHARED_FN void kvq_polar_butterflies(KVQ_INOUT kvq_f32 z[KVQ_MAX_HEAD_DIM], 
       }
 }
 
-KVQ_SHARED_FN kvq_f32 kvq_polar_row_step(KVQ_IO_PARAM kvq_f32 p, kvq_u32 at, kvq_f32 x) {
-  KVQ_PRECISE kvq_f32 next = KVQ_FADD(p, KVQ_FMUL(KVQ_POLAR_ROTATION(at), x));
+/* One step of a dense row: p + r x with the matrix entry r, the product and the sum each rounded.
+ * Apart from kvq_polar_row_step so that a GPU kernel may read an entry once for several tokens. */
+KVQ_SHARED_FN kvq_f32 kvq_polar_row_term(kvq_f32 p, kvq_f32 r, kvq_f32 x) {
+  KVQ_PRECISE kvq_f32 next = KVQ_FADD(p, KVQ_FMUL(r, x));
   return next;
+}
+KVQ_SHARED_FN kvq_f32 kvq_polar_row_step(KVQ_IO_PARAM kvq_f32 p, kvq_u32 at, kvq_f32 x) {
+  return kvq_polar_row_term(p, KVQ_POLAR_ROTATION(at), x);
 }
 
 /* Row i of the dense y = R x for the input at element x: sum_c R[i][c] x_c, c increasing, each
