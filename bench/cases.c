@@ -256,26 +256,39 @@ static int check_outputs(run *r, const float *out, const float *reference, int t
   return 0;
 }
 
-/* Scoring alone writes no output: its logits are read back once through kvq_scores (the first
- * sequence, where they fit in 64 MiB) and must be finite. */
-static int check_scores(run *r, uint32_t seq, const float *q, bench_row *row) {
-  const uint64_t floats = (uint64_t)r->p->query_heads * r->p->context;
-  if (floats > ((uint64_t)16 << 20)) {
-    row->check = "not checked (too large to read back)";
+/* Scoring alone writes no output: what the timed calls computed is read from the cache's score
+ * scratch after the last sample (every sequence's logits, where the call was one batch: a call split
+ * at kvq's scratch budget leaves only its last part there) and compared, sequence by sequence, with
+ * the logits kvq_scores gives for the first sequence (every sequence holds the same tokens and runs
+ * the same query). */
+static int check_scores(run *r, const uint32_t *seqs, const float *q, bench_row *row) {
+  const bench_point *p = r->p;
+  const uint64_t per = (uint64_t)p->query_heads * p->context;
+  if (!kvq_attention_one_batch(r->cache, 0, p->batch, p->context)) {
+    row->check = "not checked (the timed call was split at kvq's 64 MiB score scratch)";
     return 0;
   }
-  float *logits = malloc(sizeof(float) * floats);
-  if (!logits) return 2;
-  const int64_t qs[3] = {1, r->p->query_heads, r->p->head_dim}, ls[3] = {1, r->p->query_heads, r->p->context};
+  float *timed = malloc(sizeof(float) * per * p->batch), *logits = malloc(sizeof(float) * per);
+  kvq_backend *be = r->ctx->backend;
+  int rc = timed && logits ? 0 : 2;
+  /* read before kvq_scores, which reuses the scratch */
+  if (rc == 0 && be->ops->buffer_read(be, r->cache->scratch[KVQ_SCRATCH_SCORES], 0, timed, sizeof(float) * per * p->batch) != KVQ_OK)
+    rc = fail(r, "reading the timed logits");
+  const int64_t qs[3] = {1, p->query_heads, p->head_dim}, ls[3] = {1, p->query_heads, p->context};
   kvq_tensor qt = kvq_tensor_host((void *)q, KVQ_DTYPE_F32, 3, qs), lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, ls);
-  int rc = kvq_scores(r->cache, seq, 0, &qt, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lt) == KVQ_OK ? 0 : fail(r, "kvq_scores");
-  for (uint64_t i = 0; rc == 0 && i < floats; i++)
-    if (!isfinite(logits[i])) {
-      fprintf(stderr, "kvq-bench: %s, %s: logit %llu is not finite\n", r->dev->backend, r->method, (unsigned long long)i);
+  if (rc == 0 && kvq_scores(r->cache, seqs[0], 0, &qt, KVQ_MASK_CAUSAL, KVQ_SCORES_LOGITS, &lt) != KVQ_OK)
+    rc = fail(r, "kvq_scores");
+  if (rc == 0) {
+    row->check = "timed logits vs kvq_scores";
+    row->error = bench_worst_error(timed, logits, per, p->batch);
+    if (!(row->error <= r->o->check_bound)) {
+      fprintf(stderr, "kvq-bench: %s, %s, context %u, batch %u, scores: the timed logits are off kvq_scores' by %.3g "
+              "(relative L2; the bound is %.3g)\n", r->dev->backend, r->method, p->context, p->batch, row->error,
+              r->o->check_bound);
       rc = 2;
     }
-  row->check = "logits finite (kvq_scores)";
-  free(logits);
+  }
+  free(timed), free(logits);
   return rc;
 }
 
@@ -322,7 +335,7 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
     row->plan = "score";
     row->scratch_write = score_bytes;
     finish_row(r, row, key_bytes);
-    if (rc == 0) rc = check_scores(r, seqs[0], q, row);
+    if (rc == 0) rc = check_scores(r, seqs, q, row);
     if (rc == 1) rc = 0;
   }
   if (rc == 0 && r->o->cases[CASE_WSUM] && (row = new_row(r, CASE_WSUM))) {
