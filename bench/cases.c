@@ -340,9 +340,17 @@ static int decode_cases(run *r, const uint32_t *seqs, const float *q, const floa
   }
   if (rc == 0 && r->o->cases[CASE_WSUM] && (row = new_row(r, CASE_WSUM))) {
     /* one unfused call leaves this query's probabilities in the score scratch; the weighted sum
-     * alone then recomputes that call's output from them, sample after sample */
+     * alone then recomputes that call's output from them, sample after sample. A batch kvq splits
+     * at its scratch budget leaves only the last part's probabilities, which the other parts would
+     * read as theirs: such a point is a skipped row (every sequence here has the same tokens and
+     * query, so the output check could not tell; docs/BENCH.md) */
     decode_arg prime = {req, KVQ_BENCH_JOBS_UNFUSED}, a = {req, KVQ_BENCH_JOBS_WEIGHTED_SUM};
-    rc = (r->last = decode(r, &prime)) == KVQ_OK ? 0 : failed_call(r, row);
+    if (!kvq_attention_one_batch(r->cache, 0, p->batch, p->context)) {
+      row->skipped = 1;
+      snprintf(row->note, sizeof row->note, "batch split at kvq's 64 MiB score scratch: its probabilities are not all kept");
+      rc = 1;
+    }
+    if (rc == 0) rc = (r->last = decode(r, &prime)) == KVQ_OK ? 0 : failed_call(r, row);
     memset(out, 0xff, sizeof(float) * per * p->batch);
     if (rc == 0) rc = time_decode(r, &a, row);
     row->plan = "weighted sum";
