@@ -217,7 +217,7 @@ static void plan_of(run *r, int *fused, uint64_t *flash_scratch, uint64_t *rotat
 /* The reference output of a point's query (bench/check.c): attention in double precision over the
  * tokens as the cache holds them (kvq_dequantize of the first sequence; for QJL keys the estimate
  * whose inner products are the scores), which every backend must reproduce to rounding; where those
- * do not fit in 64 MiB, over the fp32 input tokens, which only exact caches must come close to. */
+ * do not fit in 64 MiB per side (keys, values), over the fp32 input tokens, which only exact caches must come close to. */
 static int reference_of(run *r, uint32_t seq, const float *k, const float *v, uint32_t chunk, const float *q,
                         float *reference, int *tight) {
   const bench_point *p = r->p;

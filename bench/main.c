@@ -35,7 +35,7 @@ static void usage(FILE *f) {
           "                 [--json FILE] [--csv FILE] [--plot DIR]\n"
           "Sizes take k and M (1k = 1024 tokens). Without --quick: the standard run, meant for a GPU (contexts\n"
           "1k..1M, batch 1 and 8, GQA 4, head_dim 128, 8 kv heads); --quick: seconds on the CPU and lavapipe.\n"
-          "Options after --quick override its grid. docs/BENCH.md explains every column.\n");
+          "Options override --quick's values wherever they stand. docs/BENCH.md explains every column.\n");
 }
 
 static int bad(const char *flag, const char *value, const char *what) {
