@@ -136,7 +136,8 @@ int bench_synth(const bench_point *p, uint32_t chunk, float **k, float **v, floa
 
 /* report.c */
 bench_row *bench_add_row(bench_results *res);
-void bench_fill_speedups(bench_results *res);
+/* The speed-ups of the rows from `first` on: one grid point's, every method of it finished. */
+void bench_fill_speedups(bench_results *res, size_t first);
 void bench_print_header(FILE *f, const bench_device *dev, const bench_options *o);
 void bench_print_row(FILE *f, const bench_row *r);
 int bench_write_json(const char *path, const bench_results *res, const bench_options *o);

@@ -18,6 +18,9 @@
  * only) and every compressed method at the settings the targets name (QJL with and without outliers,
  * KIVI-2, PolarQuant 4,2,2,2 and 2,2,2,2 with 2-bit values, CQ at 2 bits). The exact fp16 cache comes
  * first: every speed-up is against it. */
+/* Seconds between rewrites of the JSON and CSV during a run (and once at its end). */
+#define WRITE_EVERY_S 5.0
+
 static const char *const default_methods[] = {
     "exact-f16/exact-f16",    BENCH_CUBLAS_METHOD,     "exact-bf16/exact-bf16", "exact-f32/exact-f32", "qjl-m256-k8/uniform-b2",
     "qjl-m256-k0/uniform-b2", "uniform-b4/uniform-b4", "kivi-b2/uniform-b2",   "polar-b4222",
@@ -32,7 +35,7 @@ static void usage(FILE *f) {
           "                 [--json FILE] [--csv FILE] [--plot DIR]\n"
           "Sizes take k and M (1k = 1024 tokens). Without --quick: the standard run, meant for a GPU (contexts\n"
           "1k..1M, batch 1 and 8, GQA 4, head_dim 128, 8 kv heads); --quick: seconds on the CPU and lavapipe.\n"
-          "Options after --quick override its grid. docs/BENCH.md explains every column.\n");
+          "Options override --quick's values wherever they stand. docs/BENCH.md explains every column.\n");
 }
 
 static int bad(const char *flag, const char *value, const char *what) {
@@ -257,6 +260,7 @@ int main(int argc, char **argv) {
   const size_t total = (size_t)o.n_backends * o.n_methods * o.grid.n_contexts * o.grid.n_batches * o.grid.n_gqas *
                        o.grid.n_head_dims;
   size_t done = 0;
+  double written = o.started;
   const int tty = isatty(2);
   for (unsigned b = 0; b < o.n_backends && rc == 0; b++) {
     kvq_context *ctx = NULL;
@@ -282,20 +286,28 @@ int main(int argc, char **argv) {
     for (unsigned hd = 0; hd < o.grid.n_head_dims && rc == 0; hd++)
       for (unsigned g = 0; g < o.grid.n_gqas && rc == 0; g++)
         for (unsigned bt = 0; bt < o.grid.n_batches && rc == 0; bt++)
-          for (unsigned c = 0; c < o.grid.n_contexts && rc == 0; c++)
+          for (unsigned c = 0; c < o.grid.n_contexts && rc == 0; c++) {
+            const bench_point p = {.context = o.grid.contexts[c], .batch = o.grid.batches[bt],
+                                   .query_heads = o.kv_heads * o.grid.gqas[g], .kv_heads = o.kv_heads,
+                                   .head_dim = o.grid.head_dims[hd]};
+            const size_t point_first = res.count; /* this point's rows: every method's, together */
             for (unsigned m = 0; m < o.n_methods && rc == 0; m++) {
-              const bench_point p = {.context = o.grid.contexts[c], .batch = o.grid.batches[bt],
-                                     .query_heads = o.kv_heads * o.grid.gqas[g], .kv_heads = o.kv_heads,
-                                     .head_dim = o.grid.head_dims[hd]};
               fprintf(stderr, "%s[%zu/%zu] %s %s context %u batch %u gqa %u d %u%s", tty ? "\r\033[K" : "", ++done, total,
                       dev->backend, o.methods[m], p.context, p.batch, o.grid.gqas[g], p.head_dim, tty ? "" : "\n");
               rc = bench_run_method(ctx, &o, dev, cold, &p, o.methods[m], &res);
-              /* the files are rewritten after every point: a run cut short by a time limit
-               * (scripts/gpu-check.sh) leaves what it measured */
-              bench_fill_speedups(&res);
-              if (o.json) bench_write_json(o.json, &res, &o);
-              if (o.csv) bench_write_csv(o.csv, &res);
+              /* the point's speed-ups once all its methods ran (whichever order --methods gave), a
+               * failed run's partial point included: the files below and at the end show them */
+              if (rc != 0 || m + 1 == o.n_methods) bench_fill_speedups(&res, point_first);
+              /* the files every few seconds, not after every point (each write is the whole file:
+               * per point, a long grid's cost grew with the square of its rows); a run cut short by a
+               * time limit (scripts/gpu-check.sh) still leaves what it measured until then */
+              if (bench_now() - written >= WRITE_EVERY_S) {
+                if (o.json) bench_write_json(o.json, &res, &o);
+                if (o.csv) bench_write_csv(o.csv, &res);
+                written = bench_now();
+              }
             }
+          }
     if (tty) fprintf(stderr, "\n");
     bench_cold_destroy(cold);
     kvq_context_destroy(ctx);
@@ -304,7 +316,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kvq-bench: no backend available\n");
     rc = 2;
   }
-  bench_fill_speedups(&res);
   for (unsigned d = 0; d < res.n_devices; d++) {
     bench_print_header(stdout, &res.devices[d], &o);
     for (size_t i = 0; i < res.count; i++)

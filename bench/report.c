@@ -30,16 +30,21 @@ static int same_point(const bench_row *a, const bench_row *b) {
 }
 
 /* Speed-up over kvq's exact fp16 cache (both sides exact-f16) at the same point and case: its
- * time over this row's (appends: this row's tokens/s over its). */
-void bench_fill_speedups(bench_results *res) {
-  for (size_t i = 0; i < res->count; i++) {
+ * time over this row's (appends: this row's tokens/s over its). Called once per grid point, over
+ * that point's rows (main.c runs every method of a point before the next point, so they lie
+ * together): the exact-f16 row of each case is found in one pass and every row looks its case up,
+ * linear in the point's rows whatever the method order, where a search over all rows for every row
+ * made long grids quadratic. */
+void bench_fill_speedups(bench_results *res, size_t first) {
+  const bench_row *fp16[CASE_COUNT] = {0};
+  for (size_t i = first; i < res->count; i++) {
+    const bench_row *f = &res->rows[i];
+    if (!f->skipped && !strcmp(f->method, "exact-f16/exact-f16")) fp16[f->kase] = f;
+  }
+  for (size_t i = first; i < res->count; i++) {
     bench_row *r = &res->rows[i];
-    r->speedup = 0;
-    for (size_t j = 0; j < res->count && !r->skipped; j++) {
-      const bench_row *f = &res->rows[j];
-      if (f->skipped || !same_point(r, f) || strcmp(f->method, "exact-f16/exact-f16") != 0) continue;
-      if (seconds(r) > 0) r->speedup = seconds(f) / seconds(r);
-    }
+    const bench_row *f = fp16[r->kase];
+    r->speedup = !r->skipped && f && same_point(r, f) && seconds(r) > 0 ? seconds(f) / seconds(r) : 0;
   }
 }
 
@@ -244,7 +249,7 @@ int bench_write_csv(const char *path, const bench_results *res) {
   double mhz;
   FILE *f = open_output(path, cpu, sizeof cpu, &mhz);
   if (!f) return 2;
-  /* once per device, not per line: the file is rewritten after every point of a long run */
+  /* once per device, not per line: the file is rewritten every few seconds of a long run */
   for (unsigned d = 0; d < res->n_devices && d < 3; d++) driver_of(&res->devices[d], drivers[d], sizeof drivers[d]);
   fprintf(f, "kvq_version,backend,device,driver,host_cpu,host_cpu_mhz,copy_gb_per_s,method,case,context,batch,query_heads,"
              "kv_heads,head_dim,bits,plan,call_median_ms,call_min_ms,call_max_ms,kernel_median_ms,kernel_q1_ms,"

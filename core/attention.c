@@ -50,6 +50,18 @@ typedef struct batch {
 
 static uint64_t row_width(const attend_item *it) { return (uint64_t)it->view.slots + it->view.window; }
 
+/* What one query row of `width` scored tokens takes of SCORE_BUDGET: its scores and its prepared
+ * query (CQ's tables are large). */
+static uint64_t budget_per_row(const kvq_cache *cache, uint32_t layer, uint64_t width) {
+  const kvq_layer_config *L = &cache->layers[layer];
+  return (uint64_t)L->query_heads * (width + kvq_prepared_floats(&cache->storage[layer].side[KVQ_SIDE_KEYS].layout));
+}
+
+int kvq_attention_one_batch(const kvq_cache *cache, uint32_t layer, uint64_t rows, uint64_t width) {
+  /* attend() closes a batch when the next rows would pass the budget: rows within it are one batch */
+  return rows * budget_per_row(cache, layer, width) <= SCORE_BUDGET;
+}
+
 /* kvq_scores into a device tensor, in place: the kept columns of one sequence's score rows (the
  * batch's rows from score_offset, view.slots + view.window wide), one conversion per run of
  * consecutive kept slots, into rows [row0, + query_count) of the caller's tensor. */
@@ -229,10 +241,8 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
   /* with core's packed metadata (KVQ_BACKEND_CORE_META) the batch lists no pages */
   const int list_pages = !(cache->ctx->backend->features & KVQ_BACKEND_CORE_META);
   size_t total_pages = 0, parts_max = 0;
-  /* the scratch a query row needs: its scores, and its prepared query (CQ's tables are large) */
-  const uint64_t prepared_per_row = (uint64_t)L->query_heads * kvq_prepared_floats(&cache->storage[layer].side[KVQ_SIDE_KEYS].layout);
   for (size_t i = 0; i < count; i++) {
-    const uint64_t floats_per_row = (uint64_t)L->query_heads * row_width(&items[i]) + prepared_per_row;
+    const uint64_t floats_per_row = budget_per_row(cache, layer, row_width(&items[i]));
     const uint64_t rows_per_part = floats_per_row ? SCORE_BUDGET / floats_per_row : items[i].rows;
     const uint64_t parts_of_item = rows_per_part ? (items[i].rows + rows_per_part - 1) / rows_per_part : items[i].rows;
     if (list_pages) total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
@@ -253,7 +263,7 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     attend_item *it = &items[i];
     const uint64_t n = row_width(it);
-    const uint64_t score_floats = (uint64_t)L->query_heads * n, floats_per_row = score_floats + prepared_per_row;
+    const uint64_t score_floats = (uint64_t)L->query_heads * n, floats_per_row = budget_per_row(cache, layer, n);
     uint32_t rows_per_part = (uint32_t)(SCORE_BUDGET / floats_per_row);
     if (rows_per_part == 0) rows_per_part = 1; /* one row always fits: n <= 2^31 tokens */
     for (uint32_t row0 = 0; row0 < it->rows && st == KVQ_OK; row0 += rows_per_part) {

@@ -48,6 +48,11 @@ struct kvq_context {
  * UNFUSED call of the same shape left there (the output is then that call's). Not part of the API. */
 enum { KVQ_BENCH_JOBS_SCORE = 1u, KVQ_BENCH_JOBS_UNFUSED = 2u, KVQ_BENCH_JOBS_WEIGHTED_SUM = 3u };
 
+/* Whether kvq_attention runs `rows` query rows of `width` scored tokens each (of one layer) as one
+ * batch, not split at its score scratch budget: the score scratch then holds every row's scores
+ * after the call (kvq-bench's checks of the jobs it times alone). Not part of the API. */
+int kvq_attention_one_batch(const kvq_cache *cache, uint32_t layer, uint64_t rows, uint64_t width);
+
 /* The context's backend counters (kvq_backend_stats, backends/backend.h), read and, with `reset`,
  * zeroed: for tests that count submissions and host<->device bytes. KVQ_ERROR_UNSUPPORTED when the
  * backend keeps none (CPU). Not part of the API. */
