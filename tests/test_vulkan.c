@@ -174,6 +174,51 @@ Test(vulkan, create_and_load_are_one_submission_each) {
 }
 
 /*
+ * A fence wait that fails (a hung or lost device; on a loaded 2-core machine llvmpipe compiling shaders
+ * on first use has come near the 120 s limit) fails its call with KVQ_ERROR_DEVICE_LOST, and the
+ * submission may still be running, so nothing it uses may be reset or freed until the context is
+ * destroyed. Before this was handled the command pool was reset under the pending command buffer and
+ * then reused: validation errors, then a crash. KVQ_VULKAN_FENCE_TIMEOUT_NS=0 makes every wait that
+ * finds its job unfinished time out; PolarQuant appends of 256 tokens at head_dim 128 take
+ * milliseconds on llvmpipe, so some wait within a few calls finds its job unfinished (the test fails
+ * if none does). Every later call that submits must then fail the same way, and destroying the cache
+ * and the context must be clean (AddressSanitizer and LeakSanitizer in this build).
+ */
+Test(vulkan, a_wait_that_times_out_fails_every_later_call_and_destroys_cleanly) {
+  require_vulkan();
+  cr_assert_eq(setenv("KVQ_VULKAN_FENCE_TIMEOUT_NS", "0", 1), 0); /* this test's own process (Criterion forks) */
+  kvq_context *ctx = vulkan_context();
+  enum { HQ = 4, HKV = 2, D = 128, N = 256, P = 16 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_polar(KVQ_ROTATION_DENSE), th_polar(KVQ_ROTATION_DENSE));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, 64, 1, 7);
+  static float k[N * HKV * D], v[N * HKV * D], q[HQ * D], out[HQ * D];
+  fill_kvq(k, v, N * HKV * D, q, HQ * D);
+  const int64_t shape[3] = {N, HKV, D}, qshape[3] = {1, HQ, D};
+  const kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, shape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, shape);
+  kvq_cache *cache = NULL;
+  uint32_t seq = 0;
+  kvq_status st = kvq_cache_create(ctx, &config, &cache);
+  if (st == KVQ_OK) st = kvq_sequence_add(cache, &seq);
+  for (int call = 0; st == KVQ_OK && call < 16; call++) st = kvq_append(cache, seq, 0, &kt, &vt);
+  cr_assert_eq(st, KVQ_ERROR_DEVICE_LOST, "no wait timed out in 16 appends (status %d: %s)", (int)st, kvq_context_last_error(ctx));
+  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "VK_TIMEOUT"), "%s", kvq_context_last_error(ctx));
+  /* the call after: an append, or (when creating the cache was the call that timed out) another cache */
+  kvq_cache *second = NULL;
+  cr_assert_eq(cache ? kvq_append(cache, seq, 0, &kt, &vt) : kvq_cache_create(ctx, &config, &second), KVQ_ERROR_DEVICE_LOST,
+               "a call after the timeout: %s", kvq_context_last_error(ctx));
+  cr_assert_null(second);
+  cr_assert_not_null(strstr(kvq_context_last_error(ctx), "did not finish"), "%s", kvq_context_last_error(ctx));
+  if (cache) {
+    kvq_attention_request req = {.sequence = seq, .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                                 .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape), .mask = KVQ_MASK_NONE};
+    cr_assert_eq(kvq_attention(cache, 0, &req, 1), KVQ_ERROR_DEVICE_LOST, "attention after the timeout: %s",
+                 kvq_context_last_error(ctx));
+    kvq_cache_destroy(cache);
+  }
+  kvq_context_destroy(ctx);
+}
+
+/*
  * A decode loop with host tensors (docs/VULKAN.md, "What each call moves"): every kvq_append is one
  * submission that moves its tokens to the device (plus 16 bytes of metadata per side when a page is
  * quantized) and nothing back; every kvq_attention of one query is one submission, waited for once,

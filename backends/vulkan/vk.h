@@ -102,6 +102,11 @@ typedef struct vk_backend {
   VkFence fence;
   int recording;       /* cmd is between begin and submit */
   int in_flight;       /* cmd was submitted and its fence not yet waited for */
+  /* A wait failed (the device was lost, or the submission did not finish within fence_timeout_ns).
+   * The submission may still be running, so nothing it may use is reset or freed before
+   * vk_destroy waits for the device, and every later call fails with KVQ_ERROR_DEVICE_LOST. */
+  int lost;
+  uint64_t fence_timeout_ns; /* 120 s; KVQ_VULKAN_FENCE_TIMEOUT_NS overrides it (tests) */
   int deferring;       /* inside a deferred call: operations record without submitting */
   uint64_t staging_used, metadata_used; /* bytes of the staging and metadata buffers the recording uses */
   kvq_buffer **retired; /* freed once the recorded or in-flight work that may use them is done */

@@ -336,9 +336,23 @@ static int subgroup_arithmetic(const vk_backend *b) {
          (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
 }
 
+/* How long a fence wait may take before the submission is taken for hung: 120 s (llvmpipe on a loaded
+ * 2-core machine, compiling shaders on first use, has taken tens of seconds). The environment variable
+ * KVQ_VULKAN_FENCE_TIMEOUT_NS overrides it so that a test can make waits time out. */
+static uint64_t fence_timeout_ns(void) {
+  const char *v = getenv("KVQ_VULKAN_FENCE_TIMEOUT_NS");
+  char *end;
+  if (v && *v) {
+    const unsigned long long ns = strtoull(v, &end, 10);
+    if (*end == '\0') return (uint64_t)ns;
+  }
+  return 120ull * 1000 * 1000 * 1000;
+}
+
 /* Command pool and buffer, fence and timestamp queries. */
 static kvq_status create_submission(vk_backend *b) {
   VkResult r;
+  b->fence_timeout_ns = fence_timeout_ns();
   VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = b->queue_family};
   if ((r = b->vk.vkCreateCommandPool(b->device, &pool, NULL, &b->command_pool)) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreateCommandPool");

@@ -24,8 +24,6 @@ static const shader_code shader_table[KVQ_VK_SHADER_COUNT] = {
 #undef KVQ_VK_SHADER_CODE
 };
 
-#define FENCE_TIMEOUT_NS (120ull * 1000 * 1000 * 1000) /* a job that takes longer is a hung device */
-
 kvq_status kvq_vk_pipelines_init(vk_backend *b) {
   VkResult r;
   if (sizeof(kvq_push) > b->properties.limits.maxPushConstantsSize) {
@@ -119,7 +117,8 @@ void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer) {
       if (!grown) { /* no room to remember it: wait for the device, then free it */
         if (b->recording) kvq_vk_submit(b);
         kvq_vk_wait(b);
-        kvq_vk_buffer_free(b, buffer);
+        /* after a failed wait the device may still use it: leaking it is the safe choice */
+        if (!b->lost) kvq_vk_buffer_free(b, buffer);
         return;
       }
       b->retired = grown;
@@ -144,20 +143,28 @@ static void release_submission(vk_backend *b) {
 }
 
 kvq_status kvq_vk_wait(vk_backend *b) {
+  if (b->lost)
+    return kvq_vk_error(b, KVQ_ERROR_DEVICE_LOST,
+                        "vulkan: an earlier submission did not finish (device lost or timed out); destroy the context");
   if (!b->in_flight) return KVQ_OK;
-  b->in_flight = 0;
   b->stats.waits++;
-  VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, FENCE_TIMEOUT_NS);
-  /* whatever happened, the pools start over for the next submission */
+  VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, b->fence_timeout_ns);
+  if (r != VK_SUCCESS) {
+    /* The command buffer may still be pending: resetting its pool, its fence or the descriptor sets,
+     * or freeing the buffers retired behind it, would pull them from under the device. Keep them all
+     * (in_flight stays set, so retired buffers keep waiting too) until vk_destroy waits for the device. */
+    b->lost = 1;
+    return kvq_vk_fail(b, r, "waiting for the device");
+  }
+  b->in_flight = 0;
   b->vk.vkResetFences(b->device, 1, &b->fence);
-  if (r == VK_SUCCESS) /* buffer_read_later's bytes: in the staging buffer now, reused by the next recording */
-    for (uint32_t i = 0; i < b->later_count; i++) {
-      const struct kvq_vk_later *l = &b->later[i];
-      memcpy(l->dst, (const uint8_t *)b->staging->mapped + l->at, (size_t)l->bytes);
-      b->stats.bytes_to_host += l->bytes;
-    }
+  /* buffer_read_later's bytes: in the staging buffer now, reused by the next recording */
+  for (uint32_t i = 0; i < b->later_count; i++) {
+    const struct kvq_vk_later *l = &b->later[i];
+    memcpy(l->dst, (const uint8_t *)b->staging->mapped + l->at, (size_t)l->bytes);
+    b->stats.bytes_to_host += l->bytes;
+  }
   release_submission(b);
-  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "waiting for the device");
   if (b->timestamps) {
     uint64_t ticks[2];
     if (b->vk.vkGetQueryPoolResults(b->device, b->timestamps, 0, 2, sizeof ticks, ticks, sizeof ticks[0],
