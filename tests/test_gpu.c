@@ -102,7 +102,7 @@ static void check_cases(const golden_case *cases, uint32_t count, uint64_t min_c
   cr_assert_eq(t.class3_beyond, 0u);
 }
 
-/* The matrix: tests/gpu_odd_sizes.c (test_gpu_tsan runs it too). */
+/* The matrix: tests/gpu_odd_sizes.c (test_gpu_matrices runs it too). */
 static void check_odd_sizes(void) {
   static char names[GPU_ODD_SIZE_MAX][GPU_ODD_SIZE_NAME];
   golden_case cases[GPU_ODD_SIZE_MAX];

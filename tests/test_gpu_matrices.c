@@ -1,10 +1,14 @@
 /*
- * The GPU suite's two matrices on kvq's emulated CUDA backend under ThreadSanitizer (test
- * `gpu_cuda_emulated_tsan`, docs/CUDA.md): the committed golden matrix and the odd-size matrix
+ * The GPU suite's two matrices on kvq's emulated CUDA backend, in a build of the library other than
+ * the test build's (docs/CUDA.md): the committed golden matrix and the odd-size matrix
  * (tests/gpu_odd_sizes.c), held to the same totals as tests/test_gpu.c holds them. tests/meson.build
- * links this program against a ThreadSanitizer build of the library (whose emulator then orders the
- * threads of a block only at __syncthreads and __syncwarp) and of the golden checker, and runs it
- * with halt_on_error=1: any data race the kernels have on these shapes ends the run with exit status 66.
+ * links this program twice, KVQ_MATRICES_BUILD naming the build:
+ *   - `gpu_cuda_emulated_tsan`: against a ThreadSanitizer build of the library (whose emulator then
+ *     orders the threads of a block only at __syncthreads and __syncwarp) and of the golden checker,
+ *     run with halt_on_error=1: any data race the kernels have on these shapes ends the run with exit
+ *     status 66;
+ *   - `gpu_cuda_emulated_plain`: against a build without sanitizers, optimized (-O2), as a runtime
+ *     embeds kvq: what the optimizer makes of the emulated kernels must give the same bytes.
  *
  * A plain TAP program, not Criterion: Criterion's runner cannot start under ThreadSanitizer (see
  * tests/test_threads.c). Arguments name the cases to run (golden, odd); none: both.
@@ -21,6 +25,10 @@
 #include "golden/golden.h"
 #include "gpu_odd_sizes.h"
 #include "kvq/kvq.h"
+
+#ifndef KVQ_MATRICES_BUILD
+#error "tests/meson.build names the build this program is linked against"
+#endif
 
 static char why[512]; /* the first failed check of the running case */
 
@@ -120,8 +128,8 @@ int main(int argc, char **argv) {
     const char *name, *title;
     void (*run)(void);
   } cases[] = {
-      {"golden", "the golden matrix agrees on the emulated CUDA backend under ThreadSanitizer", golden_matrix},
-      {"odd", "the odd-size matrix agrees on the emulated CUDA backend under ThreadSanitizer", odd_sizes},
+      {"golden", "the golden matrix agrees on the emulated CUDA backend, " KVQ_MATRICES_BUILD, golden_matrix},
+      {"odd", "the odd-size matrix agrees on the emulated CUDA backend, " KVQ_MATRICES_BUILD, odd_sizes},
   };
   const int n = (int)(sizeof cases / sizeof cases[0]);
   int chosen[2], count = 0;
