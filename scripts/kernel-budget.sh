@@ -14,7 +14,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/kvq-kernel-budget}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
-rm -rf "$out"; mkdir -p "$out/as-built" "$out/paged" "$out/src"
+rm -rf "$out/as-built" "$out/paged" "$out/src"; mkdir -p "$out/as-built" "$out/paged" "$out/src"
 cp -r "$root/core" "$root/backends" "$root/include" "$root/shaders" "$out/src/"
 sed -i 's/kvq_window_value(t, kvh, c)/0.0/' "$out/src/shaders/flash_logits.comp" "$out/src/shaders/flash_values.comp"
 f="$out/src/backends/cuda/kernels/flash.cuh"
