@@ -1,6 +1,6 @@
 /* The odd-size matrix of the GPU suite: configurations the CPU writes golden files for and every GPU
  * backend is checked against. Shared by tests/test_gpu.c (Criterion, every GPU backend) and
- * tests/test_gpu_tsan.c (the emulated CUDA backend under ThreadSanitizer), so that both run the same
+ * tests/test_gpu_matrices.c (the emulated CUDA backend under ThreadSanitizer and without sanitizers), so that both run the same
  * matrix. */
 #ifndef KVQ_TESTS_GPU_ODD_SIZES_H
 #define KVQ_TESTS_GPU_ODD_SIZES_H

@@ -134,16 +134,3 @@ char *th_temp_dir(const char *what) {
   return dir;
 }
 
-void th_remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char path[1024];
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.') {
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      remove(path);
-    }
-  closedir(d);
-  rmdir(dir);
-}

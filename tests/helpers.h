@@ -57,6 +57,5 @@ void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer,
 /* A fresh directory /tmp/kvq-<what>-XXXXXX (the caller frees the name), and removing it with the
  * files in it (no subdirectories). */
 char *th_temp_dir(const char *what);
-void th_remove_dir(const char *dir);
 
 #endif

@@ -13,7 +13,6 @@
  * A plain TAP program, not Criterion: Criterion's runner cannot start under ThreadSanitizer (see
  * tests/test_threads.c). Arguments name the cases to run (golden, odd); none: both.
  */
-#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include "golden/cases.h"
 #include "golden/golden.h"
 #include "gpu_odd_sizes.h"
+#include "th_configs.h"
 #include "kvq/kvq.h"
 
 #ifndef KVQ_MATRICES_BUILD
@@ -68,25 +68,11 @@ static void golden_matrix(void) {
   fail_if(t.files_failed != 0, "%u saved files failed", t.files_failed);
 }
 
-static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char path[1024];
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.') {
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      remove(path);
-    }
-  closedir(d);
-  rmdir(dir);
-}
-
 static void odd_sizes(void) {
   static char names[GPU_ODD_SIZE_MAX][GPU_ODD_SIZE_NAME];
   golden_case cases[GPU_ODD_SIZE_MAX];
   const uint32_t count = gpu_odd_size_cases(cases, names);
-  char dir[] = "/tmp/kvq-gpu-tsan-XXXXXX";
+  char dir[] = "/tmp/kvq-gpu-matrices-XXXXXX";
   fail_if(!mkdtemp(dir), "mkdtemp(%s) failed", dir);
   if (why[0]) return;
   FILE *log = tmpfile();
@@ -110,7 +96,7 @@ static void odd_sizes(void) {
   } else {
     fail_if(!out, "tmpfile failed");
   }
-  remove_dir(dir);
+  th_remove_dir(dir);
 }
 
 /* The reason the emulated CUDA backend is unavailable, or NULL when it is available. */

@@ -1,5 +1,9 @@
 #include "th_configs.h"
 
+#include <dirent.h>
+#include <stdio.h>
+#include <unistd.h>
+
 kvq_method_config th_qjl(uint32_t m, uint32_t k, uint32_t m_o) {
   kvq_method_config c = kvq_method_defaults(KVQ_METHOD_QJL, 128);
   c.qjl = (kvq_qjl_config){m, k, m_o};
@@ -42,4 +46,18 @@ kvq_method_config th_exact(kvq_dtype dtype) {
 
 kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values) {
   return (kvq_layer_config){.query_heads = hq, .kv_heads = hkv, .head_dim = d, .keys = keys, .values = values};
+}
+
+void th_remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[1024];
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      remove(path);
+    }
+  closedir(d);
+  rmdir(dir);
 }

@@ -1,6 +1,6 @@
-/* Method and layer configs of the kvq tests, without Criterion: the Criterion tests get them through
- * helpers.h, and the plain TAP programs (tests/test_gpu_tsan.c: Criterion cannot start under
- * ThreadSanitizer) include this header and compile th_configs.c themselves. */
+/* Method and layer configs of the kvq tests, and the helpers that need no Criterion: the Criterion
+ * tests get them through helpers.h, and the plain TAP programs (tests/test_gpu_matrices.c: Criterion
+ * cannot start under ThreadSanitizer) include this header and compile th_configs.c themselves. */
 #ifndef KVQ_TESTS_TH_CONFIGS_H
 #define KVQ_TESTS_TH_CONFIGS_H
 
@@ -19,5 +19,8 @@ kvq_method_config th_exact(kvq_dtype dtype);
 
 /* A one-layer config with the given methods. */
 kvq_layer_config th_layer(uint32_t hq, uint32_t hkv, uint32_t d, kvq_method_config keys, kvq_method_config values);
+
+/* Removes a directory of plain files (a test's temporary directory) and the files in it. */
+void th_remove_dir(const char *dir);
 
 #endif
