@@ -1,8 +1,8 @@
 /*
  * Attention jobs on Vulkan: SCORE, SOFTMAX (with the probability sums of the H2O and Q-Hitter
  * policies) and WEIGHTED_SUM, and the fused ATTENTION (flash-decoding, shaders/flash.glsl, with those
- * sums too) that core uses when it wants outputs only. What runs, for how many workgroups, with how much scratch, is
- * core's plan (core/gpu_plan.h); this file writes the words of core's packed metadata that changed
+ * sums too) that core uses when it wants outputs only. What runs, for how many workgroups, with how
+ * much scratch, is core's plan (core/gpu_plan.h); this file writes the words of core's packed metadata that changed
  * (core/gpu_meta.c) into the resident buffer (or, for a job built with host page lists, packs them
  * into the metadata ring) and records
  * one dispatch per kernel for the whole batch.
