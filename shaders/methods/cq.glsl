@@ -15,9 +15,9 @@
 
 #define KVQ_PREPARES
 
-// The last block's kv head, kept per invocation: the value pass decodes every channel of a page's
-// 32 tokens from one block, and the two integer divisions, which llvmpipe runs lane by lane, cost
-// more than the decode itself. Blocks are multiples of 4 bytes: 0xffffffff is never one.
+// The last block's kv head, kept per invocation: the value pass decodes every token of a page from
+// one block, and recomputing the head cost two integer divisions per decoded number, which llvmpipe
+// runs lane by lane. Blocks are multiples of 4 bytes: 0xffffffff is never one.
 uint cq_block = 0xffffffffu, cq_head = 0u;
 uint kvq_cq_head(uint block) {
   if (block != cq_block) {
