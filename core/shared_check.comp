@@ -59,8 +59,8 @@ void main() {
   acc += floatBitsToUint(kvq_kivi_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
   kvq_cq_encode_unit(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
   acc += floatBitsToUint(kvq_cq_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
-  acc += floatBitsToUint(kvq_cq_prepare_entry(data[0], data[1], data[2], data[3], data[4], data[5]));
-  acc += floatBitsToUint(kvq_cq_score(data[0], data[1], data[2], data[3], data[4]));
+  acc += floatBitsToUint(kvq_cq_prepare_entry(data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  acc += floatBitsToUint(kvq_cq_score(data[0], data[1], data[2], data[3], data[4], data[5]));
   acc += kvq_cq_decode_group(data[0], data[1], data[2], data[3], data[4], data[5], data[6]);
   // QJL
   float norm2[KVQ_MAX_HEAD_DIM];

@@ -58,8 +58,8 @@ __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   acc += kvq_f32_to_bits(kvq_kivi_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
   kvq_cq_encode_unit(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7]);
   acc += kvq_f32_to_bits(kvq_cq_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
-  acc += kvq_f32_to_bits(kvq_cq_prepare_entry(io, data[0], data[1], data[2], data[3], data[4], data[5]));
-  acc += kvq_f32_to_bits(kvq_cq_score(io, data[0], data[1], data[2], data[3], data[4]));
+  acc += kvq_f32_to_bits(kvq_cq_prepare_entry(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]));
+  acc += kvq_f32_to_bits(kvq_cq_score(io, data[0], data[1], data[2], data[3], data[4], data[5]));
   acc += kvq_cq_decode_group(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6]);
   // QJL
   float norm2[KVQ_MAX_HEAD_DIM];

@@ -22,7 +22,8 @@
 //     void  kvq_prepare_unit(uint q, uint h, uint u, uint out_at)
 //                                                       unit u of preparing the fp32 query at element
 //                                                       q of src for kv head h into dst from element
-//                                                       out_at (QJL: row u of S q; PolarQuant: all)
+//                                                       out_at (QJL: row u of S q; PolarQuant: all;
+//                                                       CQ: table entry u)
 //     float kvq_score_dot(uint block, uint t, uint q, uint p)
 //                                                       q.k_t for the query at element q of src,
 //                                                       prepared at element p of results
@@ -54,4 +55,4 @@ uint kvq_encode_units(uint n) {
   return kvq_encode_units_of(KVQ_METHOD, n, pc.head_dim, pc.group, pc.sketch_dim, pc.outliers, pc.outlier_sketch_dim,
                              pc.channels);
 }
-uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim); }
+uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim, pc.channels, pc.code_bits); }

@@ -14,7 +14,8 @@
  * Preparing: one row of S q for QJL (all m x d products in one would pass that limit); for
  * PolarQuant one row of R q with the dense rotation (the whole d x d product passed that limit at
  * d = 256: every read of the query enters the fp16 conversion's loop), the whole rotated query with
- * the Hadamard form, which needs every coordinate (units 1 .. d - 1 then do nothing).
+ * the Hadamard form, which needs every coordinate (units 1 .. d - 1 then do nothing); for CQ one
+ * entry <q_g, centroid j> of the lookup tables (2^b x d/c of them, c products each).
  */
 #ifndef KVQ_SHADERS_WORK_UNITS_H
 #define KVQ_SHADERS_WORK_UNITS_H
@@ -41,9 +42,11 @@ KVQ_SHARED_FN kvq_u32 kvq_encode_units_of(kvq_u32 method, kvq_u32 n, kvq_u32 d, 
  * KVQ_ENCODES_BY_WORKGROUP), 0 where by one invocation: the host sizes the QUANTIZE dispatch with it. */
 KVQ_SHARED_FN kvq_u32 kvq_encode_by_workgroup(kvq_u32 method) { return method == KVQ_LAYOUT_POLAR ? 1u : 0u; }
 
-/* Work units to prepare one query (methods with prepared queries) of head_dim d. */
-KVQ_SHARED_FN kvq_u32 kvq_prepare_units_of(kvq_u32 method, kvq_u32 m, kvq_u32 d) {
+/* Work units to prepare one query (methods with prepared queries) of head_dim d; CQ's c channels a
+ * group and b code bits. */
+KVQ_SHARED_FN kvq_u32 kvq_prepare_units_of(kvq_u32 method, kvq_u32 m, kvq_u32 d, kvq_u32 channels, kvq_u32 code_bits) {
   if (method == KVQ_LAYOUT_QJL) return m;
+  if (method == KVQ_LAYOUT_CQ) return (d / channels) << code_bits;
   return method == KVQ_LAYOUT_POLAR ? d : 1u;
 }
 

@@ -48,7 +48,7 @@ static void cq_prepare(const cpu_head *h, const float *q, float *prepared) {
   const uint32_t c = s->channels, K = 1u << s->code_bits;
   for (uint32_t g = 0; g < s->head_dim / c; g++)
     for (uint32_t j = 0; j < K; j++)
-      prepared[(size_t)g * K + j] = kvq_cq_prepare_entry(&io, g, j, s->head_dim, c, s->code_bits, h->kv_head);
+      prepared[(size_t)g * K + j] = kvq_cq_prepare_entry(&io, 0, g, j, s->head_dim, c, s->code_bits, h->kv_head);
 }
 
 static void cq_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, const float *q, const float *prepared,
@@ -56,7 +56,7 @@ static void cq_dot_page(const cpu_head *h, const uint8_t *block, uint32_t n, con
   (void)q;
   const kvq_side_layout *s = &h->side->layout;
   const kvq_io io = kvq_cpu_io(h, block, NULL, prepared);
-  for (uint32_t t = 0; t < n; t++) dots[t] = kvq_cq_score(&io, 0, t, s->head_dim, s->channels, s->code_bits);
+  for (uint32_t t = 0; t < n; t++) dots[t] = kvq_cq_score(&io, 0, t, 0, s->head_dim, s->channels, s->code_bits);
 }
 
 /* Adds each token's probability to the mass of its code in every group: mass[g * 2^b + code]. */

@@ -152,9 +152,7 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   const kvq_side_layout *s = &job->keys->layout;
   const uint32_t pf = kvq_prepared_floats(s);
   const kvq_vk_shader shader = KVQ_VK_VARIANT(prepare, s->method);
-  /* pf == 0: the method scores the query itself; CQ's shaders decode centroids instead of the CPU's
-   * per-query lookup tables, so its prepared rows stay unused */
-  if (pf == 0 || s->method == KVQ_LAYOUT_CQ) return KVQ_OK;
+  if (pf == 0) return KVQ_OK; /* the method scores the query itself */
   if (shader == KVQ_VK_SHADER_COUNT) return unsupported(b, "query preparation", s->method);
   if (job->rows == 0) return KVQ_OK;
   const uint64_t in_bytes = (uint64_t)job->rows * s->head_dim * 4, out_bytes = (uint64_t)job->rows * pf * 4;
@@ -179,6 +177,7 @@ kvq_status kvq_vk_prepare(kvq_backend *backend, const kvq_job_prepare *job) {
   kvq_vk_bind_side(buffers, b, job->keys, NULL, NULL);
   buffers[KVQ_BINDING_SRC] = job->queries;
   buffers[KVQ_BINDING_DST] = job->out;
-  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * kvq_prepare_units_of(s->method, s->sketch_dim, s->head_dim));
+  const uint32_t units = kvq_prepare_units_of(s->method, s->sketch_dim, s->head_dim, s->channels, s->code_bits);
+  st = kvq_vk_dispatch(b, shader, &push, buffers, (uint64_t)job->rows * units);
   return kvq_vk_done(b, st);
 }

@@ -46,9 +46,14 @@ KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, 
   kvq_io_put_code(KVQ_IO block >> 2u, unit, b, best);
 }
 
-/* The code of group g of token t. */
+/* The code of group g of token t: code t * d/c + g of the packed array (core/layout.h). Where a token's
+ * d/c codes fill whole words (cq-c4-b8: 32 codes of 8 bits, 8 words) the word is t * (words a token)
+ * + g / cpw, whose divisions depend on g only, so that a loop over tokens (a GPU's value pass) keeps
+ * no integer division, which llvmpipe runs lane by lane; the same word and bits as kvq_io_code's. */
 KVQ_SHARED_FN kvq_u32 kvq_cq_code(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 g, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
-  return kvq_io_code(KVQ_IO block >> 2u, t * (d / c) + g, b);
+  kvq_u32 groups = d / c, cpw = 32u / b;
+  if (groups % cpw != 0u) return kvq_io_code(KVQ_IO block >> 2u, t * groups + g, b);
+  return (KVQ_PAGE((block >> 2u) + t * (groups / cpw) + g / cpw) >> ((g % cpw) * b)) & ((1u << b) - 1u);
 }
 
 /* The element of fixed1 where the centroid group g of token t is coded by starts: its c channels follow. */
@@ -63,18 +68,34 @@ KVQ_SHARED_FN kvq_f32 kvq_cq_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u
   return KVQ_CQ_CENTROID(kvq_cq_decode_group(KVQ_IO block, t, i / c, d, c, b, h) + i % c);
 }
 
-/* Entry g * 2^b + j of the prepared query: <q_g, centroid j of group g>, the query at input element 0. */
-KVQ_SHARED_FN kvq_f32 kvq_cq_prepare_entry(KVQ_IO_PARAM kvq_u32 g, kvq_u32 j, kvq_u32 d, kvq_u32 c, kvq_u32 b, kvq_u32 h) {
+/* Entry g * 2^b + j of the prepared query: <q_g, centroid j of group g>, the query at input element q
+ * (0 on the CPU and CUDA, whose input is the query row; the query's place in src on Vulkan). */
+KVQ_SHARED_FN kvq_f32 kvq_cq_prepare_entry(KVQ_IO_PARAM kvq_u32 q, kvq_u32 g, kvq_u32 j, kvq_u32 d, kvq_u32 c, kvq_u32 b,
+                                           kvq_u32 h) {
   kvq_u32 mu = kvq_cq_centroids(h, g, d, c, b) + j * c;
   kvq_acc dot = KVQ_ACC(0.0f);
-  for (kvq_u32 i = 0u; i < c; i++) dot += KVQ_ACC(KVQ_IN(g * c + i)) * KVQ_ACC(KVQ_CQ_CENTROID(mu + i));
+  for (kvq_u32 i = 0u; i < c; i++) dot += KVQ_ACC(KVQ_IN(q + g * c + i)) * KVQ_ACC(KVQ_CQ_CENTROID(mu + i));
   return KVQ_F32(dot);
 }
 
-/* q.k_t: the prepared entries of token t's codes, summed over the groups in order. */
-KVQ_SHARED_FN kvq_acc kvq_cq_score(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
+/* q.k_t: the prepared entries of token t's codes, summed over the groups in order; the query's tables
+ * at prepared element p (0 on the CPU and CUDA; the row's place in the prepared buffer on Vulkan). */
+KVQ_SHARED_FN kvq_acc kvq_cq_score(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 p, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
+  /* the codes read in order a word at a time (kvq_io_code's words and bits): one division per token,
+   * not two per group, and one load per 32 / b codes */
+  kvq_u32 groups = d / c, cpw = 32u / b, i = t * groups, w = (block >> 2u) + i / cpw, k = i % cpw;
+  kvq_u32 word = KVQ_PAGE(w) >> (k * b), mask = (1u << b) - 1u;
   kvq_acc dot = KVQ_ACC(0.0f);
-  for (kvq_u32 g = 0u; g < d / c; g++) dot += KVQ_ACC(KVQ_PREPARED((g << b) + kvq_cq_code(KVQ_IO block, t, g, d, c, b)));
+  for (kvq_u32 g = 0u; g < groups; g++) {
+    dot += KVQ_ACC(KVQ_PREPARED(p + (g << b) + (word & mask)));
+    word >>= b;
+    k++;
+    if (k == cpw && g + 1u < groups) { /* the next word, never one past the token's last code */
+      k = 0u;
+      w++;
+      word = KVQ_PAGE(w);
+    }
+  }
   return dot;
 }
 

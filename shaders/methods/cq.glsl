@@ -1,14 +1,31 @@
 // CQ, Coupled Quantization: each group of c contiguous channels stores the b-bit index of its nearest
 // centroid. The math is core/methods/cq.h, the CPU reference's too. Work unit: one channel group of
-// one token. Keys are scored by decoding here (no KVQ_PREPARES): the lookup tables of the CPU's
-// scoring (kvq_cq_prepare_entry, kvq_cq_score) would need 2^b x d/c floats per query.
+// one token. Keys are scored as on the CPU and CUDA (KVQ_PREPARES): PREPARE_QUERY writes each query
+// head's lookup table <q_g, centroid j of group g> for every (group, code) (2^b x d/c floats, one
+// entry per invocation), and a token's score is d/c table entries summed: one code read and one table
+// read per group and head instead of c centroid reads and c products per group and head.
+// Values are decoded (kvq_decode): a per-(group, code) probability histogram per split would sum
+// 2^b codes per channel where decoding sums the split's tokens (64), fewer whenever 2^b > 64
+// (cq-c4-b8: 256), and would need one lane per (group, code) scanning the split's tokens.
 //
 // The kv head comes from the block's byte offset: every head block kvq's shaders address lies at
 // (page * kv_heads + h) * head_bytes of its pool (the host refuses quantize items whose page offset
 // is not a multiple of page_bytes, backends/vulkan/vk_jobs.c).
 #include "core/methods/cq.h"
 
-uint kvq_cq_head(uint block) { return block / (pc.head_words * 4u) % pc.kv_heads; }
+#define KVQ_PREPARES
+
+// The last block's kv head, kept per invocation: the value pass decodes every token of a page from
+// one block, and recomputing the head cost two integer divisions per decoded number, which llvmpipe
+// runs lane by lane. Blocks are multiples of 4 bytes: 0xffffffff is never one.
+uint cq_block = 0xffffffffu, cq_head = 0u;
+uint kvq_cq_head(uint block) {
+  if (block != cq_block) {
+    cq_block = block;
+    cq_head = block / (pc.head_words * 4u) % pc.kv_heads;
+  }
+  return cq_head;
+}
 
 void kvq_encode_unit(uint block, uint unit, uint n, uint x) {
   kvq_cq_encode_unit(block, unit, x, pc.kv_heads * pc.head_dim, pc.head_dim, pc.channels, pc.code_bits, kvq_cq_head(block));
@@ -16,4 +33,18 @@ void kvq_encode_unit(uint block, uint unit, uint n, uint x) {
 
 float kvq_decode(uint block, uint t, uint c) {
   return kvq_cq_decode(block, t, c, pc.head_dim, pc.channels, pc.code_bits, kvq_cq_head(block));
+}
+
+// The tables of one query head: entry e = g * 2^b + j (core/config.c's kvq_prepared_floats), one per
+// invocation; summed in fp32 (kvq_acc), as CUDA does: prepared queries only feed scores (class 3,
+// docs/ACCURACY.md).
+uint kvq_prepared_floats() { return (pc.head_dim / pc.channels) << pc.code_bits; }
+void kvq_prepare_unit(uint q, uint h, uint e, uint out_at) {
+  dst[out_at + e] = floatBitsToUint(
+      kvq_cq_prepare_entry(q, e >> pc.code_bits, e & ((1u << pc.code_bits) - 1u), pc.head_dim, pc.channels, pc.code_bits, h));
+}
+
+// q.k_t: the tables of the query prepared at element p of results, kvq_cq_score's sum.
+float kvq_score_dot(uint block, uint t, uint q, uint p) {
+  return kvq_cq_score(block, t, p, pc.head_dim, pc.channels, pc.code_bits);
 }

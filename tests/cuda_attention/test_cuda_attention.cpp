@@ -156,7 +156,7 @@ static logit_bound score_bound(const fixture_case &fc, const std::vector<float> 
     if (s.method == KVQ_LAYOUT_QJL)
       qjl_bound = qjl_terms_logit_bound(qjl_dot_terms(io, s, qv, fc.prepared.data() + qrow * pf, block, t % P), a.scale);
     else if (s.method == KVQ_LAYOUT_CQ) {
-      A = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits); // the |entries| summed
+      A = kvq_cq_score(io, block, t % P, 0u, d, s.channels, s.code_bits); // the |entries| summed
       terms = d / s.channels;
     } else if (s.method == KVQ_LAYOUT_POLAR) {
       const unsigned tables = kvq_polar_tables(kvh, s.codebook, s.levels, s.level_bits);

@@ -183,7 +183,7 @@ static void test_prepare(const fixture_case &fc) {
     for (unsigned e = 0; e < pf; e++) {
       const double magnitude = s.method == KVQ_LAYOUT_QJL
                                    ? kvq_qjl_prepare_row(io, 0u, e, d)
-                                   : kvq_cq_prepare_entry(io, e >> s.code_bits, e & ((1u << s.code_bits) - 1u), d, s.channels, s.code_bits, h);
+                                   : kvq_cq_prepare_entry(io, 0u, e >> s.code_bits, e & ((1u << s.code_bits) - 1u), d, s.channels, s.code_bits, h);
       const size_t i = static_cast<size_t>(row) * pf + e;
       const double diff = std::fabs(static_cast<double>(out[i]) - fc.prepared[i]);
       if (diff > bound * magnitude && over == SIZE_MAX) over = i;
@@ -240,7 +240,7 @@ static void test_dots(const fixture_case &fc) {
                                pf ? abs_prepared.data() + static_cast<size_t>(row) * pf : nullptr};
       const kvq_io *io = &io_value;
       double magnitude = 0.0;
-      if (s.method == KVQ_LAYOUT_CQ) magnitude = kvq_cq_score(io, block, t % P, d, s.channels, s.code_bits);
+      if (s.method == KVQ_LAYOUT_CQ) magnitude = kvq_cq_score(io, block, t % P, 0u, d, s.channels, s.code_bits);
       else if (s.method == KVQ_LAYOUT_POLAR) {
         const unsigned tables = kvq_polar_tables(h, s.codebook, s.levels, s.level_bits);
         for (unsigned i = 0; i < d; i++)

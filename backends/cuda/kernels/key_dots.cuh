@@ -33,7 +33,7 @@ static inline __device__ kvq_acc kvq_cuda_key_dot_unsketched(const kvq_io *io, c
   switch (s.method) {
   case KVQ_LAYOUT_POLAR:
     return kvq_polar_score(io, block, t, 0u, P, d, s.levels, s.level_bits, kvq_polar_tables(h, s.codebook, s.levels, s.level_bits));
-  case KVQ_LAYOUT_CQ: return kvq_cq_score(io, block, t, d, s.channels, s.code_bits);
+  case KVQ_LAYOUT_CQ: return kvq_cq_score(io, block, t, 0u, d, s.channels, s.code_bits);
   default: { // EXACT, UNIFORM, KIVI (the three decoders alone: fewer registers than kvq_cuda_decode_channel's switch)
     kvq_acc dot = KVQ_ACC(0.0f);
     for (unsigned c = 0; c < d; c++) {

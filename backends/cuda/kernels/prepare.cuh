@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_PREPARE_THREADS)
     break;
   case KVQ_LAYOUT_CQ:
     for (unsigned e = threadIdx.x; e < pf; e += blockDim.x)
-      out[e] = kvq_cq_prepare_entry(io, e >> s.code_bits, e & ((1u << s.code_bits) - 1u), d, s.channels, s.code_bits, h);
+      out[e] = kvq_cq_prepare_entry(io, 0u, e >> s.code_bits, e & ((1u << s.code_bits) - 1u), d, s.channels, s.code_bits, h);
     break;
   default: break;
   }
