@@ -28,10 +28,12 @@ static uint64_t output_rows(const kvq_job_attention *job) {
   return rows * job->query_heads;
 }
 
-/* Floats of a sequence's flash scratch (gpu_plan.h, kvq_flash_out_at past its last output). */
+/* Floats of a sequence's flash scratch (gpu_plan.h, kvq_flash_out_at past its last output, and
+ * kvq_flash_window_at's as many again for values summed rotated). */
 uint64_t kvq_gpu_flash_scratch_floats(const kvq_job_attention *job, const kvq_attention_seq *q) {
   const uint64_t n = seq_tokens(q), splits = (n + KVQ_FLASH_SPLIT - 1) / KVQ_FLASH_SPLIT;
-  return (uint64_t)q->query_count * job->query_heads * (n + 2 * splits + splits * job->values->layout.head_dim);
+  const uint64_t outputs = (sums_rotated(job->values->layout.method) ? 2u : 1u) * splits * job->values->layout.head_dim;
+  return (uint64_t)q->query_count * job->query_heads * (n + 2 * splits + outputs);
 }
 
 /* Workgroups kernel k gives sequence q (gpu_plan.h, KVQ_PLAN_*). */
@@ -80,17 +82,16 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
       return too_large(why, why_size, "a page");
   }
   plan->rotated_sums = sums_rotated(vs->method);
-  /* Values summed in a rotated space are rotated back per output row by the unfused weighted sum:
-   * they take the unfused kernels, and so does a batch whose flash scratch (every sequence's at once)
-   * the kernels could not address. The probability sums of the policies that track attention (H2O,
-   * Q-Hitter) come from the flash scratch after the combine (SOFTMAX's and ACCUMULATE's units,
-   * gpu_plan.h), so they do not keep a job off the fused path. */
-  plan->fused = fused_kernels && !plan->rotated_sums && scratch * 4 <= UINT32_MAX;
-  if (plan->fused) {
-    plan->scratch_bytes = scratch * 4;
-  } else if (plan->rotated_sums) {
-    plan->scratch_bytes = output_rows(job) * vs->head_dim * 4;
-  }
+  /* Values summed in a rotated space: a row of rotated sums per output row, after the flash scratch
+   * where the plan is fused (the combine writes them, KVQ_PLAN_ROTATE turns them back). The
+   * probability sums of the policies that track attention (H2O, Q-Hitter) come from the flash
+   * scratch after the combine (SOFTMAX's and ACCUMULATE's units, gpu_plan.h), so they do not keep a
+   * job off the fused path. Only a batch whose flash scratch (every sequence's at once) the kernels
+   * could not address takes the unfused kernels. */
+  const uint64_t rotated = plan->rotated_sums ? output_rows(job) * vs->head_dim : 0;
+  plan->fused = fused_kernels && (scratch + rotated) * 4 <= UINT32_MAX;
+  plan->rotated_at = plan->fused ? scratch : 0;
+  plan->scratch_bytes = ((plan->fused ? scratch : 0) + rotated) * 4;
   for (uint32_t i = 0; i < job->seq_count; i++)
     for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) plan->units[k] += kvq_gpu_seq_units(job, &job->seqs[i], k);
   for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++)

@@ -42,12 +42,15 @@ KVQ_SHARED_FN kvq_u32 kvq_flash_passes(kvq_u32 group) {
 }
 /* A sequence's flash scratch (fp32, from its KVQ_SEQ_SCRATCH), for n tokens, R query rows, H query
  * heads and S splits: probabilities relative to their split's maximum [R][H][n], split maxima
- * [R][H][S], split sums [R][H][S], split outputs [R][H][S][d]. Offsets from the sequence's start;
- * row_head = r * H + h. (core/gpu_plan.c sizes the whole in 64 bits first.) With the job's
- * accumulate sums, the split normalization after the combine (KVQ_PLAN_SOFTMAX's units) replaces
- * each split sum l_s by the split's factor f_s = e^(m_s - M) / L (M, L the row's maximum and sum over
- * its splits; 0 for a split without a visible token), so that slot t's probability is
- * p_t f_(t / KVQ_FLASH_SPLIT), which the fused ACCUMULATE sums over the rows. */
+ * [R][H][S], split sums [R][H][S], split outputs [R][H][S][d], and, for value methods that sum in a
+ * rotated space (KVQ_SUMS_ROTATED), the split outputs' window parts [R][H][S][d] after them: there
+ * the split outputs hold the page tokens' sums in the rotated space, which the combine must keep
+ * apart from the window tokens' (unrotated) sums until the page part is rotated back. Offsets from
+ * the sequence's start; row_head = r * H + h. (core/gpu_plan.c sizes the whole in 64 bits first.)
+ * With the job's accumulate sums, the split normalization after the combine (KVQ_PLAN_SOFTMAX's
+ * units) replaces each split sum l_s by the split's factor f_s = e^(m_s - M) / L (M, L the row's
+ * maximum and sum over its splits; 0 for a split without a visible token), so that slot t's
+ * probability is p_t f_(t / KVQ_FLASH_SPLIT), which the fused ACCUMULATE sums over the rows. */
 KVQ_SHARED_FN kvq_u32 kvq_flash_prob_at(kvq_u32 n, kvq_u32 row_head, kvq_u32 t) { return row_head * n + t; }
 KVQ_SHARED_FN kvq_u32 kvq_flash_max_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 row_head, kvq_u32 split) {
   return row_heads * n + row_head * kvq_flash_splits(n) + split;
@@ -58,6 +61,10 @@ KVQ_SHARED_FN kvq_u32 kvq_flash_sum_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 row
 KVQ_SHARED_FN kvq_u32 kvq_flash_out_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 d, kvq_u32 row_head, kvq_u32 split,
                                        kvq_u32 c) {
   return row_heads * (n + 2u * kvq_flash_splits(n)) + (row_head * kvq_flash_splits(n) + split) * d + c;
+}
+KVQ_SHARED_FN kvq_u32 kvq_flash_window_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 d, kvq_u32 row_head, kvq_u32 split,
+                                          kvq_u32 c) {
+  return kvq_flash_out_at(row_heads, n, d, row_head, split, c) + row_heads * kvq_flash_splits(n) * d;
 }
 
 /* The metadata header (words). */
@@ -107,23 +114,29 @@ extern "C" {
 
 /* What a GPU backend does for one attention job (kvq_gpu_plan_attention). */
 typedef struct kvq_gpu_attention_plan {
-  /* 1: the fused flash-decoding kernels (KVQ_PLAN_FLASH twice, then KVQ_PLAN_COMBINE; with the job's
-   * accumulate then the split normalization over KVQ_PLAN_SOFTMAX's units and the fused ACCUMULATE
-   * over KVQ_PLAN_ACCUMULATE's, both on the flash scratch); 0: SCORE, SOFTMAX (and ACCUMULATE with
-   * the job's accumulate), WEIGHTED_SUM (and ROTATE with rotated_sums) */
+  /* 1: the fused flash-decoding kernels (KVQ_PLAN_FLASH twice, then KVQ_PLAN_COMBINE, then ROTATE
+   * with rotated_sums; with the job's accumulate then the split normalization over
+   * KVQ_PLAN_SOFTMAX's units and the fused ACCUMULATE over KVQ_PLAN_ACCUMULATE's, both on the flash
+   * scratch); 0: SCORE, SOFTMAX (and ACCUMULATE with the job's accumulate), WEIGHTED_SUM (and
+   * ROTATE with rotated_sums) */
   int fused;
   int rotated_sums;             /* the value method sums in a rotated space (KVQ_SUMS_ROTATED) */
   uint64_t units[KVQ_PLAN_KERNELS]; /* each kernel's workgroups for the whole batch */
-  uint64_t scratch_bytes;       /* flash scratch (fused) or rotated sums (unfused); 0: none */
+  uint64_t scratch_bytes;       /* flash scratch (fused) and/or rotated sums; 0: none */
+  /* With rotated_sums: the first float of the rotated sums in scratch, one head_dim row per output
+   * row and indexed as the output (0 unfused; fused, past every sequence's flash scratch, where
+   * the combine leaves the combined rotated page sums for the ROTATE kernel). */
+  uint64_t rotated_at;
   uint64_t pages;               /* pages the sequences list */
   uint64_t meta_words;          /* the metadata kvq_gpu_pack_attention writes */
 } kvq_gpu_attention_plan;
 
 /* Plans an attention job (keys and values both given, as core's jobs are). `fused_kernels`:
  * whether the backend has fused kernels for the job's methods; the fused path is taken (with the
- * probability sums of the H2O and Q-Hitter policies too) unless the job's values are summed in a
- * rotated space (PolarQuant: rotated back once per output row by the unfused weighted sum) or the
- * batch's flash scratch lies beyond 32-bit indices. Fails
+ * probability sums of the H2O and Q-Hitter policies too) unless the batch's flash scratch lies
+ * beyond 32-bit indices. Values summed in a rotated space (PolarQuant) are fused too: the splits'
+ * rotated page sums are combined and then rotated back once per output row (KVQ_PLAN_ROTATE after
+ * KVQ_PLAN_COMBINE). Fails
  * (KVQ_ERROR_UNSUPPORTED, with why) where anything the kernels address lies beyond 32-bit indices. */
 kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernels, kvq_gpu_attention_plan *plan,
                                   char *why, size_t why_size);

@@ -18,6 +18,9 @@ uint kvq_flash_sum(uint rows, uint n, uint row_head, uint split) {
 uint kvq_flash_out(uint rows, uint n, uint row_head, uint split, uint c) {
   return kvq_seq(KVQ_SEQ_SCRATCH) + kvq_flash_out_at(rows * pc.query_heads, n, pc.head_dim, row_head, split, c);
 }
+uint kvq_flash_window(uint rows, uint n, uint row_head, uint split, uint c) {
+  return kvq_seq(KVQ_SEQ_SCRATCH) + kvq_flash_window_at(rows * pc.query_heads, n, pc.head_dim, row_head, split, c);
+}
 
 // The workgroup's (row, kv head, pass, split) from its unit in the sequence (kvq_locate,
 // KVQ_PLAN_FLASH); false for units past the last row.

@@ -3,6 +3,10 @@
 // Fused decode attention, pass 3 of 3 (shaders/flash.glsl): the splits of each (row, head) rescaled
 // to the row's maximum and summed: o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, into results fp32
 // [rows][query_heads][d]. Invocation: one (row, head, channel) of a sequence (KVQ_PLAN_COMBINE).
+// With KVQ_PUSH_ROTATED (values summed in a rotated space) the split outputs are rotated page sums
+// and their window parts lie apart (kvq_flash_window): the combine is linear, so it combines each
+// with the same weights, the rotated page sum into dst from element pc.dst_word (indexed as the
+// output) and the window part into results, and weighted_sum_rotate.comp turns the row back and adds.
 #include "shaders/common.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
@@ -12,18 +16,31 @@ void main() {
   if (!kvq_locate_invocation(KVQ_PLAN_COMBINE, id)) return;
   uint d = pc.head_dim, n = kvq_seq_tokens(), rows = kvq_seq(KVQ_SEQ_QUERY_COUNT);
   uint c = id % d, row_head = id / d;
-  if (n == 0u || row_head >= rows * pc.query_heads) return;
+  bool rotated = (pc.flags & KVQ_PUSH_ROTATED) != 0u;
+  if (row_head >= rows * pc.query_heads) return;
+  uint r = row_head / pc.query_heads, h = row_head % pc.query_heads;
+  uint o = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c;
+  if (n == 0u) {
+    // no token: weighted_sum_rotate.comp still adds this row's rotated sum, which must be 0
+    if (rotated) dst[pc.dst_word + o] = results[o] = 0u;
+    return;
+  }
   const float minus_inf = uintBitsToFloat(0xff800000u);
   float M = minus_inf;
   for (uint s = 0u; s < kvq_flash_splits(n); s++) M = max(M, uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]));
-  float sum = 0.0, out_c = 0.0;
+  float sum = 0.0, out_c = 0.0, window_c = 0.0;
   for (uint s = 0u; s < kvq_flash_splits(n); s++) {
     float m = uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]);
     if (m == minus_inf) continue; // a split without a visible token
     float w = exp(m - M);
     sum += w * uintBitsToFloat(dst[kvq_flash_sum(rows, n, row_head, s)]);
     out_c += w * uintBitsToFloat(dst[kvq_flash_out(rows, n, row_head, s, c)]);
+    if (rotated) window_c += w * uintBitsToFloat(dst[kvq_flash_window(rows, n, row_head, s, c)]);
   }
-  uint r = row_head / pc.query_heads, h = row_head % pc.query_heads;
-  results[((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h) * d + c] = floatBitsToUint(out_c / sum);
+  if (rotated) {
+    dst[pc.dst_word + o] = floatBitsToUint(out_c / sum);
+    results[o] = floatBitsToUint(window_c / sum);
+  } else {
+    results[o] = floatBitsToUint(out_c / sum);
+  }
 }

@@ -2,6 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 // Fused decode attention, pass 2 of 3 (shaders/flash.glsl): the split's probability-weighted sum of
 // values for every query head of the pass, each value decoded once; invocations share the channels.
+// Value methods that sum in a rotated space (KVQ_SUMS_ROTATED) sum the split's page tokens there
+// (kvq_decode_rotated: no rotation per token) into the split output and its window tokens apart
+// (kvq_flash_window), since only the page part is rotated back, once per output row after the combine.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
@@ -28,10 +31,33 @@ void main() {
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
     for (uint i = 0u; i < count; i++) {
       uint t = first + i;
+#ifdef KVQ_SUMS_ROTATED
+      if (t == quantized) { // the page part is complete: the window tokens sum apart
+        for (uint g = 0u; g < heads; g++) {
+          dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
+          acc[g] = 0.0;
+        }
+      }
+      float v = t < quantized ? kvq_decode_rotated(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+#else
       float v = t < quantized ? kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+#endif
       for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
     }
+#ifdef KVQ_SUMS_ROTATED
+    // acc holds the window part where the split reached the window (the page part was stored at
+    // t == quantized), else the page part, and the other part of the split is 0
+    bool windowed = first + count > quantized;
+    for (uint g = 0u; g < heads; g++) {
+      uint row_head = r * pc.query_heads + h0 + g;
+      if (first >= quantized) dst[kvq_flash_out(rows, n, row_head, split, c)] = 0u; // no page token
+      dst[windowed ? kvq_flash_window(rows, n, row_head, split, c) : kvq_flash_out(rows, n, row_head, split, c)] =
+          floatBitsToUint(acc[g]);
+      if (!windowed) dst[kvq_flash_window(rows, n, row_head, split, c)] = 0u;
+    }
+#else
     for (uint g = 0u; g < heads; g++)
       dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
+#endif
   }
 }

@@ -43,6 +43,10 @@
 #define KVQ_PUSH_ACCUMULATE 2u /* SOFTMAX: write per-slot probability sums */
 #define KVQ_PUSH_WEIGHTS 4u    /* KMEANS_UPDATE: weights are bound */
 #define KVQ_PUSH_DISTANCE 8u   /* KMEANS_ASSIGN: distances are bound */
+/* FLASH_COMBINE: the values sum in a rotated space (core/gpu_plan.h, rotated_sums): the splits'
+ * page sums are combined into the rotated sums at element dst_word of dst, the window sums into
+ * results, for weighted_sum_rotate.comp */
+#define KVQ_PUSH_ROTATED 128u
 /* QUANTIZE's steps and COPY_WORDS: write nothing when the check word results[check_word] is not
  * zero (an append of device tokens recorded behind its checks, core/append.c) */
 #define KVQ_PUSH_IF_CLEAR 64u

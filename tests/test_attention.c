@@ -428,9 +428,22 @@ Test(attention, gpu_plan_places_every_workgroup) {
   job.accumulate = NULL;
   /* the unfused paths: values summed rotated, a backend without fused kernels */
   job.values = &polar;
-  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
-  cr_assert(!plan.fused && plan.rotated_sums);
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 0, &plan, why, sizeof why), KVQ_OK);
+  cr_assert(!plan.fused && plan.rotated_sums && plan.rotated_at == 0);
   cr_assert_eq(plan.scratch_bytes, 4u * HQ * 4 * D, "rotated sums of every output row (4 rows)");
+  /* PolarQuant values fused: each sequence's flash scratch holds the split outputs twice (the
+   * rotated page sums and the window sums apart), and the rotated sums of every output row follow
+   * all of it */
+  cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
+  cr_assert(plan.fused && plan.rotated_sums);
+  uint64_t polar_scratch = 0;
+  for (uint32_t i = 0; i < 3; i++) {
+    const uint64_t n = seqs[i].quantized + seqs[i].window, rows = (uint64_t)seqs[i].query_count * HQ;
+    cr_assert_eq(kvq_gpu_flash_scratch_floats(&job, &seqs[i]), rows * (n + 2 * kvq_flash_splits((uint32_t)n) + 2 * kvq_flash_splits((uint32_t)n) * D));
+    polar_scratch += kvq_gpu_flash_scratch_floats(&job, &seqs[i]);
+  }
+  cr_assert_eq(plan.rotated_at, polar_scratch);
+  cr_assert_eq(plan.scratch_bytes, 4 * (polar_scratch + 4u * HQ * D), "flash scratch, then a rotated row per output row (4 rows)");
   job.values = &values;
   cr_assert_eq(kvq_gpu_plan_attention(&job, 0, &plan, why, sizeof why), KVQ_OK);
   cr_assert(!plan.fused);

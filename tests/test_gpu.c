@@ -267,8 +267,9 @@ Test(gpu, learned_codebooks_agree_with_the_cpu, .timeout = 300) {
 /*
  * One kvq_attention call with four sequences: one shorter than a page (all in the residual window),
  * one of many pages, and two between (pages and the window in use), on three caches: KIVI keys with
- * uniform values (the fused path, where the backend has fused kernels), PolarQuant keys and values (the unfused path: values summed in
- * the rotated space) and an H2O cache (the unfused path with the probability sums). A GPU
+ * uniform values (the fused path, where the backend has fused kernels), PolarQuant keys and values (the fused path too: values
+ * summed in the rotated space per split, the page and window parts combined apart, each output row
+ * rotated back once; core/gpu_plan.h) and an H2O cache (the unfused path with the probability sums). A GPU
  * backend runs each kernel once for the whole batch, every workgroup finding its sequence in the
  * metadata (core/gpu_plan.h, kvq_locate in shaders/attention.glsl). Checked two ways:
  *
@@ -410,7 +411,7 @@ Test(gpu, a_batch_of_sequences_runs_fused_in_one_call, .timeout = 300) {
   check_batch(th_kivi(2, BATCH_P), th_uniform(4, 32), KVQ_POLICY_KEEP_ALL, 21);
 }
 
-Test(gpu, a_batch_of_sequences_runs_unfused_in_one_call, .timeout = 300) {
+Test(gpu, a_batch_with_polarquant_values_runs_fused_in_one_call, .timeout = 300) {
   require_gpu();
   check_batch(th_polar(KVQ_ROTATION_DENSE), th_polar(KVQ_ROTATION_HADAMARD), KVQ_POLICY_KEEP_ALL, 22);
 }

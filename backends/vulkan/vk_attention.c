@@ -91,7 +91,7 @@ static kvq_status softmax(vk_backend *b, const kvq_job_attention *job, const att
 }
 
 /* Value methods that sum in a rotated space (plan.rotated_sums) leave the page sums there in
- * scratch memory; weighted_sum_rotate turns them back. */
+ * scratch memory; weighted_sum_rotate turns them back (here and after the fused combine). */
 static kvq_status weighted_sum(vk_backend *b, const kvq_job_attention *job, const attention_run *run) {
   const uint32_t method = job->values->layout.method;
   const kvq_vk_shader shader = KVQ_VK_VARIANT(weighted_sum, method);
@@ -160,7 +160,13 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   value_buffers[KVQ_BINDING_RESULTS] = job->output;
   st = launch(b, &run, KVQ_PLAN_FLASH, logits, &key_push, key_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_FLASH, values, &value_push, value_buffers);
+  if (run.plan.rotated_sums) { /* the combine leaves rotated page sums past the flash scratch */
+    value_push.flags |= KVQ_PUSH_ROTATED;
+    value_push.dst_word = (uint32_t)run.plan.rotated_at;
+  }
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_COMBINE, KVQ_VK_SHADER_flash_combine, &value_push, value_buffers);
+  if (st == KVQ_OK && run.plan.rotated_sums)
+    st = launch(b, &run, KVQ_PLAN_ROTATE, KVQ_VK_VARIANT(weighted_sum_rotate, vs->method), &value_push, value_buffers);
   if (st == KVQ_OK && job->accumulate) { /* H2O / Q-Hitter: the sums from the scratch the combine has read */
     value_buffers[KVQ_BINDING_RESULTS] = job->accumulate;
     st = launch(b, &run, KVQ_PLAN_SOFTMAX, KVQ_VK_SHADER_flash_normalize, &value_push, value_buffers);

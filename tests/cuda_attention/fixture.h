@@ -42,8 +42,9 @@ typedef struct kvq_attention_fixture {
   uint32_t meta_words, units[KVQ_ATTENTION_FIXTURE_KERNELS], rotated_sums, scratch_bytes;
   uint32_t score_floats, accumulate_floats, output_floats;
   uint32_t sequences, listed_pages; /* sequences of the batch, pages they list */
-  /* the fused plan of the job without accumulate: whether it fuses, its units, metadata and scratch */
-  uint32_t fused, fused_units[KVQ_ATTENTION_FIXTURE_KERNELS], fused_meta_words, fused_scratch_bytes;
+  /* the fused plan of the job without accumulate: whether it fuses, its units, metadata and scratch,
+   * and where the rotated sums start in that scratch (floats; with rotated_sums) */
+  uint32_t fused, fused_units[KVQ_ATTENTION_FIXTURE_KERNELS], fused_meta_words, fused_scratch_bytes, fused_rotated_at;
 } kvq_attention_fixture;
 
 #endif

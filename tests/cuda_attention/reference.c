@@ -17,8 +17,8 @@
  *   seq 3  1 page (logical 2, positions 32..47) at slot 6, 1 query row at position 10, causal: every
  *          slot masked (probabilities 0, output 0)
  * The fused (flash) plan of the same batch, with the accumulate sums where the case has them (the
- * fused path emits them too), is written too where the plan fuses the job (not with PolarQuant
- * values).
+ * fused path emits them too), is written too where the plan fuses the job (every case: PolarQuant
+ * values included).
  * Query rows: seq 1 row 0, seq 3 row 1, seq 0 rows 2..3, seq 2 row 4. Scores and sums lie with
  * gaps between the sequences. Cases without a window give seq 0 and seq 2 none (seq 2 then has no slot).
  */
@@ -220,6 +220,7 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
     c.fused = (uint32_t)fused.fused;
     c.fused_meta_words = fused.fused ? (uint32_t)fused.meta_words : 0u;
     c.fused_scratch_bytes = (uint32_t)fused.scratch_bytes;
+    c.fused_rotated_at = (uint32_t)fused.rotated_at;
     for (uint32_t k = 0; k < KVQ_PLAN_KERNELS; k++) c.fused_units[k] = (uint32_t)fused.units[k];
     for (int s = 0; s < 2; s++) {
       const kvq_side_layout *l = &side[s]->layout;

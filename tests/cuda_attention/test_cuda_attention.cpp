@@ -350,6 +350,21 @@ static void test_accumulate(const fixture_case &fc) {
 // sum of nw products (nw u W_c, W_c = sum |p_t v_t[c]| over the window), and the final additions (2 u
 // |out|). So |gpu - cpu| <= C u ((nq + 2) ||Z||_2 + (d + 3) ||z||_2) + (nw + 1) u W_c + 3 u |cpu|, the
 // +1s covering second-order terms.
+// The largest column norm of R^T (turning back unit vectors), the C of the PolarQuant bounds.
+static double rotation_column_norm(const kvq_io *io, const kvq_cuda_side &s) {
+  const unsigned d = s.head_dim;
+  std::vector<double> norm2(d, 0.0);
+  for (unsigned i = 0; i < d; i++) {
+    float e[KVQ_MAX_HEAD_DIM] = {0.0f}, x[KVQ_MAX_HEAD_DIM];
+    e[i] = 1.0f;
+    kvq_polar_unrotate(io, e, d, s.rotation, x);
+    for (unsigned ch = 0; ch < d; ch++) norm2[ch] += static_cast<double>(x[ch]) * x[ch];
+  }
+  double C = 0.0;
+  for (double n2 : norm2) C = std::max(C, std::sqrt(n2));
+  return C;
+}
+
 static void test_weighted_sum(const fixture_case &fc) {
   const kvq_attention_fixture &c = fc.c;
   const std::string name = c.name;
@@ -374,17 +389,7 @@ static void test_weighted_sum(const fixture_case &fc) {
                         rotated.data(), output.data());
   const kvq_io io_value = {const_cast<unsigned *>(fc.s[1].pool.data()), nullptr, KVQ_LAYOUT_F32, fc.s[1].fixed0(), fc.s[1].fixed1(), nullptr};
   const kvq_io *io = &io_value;
-  double C = 0.0; // the largest column norm of R^T (turning back unit vectors)
-  if (polar) {
-    std::vector<double> norm2(d, 0.0);
-    for (unsigned i = 0; i < d; i++) {
-      float e[KVQ_MAX_HEAD_DIM] = {0.0f}, x[KVQ_MAX_HEAD_DIM];
-      e[i] = 1.0f;
-      kvq_polar_unrotate(io, e, d, s.rotation, x);
-      for (unsigned ch = 0; ch < d; ch++) norm2[ch] += static_cast<double>(x[ch]) * x[ch];
-    }
-    for (double n2 : norm2) C = std::max(C, std::sqrt(n2));
-  }
+  const double C = polar ? rotation_column_norm(io, s) : 0.0;
   const unsigned *meta = fc.meta.data();
   const std::vector<seq_view> seqs = sequences(fc);
   std::vector<bool> owned(c.output_floats, false);
@@ -530,9 +535,10 @@ static void test_flash_sums(const fixture_case &fc, std::vector<float> &scratch,
   check(r.ok && stray == 0, name + ": the fused attention's sums write no entry that no sequence owns", std::to_string(stray) + " written");
 }
 
-// The fused attention (flash.cuh): kvq_cuda_flash, then kvq_cuda_flash_combine, with the fused
-// plan's metadata and units (reference.c: the same job, its H2O sums included, so only cases with
-// PolarQuant values are not fused; test_flash_sums then checks the sums), into scratch and output full of garbage, against the CPU's output of
+// The fused attention (flash.cuh): kvq_cuda_flash, then kvq_cuda_flash_combine (then kvq_cuda_rotate
+// for PolarQuant values), with the fused plan's metadata and units (reference.c: the same job, its
+// H2O sums included, which every case's plan fuses; test_flash_sums then checks the sums), into
+// scratch and output full of garbage, against the CPU's output of
 // the same job (SCORE, SOFTMAX, WEIGHTED_SUM in double). The combine runs on a 2-D grid with spare
 // blocks. Output rows that see no slot must be 0 exactly (as the CPU's); rows no sequence owns keep
 // their garbage. The bound, per output (r, h, c), with the CPU's float logits x_t and probabilities
@@ -559,17 +565,30 @@ static void test_flash_sums(const fixture_case &fc, std::vector<float> &scratch,
 // 22 = 8 + 2 (the numerator) + 8 (the denominator) + 4. The second-order terms (products of these
 // relative errors, e^delta - 1 - delta) are below 2^-10 of the first-order ones while the relative
 // terms sum to less than 2^-10 (checked per row), so the bound is taken times 1 + 2^-9.
+// PolarQuant values (rotated sums): the flash kernel sums the page slots' rotated coordinates y_t[i]
+// and the window slots apart, the combine normalizes both, kvq_cuda_rotate turns the page part back
+// and adds the window part. The bound above, E(slots, v), holds for each part on its own slots (its
+// terms are sums over slots; |part| <= its V): E_i = E(page slots, y_t[i]) on rotated coordinate i,
+// E_w = E(window slots, v_t[c]) on the window part. Then as WEIGHTED_SUM's bound (test_weighted_sum):
+// the rotation back propagates the rotated errors by at most C ||(E_i)||_2 (Cauchy-Schwarz, C the
+// largest column norm of R^T), rounds within (d + 2) u C ||z||_2 on both sides (z the exact rotated
+// page sum), the CPU rounds its z to float (u C ||z||_2) and both add the parts (3 u |out|):
+//   |gpu - cpu| <= C ||(E_i)||_2 + (d + 3) u C ||z||_2 + E_w + 3 u |cpu|.
 static void test_flash(const fixture_case &fc) {
   const kvq_attention_fixture &c = fc.c;
   const std::string name = c.name;
-  if (!c.fused) {
-    check(c.rotated_sums != 0, name + ": the fused plan declines the job only for PolarQuant values (rotated sums), not for H2O sums",
-          "declined");
+  if (!c.fused) { // every case's plan fuses (H2O sums and PolarQuant values included); none lies past 32-bit scratch
+    check(false, name + ": the fused plan fuses the job (PolarQuant values and H2O sums included)", "declined");
     return;
   }
   const kvq_cuda_attention a = params(fc, 0), av = params(fc, 1);
   const kvq_cuda_side &vs = av.side;
   const unsigned H = c.query_heads, d = vs.head_dim, P = vs.page_size, pf = c.prepared_floats;
+  const bool polar = vs.method == KVQ_LAYOUT_POLAR;
+  if (polar != (c.rotated_sums != 0)) {
+    check(false, name + ": the plan's rotated sums are PolarQuant's");
+    return;
+  }
   std::vector<float> scratch = garbage(c.fused_scratch_bytes / 4u), output = garbage(c.output_floats);
   const unsigned *meta = fc.fused_meta.data();
   kvq_emu::Result r = kvq_emu::launch(
@@ -578,13 +597,18 @@ static void test_flash(const fixture_case &fc) {
       static_cast<const unsigned *>(fc.s[1].pool.data()), fc.s[1].fixed0(), fc.s[1].fixed1(), static_cast<const void *>(fc.s[1].ring.data()),
       static_cast<const float *>(fc.queries.data()), pf ? static_cast<const float *>(fc.prepared.data()) : nullptr, scratch.data());
   const unsigned combine = c.fused_units[KVQ_PLAN_COMBINE], gx = 3u;
+  float *const rotated = polar ? scratch.data() + c.fused_rotated_at : nullptr;
   if (r.ok)
     r = kvq_emu::launch(kvq_cuda_flash_combine, dim3(gx, (combine + gx - 1u) / gx + 1u), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
-                        static_cast<const float *>(scratch.data()), output.data());
+                        static_cast<const float *>(scratch.data()), output.data(), rotated);
+  if (r.ok && polar)
+    r = kvq_emu::launch(kvq_cuda_rotate, dim3(c.fused_units[KVQ_PLAN_ROTATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
+                        fc.s[1].fixed0(), fc.s[1].fixed1(), rotated, output.data());
   std::vector<float> abs_prepared(fc.prepared);
   for (float &x : abs_prepared) x = std::fabs(x);
   const std::vector<seq_view> seqs = sequences(fc);
   const kvq_io io_value = {const_cast<unsigned *>(fc.s[1].pool.data()), nullptr, KVQ_LAYOUT_F32, fc.s[1].fixed0(), fc.s[1].fixed1(), nullptr};
+  const double C = polar ? rotation_column_norm(&io_value, vs) : 0.0;
   std::vector<bool> owned(c.output_floats, false);
   size_t over = 0, checked = 0, zeros_wrong = 0, zero_rows = 0, too_coarse = 0;
   double worst = 0.0; // |gpu - cpu| / bound
@@ -607,20 +631,39 @@ static void test_flash(const fixture_case &fc) {
         }
         const double relative = 2.0 * Bmax + u * (2.0 * D + 2.0 * (64.0 + S) + 22.0);
         if (!(relative < std::ldexp(1.0, -10))) too_coarse++;
-        for (unsigned ch = 0; ch < d; ch++) {
-          owned[o + ch] = true;
-          double V = 0.0, first = 0.0;
-          for (unsigned t = 0; t < q.n; t++) {
+        // E(slots, v) of the comment above, channel or rotated coordinate ch, over the page slots
+        // (t < quantized) or the window slots; `rotated_space`: v the page slots' rotated coordinate
+        const auto part_bound = [&](unsigned ch, bool pages, bool rotated_space, double *sum) {
+          double V = 0.0, first = 0.0, z = 0.0;
+          const unsigned tables = rotated_space ? kvq_polar_tables(kvh, vs.codebook, vs.levels, vs.level_bits) : 0u;
+          for (unsigned t = pages ? 0u : q.quantized; t < (pages ? q.quantized : q.n); t++) {
             const float p = fc.probabilities[base + t];
             if (std::isinf(fc.logits[base + t]) || p == 0.0f) continue;
+            const unsigned block = t < q.quantized ? (kvq_gpu_page_slot(fc.meta.data(), i, t, P) * vs.kv_heads + kvh) * vs.head_bytes : 0u;
             const double v = t >= q.quantized ? window_value(fc, 1, i, t, kvh, ch)
-                                              : kvq_cuda_decode_channel(&io_value, vs, (kvq_gpu_page_slot(fc.meta.data(), i, t, P) * vs.kv_heads + kvh) * vs.head_bytes,
-                                                                        kvh, t % P, ch);
+                             : rotated_space  ? kvq_polar_decode_coord(&io_value, block, t % P, ch, P, d, vs.levels, vs.level_bits, tables)
+                                              : kvq_cuda_decode_channel(&io_value, vs, block, kvh, t % P, ch);
             V += p * std::fabs(v);
+            z += p * v;
             first += p * std::fabs(v) * (B[t] + Bmax + u * (M - fc.logits[base + t]));
           }
-          const double bound = (first + V * u * (D + 2.0 * (64.0 + S) + 22.0)) * (1.0 + std::ldexp(1.0, -9));
-          const float cpu = fc.output[o + ch], gpu = output[o + ch];
+          if (sum) *sum = z;
+          return (first + V * u * (D + 2.0 * (64.0 + S) + 22.0)) * (1.0 + std::ldexp(1.0, -9));
+        };
+        double rotated_error = 0.0, z2 = 0.0; // ||(E_i)||_2 and ||z||_2, squared
+        if (polar)
+          for (unsigned ch = 0; ch < d; ch++) {
+            double z = 0.0;
+            const double e = part_bound(ch, true, true, &z);
+            rotated_error += e * e, z2 += z * z;
+          }
+        for (unsigned ch = 0; ch < d; ch++) {
+          owned[o + ch] = true;
+          const float cpu = fc.output[o + ch];
+          const double bound = polar ? C * std::sqrt(rotated_error) + (d + 3.0) * u * C * std::sqrt(z2) + part_bound(ch, false, false, nullptr) +
+                                           3.0 * u * std::fabs(cpu)
+                                     : part_bound(ch, true, false, nullptr) + part_bound(ch, false, false, nullptr);
+          const float gpu = output[o + ch];
           if (M == -INFINITY) { // nothing visible: 0 exactly
             zero_rows++;
             zeros_wrong += !(gpu == 0.0f && cpu == 0.0f);
@@ -638,7 +681,8 @@ static void test_flash(const fixture_case &fc) {
   std::printf("# %s: the fused attention's largest |gpu - cpu| / bound: %.3g over %zu outputs (and %zu in rows that see nothing)\n",
               name.c_str(), worst, checked, zero_rows);
   check(r.ok && over == 0 && too_coarse == 0 && checked > 0,
-        name + ": the fused attention (FLASH, COMBINE) gives the CPU's output within the derived bound",
+        name + (polar ? ": the fused attention (FLASH, COMBINE, ROTATE) gives the CPU's output within the derived bound"
+                      : ": the fused attention (FLASH, COMBINE) gives the CPU's output within the derived bound"),
         r.ok ? std::to_string(over) + " of " + std::to_string(checked) + " outputs past the bound, " + std::to_string(too_coarse) +
                    " rows past the first-order condition"
              : r.message);

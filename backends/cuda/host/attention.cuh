@@ -202,8 +202,9 @@ kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job)
 }
 
 // ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
-// kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine (then,
-// with the H2O / Q-Hitter sums, kvq_cuda_flash_normalize and kvq_cuda_flash_accumulate); else,
+// kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine (then
+// kvq_cuda_rotate where the values sum rotated, and with the H2O / Q-Hitter sums
+// kvq_cuda_flash_normalize and kvq_cuda_flash_accumulate); else,
 // as on Vulkan, the three unfused kernels above on the same plan and metadata.
 kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   cuda_backend *b = as_cuda(backend);
@@ -218,6 +219,9 @@ kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   }
   float *splits = run.rotated; // the plan's scratch (attention_prepare places it after the metadata)
   if (run.plan.scratch_bytes && !splits) return fail(b, KVQ_ERROR_INTERNAL, "attention: a fused plan without scratch");
+  // values summed rotated (PolarQuant): the combine leaves the rotated page sums past the flash
+  // scratch, for kvq_cuda_rotate
+  float *const rotated = run.plan.rotated_sums && splits ? splits + run.plan.rotated_at : nullptr;
   const kvq_cuda_attention keys = attention_constants(job, job->keys), values = attention_constants(job, job->values);
   if (run.plan.units[KVQ_PLAN_FLASH]) {
     const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash, attention_grid(run.plan.units[KVQ_PLAN_FLASH]), dim3(KVQ_CUDA_ATTENTION_THREADS),
@@ -233,8 +237,14 @@ kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   if (st == KVQ_OK && run.plan.units[KVQ_PLAN_COMBINE]) {
     const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash_combine, attention_grid(run.plan.units[KVQ_PLAN_COMBINE]),
                                           dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta,
-                                          static_cast<const float *>(splits), at<float>(job->output));
+                                          static_cast<const float *>(splits), at<float>(job->output), rotated);
     st = launched(b, e, "the fused attention's combine (kvq_cuda_flash_combine)");
+  }
+  if (st == KVQ_OK && rotated && run.plan.units[KVQ_PLAN_ROTATE]) {
+    const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_rotate, attention_grid(run.plan.units[KVQ_PLAN_ROTATE]),
+                                          dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta, fixed(job->values, 0),
+                                          fixed(job->values, 1), rotated, at<float>(job->output));
+    st = launched(b, e, "the fused attention's ROTATE kernel (kvq_cuda_rotate)");
   }
   // H2O / Q-Hitter: the probability sums from the scratch, after the combine has read the split
   // sums that the normalization replaces (one stream: in order)

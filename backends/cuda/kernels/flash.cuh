@@ -7,20 +7,24 @@
 // passes), so that each key and each value is decoded once for all of them.
 //
 // The host (as backends/vulkan does):
-//   kvq_gpu_plan_attention(job, 1, &plan, ...)   plan.fused is 1 unless the job has PolarQuant
-//                                                values (plan.rotated_sums) or a flash scratch past
-//                                                4 GiB: then the unfused kernels (score.cuh,
+//   kvq_gpu_plan_attention(job, 1, &plan, ...)   plan.fused is 1 unless the job's flash scratch lies
+//                                                past 4 GiB: then the unfused kernels (score.cuh,
 //                                                softmax.cuh, weighted_sum.cuh); jobs with the H2O /
-//                                                Q-Hitter sums (job->accumulate) are fused too
+//                                                Q-Hitter sums (job->accumulate) and PolarQuant values
+//                                                (plan.rotated_sums) are fused too
 //   kvq_gpu_pack_attention(job, &plan, words)    plan.meta_words words, uploaded as they are (`meta`)
 //   scratch                                      fp32, plan.scratch_bytes (each sequence's from its
-//                                                KVQ_SEQ_SCRATCH, laid out as kvq_flash_*_at say)
+//                                                KVQ_SEQ_SCRATCH, laid out as kvq_flash_*_at say;
+//                                                with plan.rotated_sums, the rotated sums from
+//                                                float plan.rotated_at)
 // then, on one stream, in this order (no launch where units is 0):
 //   kvq_cuda_flash<<<plan.units[KVQ_PLAN_FLASH], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //       a, values, meta, key_pages, key_fixed0, key_fixed1, key_ring, value_pages, value_fixed0,
 //       value_fixed1, value_ring, queries, prepared, scratch)
 //   kvq_cuda_flash_combine<<<plan.units[KVQ_PLAN_COMBINE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
-//       a, meta, scratch, output)
+//       a, meta, scratch, output, rotated)    rotated = scratch + plan.rotated_at with rotated sums, else null
+//   with plan.rotated_sums only: kvq_cuda_rotate<<<plan.units[KVQ_PLAN_ROTATE], ...>>>(a, meta,
+//       value_fixed0, value_fixed1, rotated, output) (weighted_sum.cuh), a the values' constants
 // and, only with job->accumulate (after the combine: the normalization overwrites what it reads),
 //   kvq_cuda_flash_normalize<<<plan.units[KVQ_PLAN_SOFTMAX], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //       a, meta, scratch)
@@ -35,7 +39,7 @@
 //
 // kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
 //   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
-//   values     kvq_cuda_side: the values' layout (any method but PolarQuant, which the plan never fuses)
+//   values     kvq_cuda_side: the values' layout (any method)
 //   meta       the fused plan's metadata words
 //   key_pages, key_fixed0, key_fixed1, key_ring, queries, prepared: as kvq_cuda_score's (score.cuh)
 //   value_pages, value_fixed0, value_fixed1, value_ring: as kvq_cuda_weighted_sum's (weighted_sum.cuh)
@@ -48,7 +52,11 @@
 //     kvq_flash_max_at(R, n, row_head, s)     m, the split's largest visible x (-inf: none visible)
 //     kvq_flash_sum_at(R, n, row_head, s)     l = sum of the split's p_t (float, kvq_cuda_block_sum)
 //     kvq_flash_out_at(R, n, d, row_head, s, c)  o_c = sum over the split's slots in order of p_t v_t[c]
-//                                             (float), v_t the value method's decode or the ring's token
+//                                             (float), v_t the value method's decode or the ring's token;
+//                                             PolarQuant: over the split's page slots only, v_t[c]
+//                                             coordinate c of the rotated token (kvq_polar_decode_coord)
+//     kvq_flash_window_at(R, n, d, row_head, s, c)  PolarQuant only: the same sum over the split's
+//                                             window slots (0 where it has none)
 //   Thread i of the block: first slot t = split * 64 + i (its key read once for every head of the
 //   pass: QJL's sign words 16 bytes at a time into the heads' lookup tables, qjl_lut.cuh; PolarQuant's
 //   coordinates and CQ's codes against each head's prepared query; the other methods' channels
@@ -60,7 +68,9 @@
 //   m_s, splits with m_s = -inf skipped; 0 where no slot of the row is visible or the sequence has
 //   no slot (as the CPU and the unfused WEIGHTED_SUM; Vulkan's combine gives 0 / 0 for the first and
 //   writes nothing for the second). a: query_heads and side.head_dim (the values'). A thread per (r, h, c) of a
-//   sequence, c fastest (KVQ_PLAN_COMBINE: 64 per block).
+//   sequence, c fastest (KVQ_PLAN_COMBINE: 64 per block). With `rotated` (PolarQuant values): the
+//   same combination of the o_s (rotated page sums) into rotated[] and of the window sums into
+//   output[], at the output's element; kvq_cuda_rotate then turns rotated[] back and adds output[].
 //
 // The H2O / Q-Hitter sums from the flash scratch (as shaders/flash_normalize.comp and the
 // accumulate_flash variant of shaders/accumulate.comp), a: query_heads:
@@ -248,30 +258,58 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
   kvq_cuda_attention av = a; // the values' layout for their page blocks and the ring
   av.side = values;
   const kvq_io io_value = {const_cast<unsigned *>(value_pages), nullptr, KVQ_LAYOUT_F32, value_fixed0, value_fixed1, nullptr};
+  // PolarQuant sums the page slots in its rotated space (coordinate c of y_t, kvq_polar_decode_coord)
+  // and the window slots apart (kvq_flash_window_at): the combine keeps the two apart and only the
+  // page part is rotated back, once per output row (kvq_cuda_rotate).
+  const bool polar = values.method == KVQ_LAYOUT_POLAR;
+  const unsigned tables = polar ? kvq_polar_tables(kvh, values.codebook, values.levels, values.level_bits) : 0u;
   for (unsigned c = lane; c < d; c += KVQ_CUDA_ATTENTION_THREADS) {
     float acc[KVQ_FLASH_HEADS_PER_PASS];
     KVQ_UNROLL
     for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0f;
     for (unsigned i = 0; i < count; i++) {
+      const unsigned ti = first + i;
+      if (polar && ti == quantized) { // the page part is complete (before any slot is skipped below)
+        KVQ_UNROLL
+        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+          if (g < heads) {
+            scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, r * H + h0 + g, split, c))] = acc[g];
+            acc[g] = 0.0f;
+          }
+      }
       bool any = false; // a slot no head of the pass sees adds nothing
       for (unsigned g = 0; g < heads; g++) any = any || prob[g][i] != 0.0f;
       if (!any) continue;
-      const unsigned ti = first + i;
-      const float v = ti < quantized ? kvq_cuda_decode_channel(&io_value, values, kvq_cuda_slot_block(av, meta, seq, ti, kvh), kvh, ti % P, c)
-                                     : kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
+      float v;
+      if (ti >= quantized)
+        v = kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
+      else if (polar)
+        v = kvq_polar_decode_coord(&io_value, kvq_cuda_slot_block(av, meta, seq, ti, kvh), ti % P, c, P, d, values.levels,
+                                   values.level_bits, tables);
+      else
+        v = kvq_cuda_decode_channel(&io_value, values, kvq_cuda_slot_block(av, meta, seq, ti, kvh), kvh, ti % P, c);
       KVQ_UNROLL
       for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
         if (g < heads) acc[g] += prob[g][i] * v;
     }
+    // acc: the window part where a PolarQuant split reached the window (its page part was stored at
+    // quantized), else the (page) sum; a split's missing part is 0
+    const bool windowed = polar && first + count > quantized;
     KVQ_UNROLL
     for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
-      if (g < heads) scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, r * H + h0 + g, split, c))] = acc[g];
+      if (g < heads) {
+        const unsigned row_head = r * H + h0 + g;
+        if (polar && first >= quantized) scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, split, c))] = 0.0f;
+        scratch[kvq_cuda_flash_at(meta, seq, windowed ? kvq_flash_window_at(R, n, d, row_head, split, c)
+                                                      : kvq_flash_out_at(R, n, d, row_head, split, c))] = acc[g];
+        if (polar && !windowed) scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_window_at(R, n, d, row_head, split, c))] = 0.0f;
+      }
   }
 }
 
 __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
     kvq_cuda_flash_combine(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ scratch,
-                           float *__restrict__ output) {
+                           float *__restrict__ output, float *__restrict__ rotated) {
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_COMBINE, wg);
   if (seq == meta[KVQ_META_SEQS]) return; // no barrier in this kernel
   const unsigned id = kvq_gpu_unit(meta, KVQ_PLAN_COMBINE, seq, wg) * KVQ_CUDA_ATTENTION_THREADS + threadIdx.x;
@@ -281,16 +319,23 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   const unsigned splits = kvq_flash_splits(n);
   float M = -INFINITY;
   for (unsigned s = 0; s < splits; s++) M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
-  float sum = 0.0f, out = 0.0f;
+  float sum = 0.0f, out = 0.0f, window = 0.0f;
   for (unsigned s = 0; s < splits; s++) {
     const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
     if (m == -INFINITY) continue; // a split without a visible slot
     const float w = expf(m - M);
     sum += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
     out += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, s, c))];
+    if (rotated) window += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_window_at(R, n, d, row_head, s, c))];
   }
   const unsigned r = row_head / H, h = row_head % H;
-  output[(static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c] = sum > 0.0f ? out / sum : 0.0f;
+  const size_t o = (static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c;
+  if (rotated) { // the page part for kvq_cuda_rotate, which adds the window part it finds in output
+    rotated[o] = sum > 0.0f ? out / sum : 0.0f;
+    output[o] = sum > 0.0f ? window / sum : 0.0f;
+  } else {
+    output[o] = sum > 0.0f ? out / sum : 0.0f;
+  }
 }
 
 __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)

@@ -21,7 +21,8 @@
 // A block per output (r, h, c) of a sequence, c fastest; its threads take every 64th slot and meet in
 // kvq_cuda_block_sum.
 //
-// kvq_cuda_rotate (only with rotated sums, after kvq_cuda_weighted_sum): output row (r, h) = its
+// kvq_cuda_rotate (only with rotated sums, after kvq_cuda_weighted_sum or the fused attention's
+// kvq_cuda_flash_combine, flash.cuh, with rotated = scratch + plan.rotated_at): output row (r, h) = its
 // rotated page sum (rotated[], head_dim floats) turned back as kvq_polar_unrotate does (the Hadamard
 // butterflies run in place in rotated[], which is left overwritten), plus the window part already in
 // output[], written over it.
