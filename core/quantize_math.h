@@ -63,6 +63,12 @@ KVQ_SHARED_FN kvq_f32 kvq_uniform_value(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 
   return v;
 }
 
+/* The decoded value of `code` under parameter word `params`, for decoding only: kvq_uniform_value
+ * with the fp16 fields read by kvq_f16_read (halfconv.h: the same floats for every stored word). */
+KVQ_SHARED_FN kvq_f32 kvq_uniform_read_value(kvq_u32 params, kvq_u32 code) {
+  return kvq_uniform_value(kvq_f16_read(params >> 16), kvq_f16_read(params & 0xffffu), code);
+}
+
 /* ---- PolarQuant ---------------------------------------------------------------------------
  * Rotation: dense y_i = sum_c R[i][c] x_c (c increasing, product then sum), or Hadamard: z = signs * x,
  * the in-place Walsh-Hadamard butterflies (for len = 1, 2, .. d/2: for each block of 2 len, for j

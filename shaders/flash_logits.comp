@@ -28,6 +28,9 @@ void main() {
     uint q = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
     bool paged = t < kvq_seq(KVQ_SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
+    // What depends on the token only, once: its decoding handle (shaders/method.glsl; page_size is
+    // a power of two, core/config.c) or its first window element.
+    uvec3 token = paged ? kvq_token(block, t & (pc.page_size - 1u)) : uvec3(kvq_window_first(t, kvh), 0u, 0u);
 #ifdef KVQ_PREPARES
     if (paged) { // scored from the prepared queries in results (QJL's estimator, PolarQuant's rotation)
       uint row = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;
@@ -36,7 +39,7 @@ void main() {
     } else
 #endif
     for (uint c = 0u; c < d; c++) {
-      float k = paged ? kvq_decode(block, t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      float k = paged ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
       for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
     }
   }

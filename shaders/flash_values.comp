@@ -8,6 +8,9 @@
 #include "shaders/flash.glsl"
 
 shared float prob[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_SPLIT];
+// Token i's decoding handle (shaders/method.glsl) or, in the window, its first ring element (in .x):
+// computed once per token here instead of once per channel (page-table lookup, page position).
+shared uvec3 token_at[KVQ_FLASH_SPLIT];
 
 void main() {
   uint unit;
@@ -21,14 +24,19 @@ void main() {
   uint first = split * KVQ_FLASH_SPLIT, count = min(KVQ_FLASH_SPLIT, n - first);
   for (uint g = 0u; g < heads; g++)
     prob[g][lane] = lane < count ? uintBitsToFloat(dst[kvq_flash_prob(n, r * pc.query_heads + h0 + g, first + lane)]) : 0.0;
-  barrier();
   uint quantized = kvq_seq(KVQ_SEQ_QUANTIZED);
+  if (lane < count) {
+    uint t = first + lane;
+    token_at[lane] = t < quantized ? kvq_token(kvq_slot_block(t, kvh), t & (pc.page_size - 1u)) : uvec3(kvq_window_first(t, kvh), 0u, 0u);
+  }
+  barrier();
   for (uint c = lane; c < d; c += KVQ_FLASH_SPLIT) {
     float acc[KVQ_FLASH_HEADS_PER_PASS];
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
     for (uint i = 0u; i < count; i++) {
       uint t = first + i;
-      float v = t < quantized ? kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      uvec3 token = token_at[i];
+      float v = t < quantized ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
       for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
     }
     for (uint g = 0u; g < heads; g++)

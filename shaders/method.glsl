@@ -32,6 +32,12 @@
 //                                                       the sum at element s of dst, rotated back
 //   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)
 //                                                       ||x - x^|| of token t, x at element x of src
+//   KVQ_DECODES_BY_TOKEN  kvq_decode split in two for the fused attention's loops, which call the
+//                     first once per token and the second per channel (lavapipe and NIR do not
+//                     hoist loop invariants reliably, so the split is written out):
+//     uvec3 kvq_token(uint block, uint t)               what decoding token t needs of the block
+//     float kvq_decode_token(uvec3 token, uint c)       channel c of it, = kvq_decode(block, t, c)
+//     (methods without it get the plain kvq_decode through the defaults at the end of this file)
 #if defined(KVQ_VK_METHOD_EXACT)
 #include "methods/exact.glsl"
 #elif defined(KVQ_VK_METHOD_QJL)
@@ -55,3 +61,8 @@ uint kvq_encode_units(uint n) {
                              pc.channels);
 }
 uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim); }
+
+#ifndef KVQ_DECODES_BY_TOKEN
+uvec3 kvq_token(uint block, uint t) { return uvec3(block, t, 0u); }
+float kvq_decode_token(uvec3 token, uint c) { return kvq_decode(token.x, token.y, c); }
+#endif
