@@ -72,7 +72,7 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
 #if defined(KVQ_LANG_GLSL)
 float kvq_f16_read(uint h) {
   float subnormal = float(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
-  if ((h & 0x8000u) != 0u) subnormal = -subnormal;
+  subnormal = (h & 0x8000u) != 0u ? -subnormal : subnormal;
   return (h & 0x7c00u) == 0u ? subnormal : unpackHalf2x16(h).x;
 }
 #else

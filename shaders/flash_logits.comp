@@ -38,6 +38,18 @@ void main() {
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
 #endif
+#ifdef KVQ_DECODES_AFFINE
+    if (paged) { // runs of channels sharing a scale and minimum: those read once per run
+      uint run = kvq_affine_run();
+      for (uint c0 = 0u; c0 < d; c0 += run) {
+        vec2 scale_min = kvq_affine_params(token, c0);
+        for (uint c = c0; c < c0 + run; c++) {
+          float k = kvq_affine_decode(scale_min, token, c);
+          for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
+        }
+      }
+    } else
+#endif
     for (uint c = 0u; c < d; c++) {
       float k = paged ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
       for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;

@@ -38,6 +38,12 @@
 //     uvec3 kvq_token(uint block, uint t)               what decoding token t needs of the block
 //     float kvq_decode_token(uvec3 token, uint c)       channel c of it, = kvq_decode(block, t, c)
 //     (methods without it get the plain kvq_decode through the defaults at the end of this file)
+//   KVQ_DECODES_AFFINE  (with KVQ_DECODES_BY_TOKEN) runs of a token's channels share the scale and
+//                     minimum that decoding reads, so the fused scoring reads them once per run:
+//     uint  kvq_affine_run()                             channels per run, a power of two dividing d
+//     vec2  kvq_affine_params(uvec3 token, uint c)       (scale, minimum) of the run from channel c
+//     float kvq_affine_decode(vec2 scale_min, uvec3 token, uint c)
+//                                                       channel c of the run, = kvq_decode_token
 #if defined(KVQ_VK_METHOD_EXACT)
 #include "methods/exact.glsl"
 #elif defined(KVQ_VK_METHOD_QJL)

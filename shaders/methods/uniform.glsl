@@ -19,3 +19,12 @@ uvec3 kvq_token(uint block, uint t) {
 float kvq_decode_token(uvec3 token, uint c) {
   return kvq_uniform_decode_at(token.x, token.y, token.z, c, pc.bits, kvq_log2_pow2(pc.group));
 }
+
+// A token's G channels of a group share one parameter word: the fused scoring converts it once per
+// group (KVQ_DECODES_AFFINE, shaders/method.glsl). Same floats as kvq_decode_token.
+#define KVQ_DECODES_AFFINE
+uint kvq_affine_run() { return pc.group; }
+vec2 kvq_affine_params(uvec3 token, uint c) { return kvq_uniform_read_params(KVQ_PAGE(token.z + (c >> kvq_log2_pow2(pc.group)))); }
+float kvq_affine_decode(vec2 scale_min, uvec3 token, uint c) {
+  return kvq_uniform_value(scale_min.y, scale_min.x, kvq_io_code(token.x, token.y + c, pc.bits));
+}
