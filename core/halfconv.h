@@ -59,6 +59,26 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
   return kvq_bits_to_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+/* fp16 bits (low 16 bits) -> fp32 for values that are only read, never where a stored code is
+ * decided: UNIFORM's and KIVI's scales and minimums when scoring and summing (docs/ACCURACY.md: the
+ * bit-exact rules bind encoding). GLSL uses the hardware conversion (unpackHalf2x16: one instruction
+ * on GPUs, against kvq_f16_bits_to_f32's branches and subnormal loop), which is exact for every
+ * normal fp16 value and for zeros (each is an fp32 normal or zero); Vulkan lets a device flush fp16
+ * subnormal inputs to zero (shaderDenormPreserveFloat16 is optional), so those, exponent field 0, are
+ * made here exactly as mantissa * 2^-24 (an integer below 1024 times a power of two: no rounding).
+ * Inf and NaN convert to Inf and NaN as the spec says, but side data never holds them (the range
+ * checks of core/methods/range.h refuse tokens whose minimum or scale would overflow). So it returns
+ * the same floats as kvq_f16_bits_to_f32 for every stored scale and minimum; C and CUDA call that. */
+#if defined(KVQ_LANG_GLSL)
+float kvq_f16_read(uint h) {
+  float subnormal = float(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
+  subnormal = (h & 0x8000u) != 0u ? -subnormal : subnormal;
+  return (h & 0x7c00u) == 0u ? subnormal : unpackHalf2x16(h).x;
+}
+#else
+KVQ_SHARED_FN kvq_f32 kvq_f16_read(kvq_u32 h) { return kvq_f16_bits_to_f32(h); }
+#endif
+
 /* fp32 -> bf16 bits (low 16 bits). */
 KVQ_SHARED_FN kvq_u32 kvq_f32_to_bf16_bits(kvq_f32 value) {
   kvq_u32 u = kvq_f32_to_bits(value);

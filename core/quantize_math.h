@@ -63,6 +63,27 @@ KVQ_SHARED_FN kvq_f32 kvq_uniform_value(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 
   return v;
 }
 
+/* The decoded value of `code` under parameter word `params`, for decoding only: kvq_uniform_value
+ * with the fp16 fields read by kvq_f16_read (halfconv.h: the same floats for every stored word).
+ * GLSL converts both halves with one unpackHalf2x16, with kvq_f16_read's exact subnormals selected,
+ * not branched to (a divergent branch costs its both sides on lavapipe). */
+#if defined(KVQ_LANG_GLSL)
+vec2 kvq_uniform_read_params(uint params) { /* (scale, minimum) */
+  uvec2 h = uvec2(params & 0xffffu, params >> 16);
+  vec2 subnormal = vec2(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
+  subnormal = mix(subnormal, -subnormal, notEqual(h & 0x8000u, uvec2(0u)));
+  return mix(unpackHalf2x16(params), subnormal, equal(h & 0x7c00u, uvec2(0u)));
+}
+float kvq_uniform_read_value(uint params, uint code) {
+  vec2 scale_min = kvq_uniform_read_params(params);
+  return kvq_uniform_value(scale_min.y, scale_min.x, code);
+}
+#else
+KVQ_SHARED_FN kvq_f32 kvq_uniform_read_value(kvq_u32 params, kvq_u32 code) {
+  return kvq_uniform_value(kvq_f16_read(params >> 16), kvq_f16_read(params & 0xffffu), code);
+}
+#endif
+
 /* ---- PolarQuant ---------------------------------------------------------------------------
  * Rotation: dense y_i = sum_c R[i][c] x_c (c increasing, product then sum), or Hadamard: z = signs * x,
  * the in-place Walsh-Hadamard butterflies (for len = 1, 2, .. d/2: for each block of 2 len, for j

@@ -111,4 +111,20 @@ KVQ_SHARED_FN kvq_f32 kvq_bits_to_f32(kvq_u32 u) {
 }
 #endif
 
+/* log2 of a power of two x (a layout parameter that core/config.c validates as one: page size,
+ * UNIFORM group, KIVI token group, bits of 1, 2, 4 or 8), so that the decoding loops shift and mask
+ * instead of dividing by a runtime value (a per-lane scalar division on lavapipe, tens of
+ * instructions on GPUs). GLSL has findLSB, CUDA device code __ffs; C (and the CUDA emulator) tests
+ * the bit's position with five masks, the same answer without compiler builtins. */
+#if defined(KVQ_LANG_GLSL)
+#define kvq_log2_pow2(x) KVQ_U32(findLSB(x))
+#elif defined(__CUDA_ARCH__)
+#define kvq_log2_pow2(x) KVQ_U32(__ffs((int)(x)) - 1)
+#else
+KVQ_SHARED_FN kvq_u32 kvq_log2_pow2(kvq_u32 x) {
+  return ((x & 0xaaaaaaaau) != 0u ? 1u : 0u) | ((x & 0xccccccccu) != 0u ? 2u : 0u) | ((x & 0xf0f0f0f0u) != 0u ? 4u : 0u) |
+         ((x & 0xff00ff00u) != 0u ? 8u : 0u) | ((x & 0xffff0000u) != 0u ? 16u : 0u);
+}
+#endif
+
 #endif /* KVQ_CORE_SHARED_LANG_H */

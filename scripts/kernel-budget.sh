@@ -16,7 +16,7 @@ out=${1:-/tmp/kvq-kernel-budget}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 rm -rf "$out/as-built" "$out/paged" "$out/src"; mkdir -p "$out/as-built" "$out/paged" "$out/src"
 cp -r "$root/core" "$root/backends" "$root/include" "$root/shaders" "$out/src/"
-sed -i 's/kvq_window_value(t, kvh, c)/0.0/' "$out/src/shaders/flash_logits.comp" "$out/src/shaders/flash_values.comp"
+sed -i -e 's/kvq_window_value(t, kvh, c)/0.0/' -e 's/kvq_window_at(token.x + c)/0.0/' "$out/src/shaders/flash_logits.comp" "$out/src/shaders/flash_values.comp"
 f="$out/src/backends/cuda/kernels/flash.cuh"
 sed -i -e 's/kvq_cuda_flash(const kvq_cuda_attention a, const kvq_cuda_side values,/kvq_cuda_flash(const kvq_cuda_attention a_in, const kvq_cuda_side values_in,/' \
   -e 's/^  KVQ_SHARED(float, part, KVQ_CUDA_BLOCK_WARPS);$/&\n  kvq_cuda_attention a = a_in; a.side.method = KVQ_BUDGET_METHOD; kvq_cuda_side values = values_in; values.method = KVQ_BUDGET_VMETHOD;/' \

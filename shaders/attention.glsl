@@ -45,7 +45,9 @@ uint kvq_slot_block(uint t, uint h) {
   return (kvq_gpu_page_slot(kvq_seq_index, t, pc.page_size) * pc.kv_heads + h) * pc.head_words * 4u;
 }
 
-// Channel c of kv head h of window slot t (t >= quantized), from the ring in the window dtype.
-float kvq_window_value(uint t, uint h, uint c) {
-  return KVQ_READ_ELEMENT(ring, pc.window_dtype, kvq_gpu_ring_element(kvq_seq_index, t, pc.kv_heads, pc.head_dim, h, c));
-}
+// Channel c of kv head h of window slot t (t >= quantized), from the ring in the window dtype: the
+// element is kvq_window_first(t, h) + c, which loops over c compute once per token (the ring slot
+// takes a modulo and metadata reads).
+uint kvq_window_first(uint t, uint h) { return kvq_gpu_ring_element(kvq_seq_index, t, pc.kv_heads, pc.head_dim, h, 0u); }
+float kvq_window_at(uint element) { return KVQ_READ_ELEMENT(ring, pc.window_dtype, element); }
+float kvq_window_value(uint t, uint h, uint c) { return kvq_window_at(kvq_window_first(t, h) + c); }

@@ -39,6 +39,9 @@ void main() {
     uint q = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
     bool paged = t < kvq_seq(KVQ_SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
+    // What depends on the token only, once: its decoding handle (shaders/method.glsl; page_size is
+    // a power of two, core/config.c) or its first window element.
+    uvec3 token = paged ? kvq_token(block, t & (pc.page_size - 1u)) : uvec3(kvq_window_first(t, kvh), 0u, 0u);
 #if defined(KVQ_FLASH_SPLIT_SCORES)
     if (paged) {
     } else // scored above
@@ -49,8 +52,20 @@ void main() {
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
 #endif
+#ifdef KVQ_DECODES_AFFINE
+    if (paged) { // runs of channels sharing a scale and minimum: those read once per run
+      uint run = kvq_affine_run();
+      for (uint c0 = 0u; c0 < d; c0 += run) {
+        vec2 scale_min = kvq_affine_params(token, c0);
+        for (uint c = c0; c < c0 + run; c++) {
+          float k = kvq_affine_decode(scale_min, token, c);
+          for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
+        }
+      }
+    } else
+#endif
     for (uint c = 0u; c < d; c++) {
-      float k = paged ? kvq_decode(block, t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      float k = paged ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
       for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
     }
   }

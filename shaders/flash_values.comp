@@ -11,6 +11,9 @@
 #include "shaders/flash.glsl"
 
 shared float prob[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_SPLIT];
+// Token i's decoding handle (shaders/method.glsl) or, in the window, its first ring element (in .x):
+// computed once per token here instead of once per channel (page-table lookup, page position).
+shared uvec3 token_at[KVQ_FLASH_SPLIT];
 
 void main() {
   uint unit;
@@ -24,13 +27,18 @@ void main() {
   uint first = split * KVQ_FLASH_SPLIT, count = min(KVQ_FLASH_SPLIT, n - first);
   for (uint g = 0u; g < heads; g++)
     prob[g][lane] = lane < count ? uintBitsToFloat(dst[kvq_flash_prob(n, r * pc.query_heads + h0 + g, first + lane)]) : 0.0;
-  barrier();
   uint quantized = kvq_seq(KVQ_SEQ_QUANTIZED);
+  if (lane < count) {
+    uint t = first + lane;
+    token_at[lane] = t < quantized ? kvq_token(kvq_slot_block(t, kvh), t & (pc.page_size - 1u)) : uvec3(kvq_window_first(t, kvh), 0u, 0u);
+  }
+  barrier();
   for (uint c = lane; c < d; c += KVQ_FLASH_SPLIT) {
     float acc[KVQ_FLASH_HEADS_PER_PASS];
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
     for (uint i = 0u; i < count; i++) {
       uint t = first + i;
+      uvec3 token = token_at[i];
 #ifdef KVQ_SUMS_ROTATED
       if (t == quantized) { // the page part is complete: the window tokens sum apart
         for (uint g = 0u; g < heads; g++) {
@@ -38,9 +46,10 @@ void main() {
           acc[g] = 0.0;
         }
       }
-      float v = t < quantized ? kvq_decode_rotated(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      // (a rotated method's handle is the default (block, slot): method.glsl refuses KVQ_DECODES_BY_TOKEN with it)
+      float v = t < quantized ? kvq_decode_rotated(token.x, token.y, c) : kvq_window_at(token.x + c);
 #else
-      float v = t < quantized ? kvq_decode(kvq_slot_block(t, kvh), t % pc.page_size, c) : kvq_window_value(t, kvh, c);
+      float v = t < quantized ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
 #endif
       for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
     }

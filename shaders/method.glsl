@@ -33,6 +33,18 @@
 //                                                       the sum at element s of dst, rotated back
 //   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)
 //                                                       ||x - x^|| of token t, x at element x of src
+//   KVQ_DECODES_BY_TOKEN  kvq_decode split in two for the fused attention's loops, which call the
+//                     first once per token and the second per channel (lavapipe and NIR do not
+//                     hoist loop invariants reliably, so the split is written out):
+//     uvec3 kvq_token(uint block, uint t)               what decoding token t needs of the block
+//     float kvq_decode_token(uvec3 token, uint c)       channel c of it, = kvq_decode(block, t, c)
+//     (methods without it get the plain kvq_decode through the defaults at the end of this file)
+//   KVQ_DECODES_AFFINE  (with KVQ_DECODES_BY_TOKEN) runs of a token's channels share the scale and
+//                     minimum that decoding reads, so the fused scoring reads them once per run:
+//     uint  kvq_affine_run()                             channels per run, a power of two dividing d
+//     vec2  kvq_affine_params(uvec3 token, uint c)       (scale, minimum) of the run from channel c
+//     float kvq_affine_decode(vec2 scale_min, uvec3 token, uint c)
+//                                                       channel c of the run, = kvq_decode_token
 #if defined(KVQ_VK_METHOD_EXACT)
 #include "methods/exact.glsl"
 #elif defined(KVQ_VK_METHOD_QJL)
@@ -56,3 +68,10 @@ uint kvq_encode_units(uint n) {
                              pc.channels);
 }
 uint kvq_prepare_units() { return kvq_prepare_units_of(KVQ_METHOD, pc.sketch_dim, pc.head_dim, pc.channels, pc.code_bits); }
+
+#ifndef KVQ_DECODES_BY_TOKEN
+uvec3 kvq_token(uint block, uint t) { return uvec3(block, t, 0u); }
+float kvq_decode_token(uvec3 token, uint c) { return kvq_decode(token.x, token.y, c); }
+#elif defined(KVQ_SUMS_ROTATED)
+#error "shaders/method.glsl: flash_values.comp decodes rotated sums from the default token handle (block, slot)"
+#endif

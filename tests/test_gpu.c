@@ -212,6 +212,49 @@ Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
   free(k), free(v), free(probs[0]), free(probs[1]);
 }
 
+/*
+ * UNIFORM and KIVI side data in the fp16 subnormal range: decoding reads scales and minimums with the
+ * hardware conversion on Vulkan (unpackHalf2x16, which a device may flush for subnormal inputs) and
+ * makes subnormals exactly itself (core/halfconv.h kvq_f16_read, core/quantize_math.h
+ * kvq_uniform_read_params). Every |x| here is below 2^-15, so every minimum (|min| <= 2^-15) and
+ * scale (range / 15 <= 2^-14 / 15) is an fp16 subnormal or zero (tokens 0..7 are zeros: UNIFORM zero scales
+ * and minimums), while the values and the encoder's fp32 thresholds stay fp32 normals (above 2^-126),
+ * so the codes are the CPU's byte for byte (no near-tie class applies) and the decoded values,
+ * min_h + code * scale_h in fp32 from the same floats, must be the CPU's bit for bit: a conversion
+ * that flushed or misread one subnormal changes a value.
+ */
+Test(gpu, subnormal_uniform_and_kivi_side_data_decodes_as_on_the_cpu, .timeout = 300) {
+  require_gpu();
+  enum { N = 64, D = 64, P = 32 };
+  kvq_layer_config layer = th_layer(1, 1, D, th_kivi(4, 0), th_uniform(4, 16));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 0, N / P + 1, 1, 7);
+  static float x[N * D], out[2][2][N * D];
+  for (int i = 0; i < N * D; i++)
+    x[i] = i < 8 * D ? 0.0f : ldexpf((float)((i * 37) % 61) - 30.0f, -21); /* |x| <= 30 * 2^-21 < 2^-15 */
+  kvq_context *ctxs[2] = {th_cpu_context(), gpu_context()};
+  const int64_t shape[3] = {N, 1, D};
+  for (int c = 0; c < 2; c++) {
+    kvq_cache *cache;
+    uint32_t seq;
+    KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
+    KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
+    th_append(ctxs[c], cache, seq, 0, x, x, 0, N, 1, D, KVQ_DTYPE_F32);
+    KVQ_CHECK(ctxs[c], kvq_flush(cache, seq));
+    kvq_tensor ko = kvq_tensor_host(out[c][0], KVQ_DTYPE_F32, 3, shape), vo = kvq_tensor_host(out[c][1], KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(ctxs[c], kvq_dequantize(cache, seq, 0, 0, N, &ko, &vo));
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctxs[c]);
+  }
+  int nonzero = 0;
+  for (int side = 0; side < 2; side++)
+    for (int i = 0; i < N * D; i++) {
+      nonzero += out[0][side][i] != 0.0f;
+      cr_assert(memcmp(&out[1][side][i], &out[0][side][i], sizeof(float)) == 0, "%s element %d: %a on %s, %a on the CPU",
+                side ? "value" : "key", i, out[1][side][i], gpu_name(), out[0][side][i]);
+    }
+  cr_assert_gt(nonzero, N * D, "the data decodes to non-zero values (subnormal scales in use)");
+}
+
 /* ---- Codebook learning (the k-means jobs) ------------------------------------------------------------ */
 
 /*

@@ -29,10 +29,22 @@
 #error "core/methods/io.h: define the accessors (KVQ_IO_PARAM, KVQ_IO, KVQ_IN, KVQ_PAGE...) before including it"
 #endif
 
-/* Packed codes (core/layout.h): code i of `bits` bits of the array starting at word `base`. */
+/* Packed codes (core/layout.h): code i of `bits` bits of the array starting at word `base`. Decoding
+ * loops call this per number: for bits of 1, 2, 4 or 8 the 32 / bits codes per word are a power of
+ * two too, so word and slot come from a shift and a mask; other widths (3, PolarQuant's and CQ's
+ * odd ones) divide. The branch is uniform: bits is a layout parameter. */
 KVQ_SHARED_FN kvq_u32 kvq_io_code(KVQ_IO_PARAM kvq_u32 base, kvq_u32 i, kvq_u32 bits) {
-  kvq_u32 cpw = 32u / bits;
-  return (KVQ_PAGE(base + i / cpw) >> ((i % cpw) * bits)) & ((1u << bits) - 1u);
+  kvq_u32 word, slot;
+  if ((bits & (bits - 1u)) == 0u) {
+    kvq_u32 per_word_log2 = 5u - kvq_log2_pow2(bits);
+    word = i >> per_word_log2;
+    slot = i & ((1u << per_word_log2) - 1u);
+  } else {
+    kvq_u32 cpw = 32u / bits;
+    word = i / cpw;
+    slot = i - word * cpw;
+  }
+  return (KVQ_PAGE(base + word) >> (slot * bits)) & ((1u << bits) - 1u);
 }
 KVQ_SHARED_FN void kvq_io_put_code(KVQ_IO_PARAM kvq_u32 base, kvq_u32 i, kvq_u32 bits, kvq_u32 code) {
   kvq_u32 cpw = 32u / bits;

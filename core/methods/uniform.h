@@ -42,11 +42,27 @@ KVQ_SHARED_FN void kvq_uniform_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t
   }
 }
 
+/* Decoding is split into what depends on the token only, which the fused attention computes once per
+ * token, and the per-channel rest, shifts and masks only (KIVI's decoding is the same with one
+ * parameter word per channel, core/methods/kivi.h):
+ *   kvq_uniform_token_params  the word index of token t's first parameter word (G is a power of
+ *                             two, core/config.c);
+ *   kvq_uniform_decode_at     channel c of the token whose codes start at code index `first` of the
+ *                             packed array at word `codes` and whose parameter words start at word
+ *                             `params`, one per 2^group_log2 channels. */
+KVQ_SHARED_FN kvq_u32 kvq_uniform_token_params(kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 b, kvq_u32 G) {
+  return ((block + kvq_uniform_params_offset(P, d, b)) >> 2u) + t * (d >> kvq_log2_pow2(G));
+}
+KVQ_SHARED_FN kvq_f32 kvq_uniform_decode_at(KVQ_IO_PARAM kvq_u32 codes, kvq_u32 first, kvq_u32 params, kvq_u32 c, kvq_u32 b,
+                                            kvq_u32 group_log2) {
+  return kvq_uniform_read_value(KVQ_PAGE(params + (c >> group_log2)), kvq_io_code(KVQ_IO codes, first + c, b));
+}
+
 /* Channel c of token t. */
 KVQ_SHARED_FN kvq_f32 kvq_uniform_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c, kvq_u32 P, kvq_u32 d,
                                          kvq_u32 b, kvq_u32 G) {
-  kvq_u32 word = KVQ_PAGE(((block + kvq_uniform_params_offset(P, d, b)) >> 2u) + t * (d / G) + c / G);
-  return kvq_uniform_value(kvq_uniform_param_min(word), kvq_uniform_param_scale(word), kvq_io_code(KVQ_IO block >> 2u, t * d + c, b));
+  return kvq_uniform_decode_at(KVQ_IO block >> 2u, t * d, kvq_uniform_token_params(block, t, P, d, b, G), c, b,
+                               kvq_log2_pow2(G));
 }
 
 #endif /* KVQ_CORE_METHODS_UNIFORM_H */
