@@ -80,10 +80,12 @@ kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernel
       return too_large(why, why_size, "a page");
   }
   plan->rotated_sums = sums_rotated(vs->method);
-  /* Policies that track attention need every probability, and values summed in a rotated space
-   * are rotated back per output row by the unfused weighted sum: both take the unfused kernels, and
-   * so does a batch whose flash scratch (every sequence's at once) the kernels could not address. */
-  plan->fused = fused_kernels && !job->accumulate && !plan->rotated_sums && scratch * 4 <= UINT32_MAX;
+  /* Values summed in a rotated space are rotated back per output row by the unfused weighted sum:
+   * they take the unfused kernels, and so does a batch whose flash scratch (every sequence's at once)
+   * the kernels could not address. The probability sums of the policies that track attention (H2O,
+   * Q-Hitter) come from the flash scratch after the combine (SOFTMAX's and ACCUMULATE's units,
+   * gpu_plan.h), so they do not keep a job off the fused path. */
+  plan->fused = fused_kernels && !plan->rotated_sums && scratch * 4 <= UINT32_MAX;
   if (plan->fused) {
     plan->scratch_bytes = scratch * 4;
   } else if (plan->rotated_sums) {

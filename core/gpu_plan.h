@@ -43,7 +43,11 @@ KVQ_SHARED_FN kvq_u32 kvq_flash_passes(kvq_u32 group) {
 /* A sequence's flash scratch (fp32, from its KVQ_SEQ_SCRATCH), for n tokens, R query rows, H query
  * heads and S splits: probabilities relative to their split's maximum [R][H][n], split maxima
  * [R][H][S], split sums [R][H][S], split outputs [R][H][S][d]. Offsets from the sequence's start;
- * row_head = r * H + h. (core/gpu_plan.c sizes the whole in 64 bits first.) */
+ * row_head = r * H + h. (core/gpu_plan.c sizes the whole in 64 bits first.) With the job's
+ * accumulate sums, the split normalization after the combine (KVQ_PLAN_SOFTMAX's units) replaces
+ * each split sum l_s by the split's factor f_s = e^(m_s - M) / L (M, L the row's maximum and sum over
+ * its splits; 0 for a split without a visible token), so that slot t's probability is
+ * p_t f_(t / KVQ_FLASH_SPLIT), which the fused ACCUMULATE sums over the rows. */
 KVQ_SHARED_FN kvq_u32 kvq_flash_prob_at(kvq_u32 n, kvq_u32 row_head, kvq_u32 t) { return row_head * n + t; }
 KVQ_SHARED_FN kvq_u32 kvq_flash_max_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 row_head, kvq_u32 split) {
   return row_heads * n + row_head * kvq_flash_splits(n) + split;
@@ -66,8 +70,8 @@ KVQ_SHARED_FN kvq_u32 kvq_flash_out_at(kvq_u32 row_heads, kvq_u32 n, kvq_u32 d, 
 /* The kernels' unit tables: what one workgroup of each covers, for a sequence of n tokens and R
  * query rows of H query heads (of Hkv kv heads) and head_dim d. */
 #define KVQ_PLAN_SCORE 0u        /* 64 of the R*H*n logits (r, h, t), t fastest */
-#define KVQ_PLAN_SOFTMAX 1u      /* one of the R*H rows */
-#define KVQ_PLAN_ACCUMULATE 2u   /* one of the n slots */
+#define KVQ_PLAN_SOFTMAX 1u      /* one of the R*H rows (fused: the row's split normalization) */
+#define KVQ_PLAN_ACCUMULATE 2u   /* one of the n slots (unfused or fused) */
 #define KVQ_PLAN_WEIGHTED_SUM 3u /* one of the R*H*d outputs (r, h, c), c fastest */
 #define KVQ_PLAN_ROTATE 4u       /* 64 of the R*H rows: the rotated sums turned back */
 #define KVQ_PLAN_FLASH 5u        /* one (r, kv head, pass, split), split fastest (logits and values) */
@@ -103,9 +107,10 @@ extern "C" {
 
 /* What a GPU backend does for one attention job (kvq_gpu_plan_attention). */
 typedef struct kvq_gpu_attention_plan {
-  /* 1: the fused flash-decoding kernels (KVQ_PLAN_FLASH twice, then KVQ_PLAN_COMBINE); 0: SCORE,
-   * SOFTMAX (and ACCUMULATE with the job's accumulate), WEIGHTED_SUM (and ROTATE with
-   * rotated_sums) */
+  /* 1: the fused flash-decoding kernels (KVQ_PLAN_FLASH twice, then KVQ_PLAN_COMBINE; with the job's
+   * accumulate then the split normalization over KVQ_PLAN_SOFTMAX's units and the fused ACCUMULATE
+   * over KVQ_PLAN_ACCUMULATE's, both on the flash scratch); 0: SCORE, SOFTMAX (and ACCUMULATE with
+   * the job's accumulate), WEIGHTED_SUM (and ROTATE with rotated_sums) */
   int fused;
   int rotated_sums;             /* the value method sums in a rotated space (KVQ_SUMS_ROTATED) */
   uint64_t units[KVQ_PLAN_KERNELS]; /* each kernel's workgroups for the whole batch */
@@ -115,10 +120,10 @@ typedef struct kvq_gpu_attention_plan {
 } kvq_gpu_attention_plan;
 
 /* Plans an attention job (keys and values both given, as core's jobs are). `fused_kernels`:
- * whether the backend has fused kernels for the job's methods; the fused path is taken unless the
- * job needs what only the unfused one gives (the probability sums of the H2O and Q-Hitter
- * policies), its values are summed in a rotated space (PolarQuant: rotated back once per output row
- * by the unfused weighted sum) or the batch's flash scratch lies beyond 32-bit indices. Fails
+ * whether the backend has fused kernels for the job's methods; the fused path is taken (with the
+ * probability sums of the H2O and Q-Hitter policies too) unless the job's values are summed in a
+ * rotated space (PolarQuant: rotated back once per output row by the unfused weighted sum) or the
+ * batch's flash scratch lies beyond 32-bit indices. Fails
  * (KVQ_ERROR_UNSUPPORTED, with why) where anything the kernels address lies beyond 32-bit indices. */
 kvq_status kvq_gpu_plan_attention(const kvq_job_attention *job, int fused_kernels, kvq_gpu_attention_plan *plan,
                                   char *why, size_t why_size);

@@ -11,6 +11,14 @@
 #include "shaders/method.glsl"
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
+// A method may score its split's quantized tokens with the whole workgroup (tables in shared memory,
+// work once per page): it defines KVQ_FLASH_SPLIT_SCORES and
+//   void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, bool visible,
+//                               inout float logit[KVQ_FLASH_HEADS_PER_PASS])
+// called by every invocation (it may hold barriers); the loop below then scores the window only.
+#ifdef KVQ_VK_METHOD_QJL
+#include "shaders/methods/qjl_flash.glsl"
+#endif
 
 void main() {
   uint unit;
@@ -24,11 +32,17 @@ void main() {
   bool visible = t < n && kvq_visible(r, t);
   float logit[KVQ_FLASH_HEADS_PER_PASS];
   for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = 0.0;
+#ifdef KVQ_FLASH_SPLIT_SCORES
+  kvq_flash_split_scores(r, kvh, h0, heads, split * KVQ_FLASH_SPLIT, visible, logit); // uniform control flow
+#endif
   if (visible) {
     uint q = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
     bool paged = t < kvq_seq(KVQ_SEQ_QUANTIZED);
     uint block = paged ? kvq_slot_block(t, kvh) : 0u;
-#if defined(KVQ_SCORES_HEADS)
+#if defined(KVQ_FLASH_SPLIT_SCORES)
+    if (paged) {
+    } else // scored above
+#elif defined(KVQ_SCORES_HEADS)
     if (paged) // the method scores the key against every head of the pass at once (decoding it once)
       kvq_score_heads(block, t % pc.page_size, ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * kvq_prepared_floats(),
                       heads, logit);

@@ -419,12 +419,14 @@ Test(attention, gpu_plan_places_every_workgroup) {
   }
   free(meta);
 
-  /* the unfused paths: probability sums, values summed rotated, a backend without fused kernels */
+  /* the probability sums of H2O and Q-Hitter stay on the fused path (the fused ACCUMULATE reads the
+   * same flash scratch, over SOFTMAX's and ACCUMULATE's units, whose tables are checked above) */
   kvq_buffer *sums = (kvq_buffer *)(uintptr_t)1;
   job.accumulate = sums;
   cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
-  cr_assert(!plan.fused && !plan.rotated_sums && plan.scratch_bytes == 0);
+  cr_assert(plan.fused && !plan.rotated_sums && plan.scratch_bytes == scratch * 4, "a job with accumulate sums plans fused");
   job.accumulate = NULL;
+  /* the unfused paths: values summed rotated, a backend without fused kernels */
   job.values = &polar;
   cr_assert_eq(kvq_gpu_plan_attention(&job, 1, &plan, why, sizeof why), KVQ_OK);
   cr_assert(!plan.fused && plan.rotated_sums);

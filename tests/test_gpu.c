@@ -419,3 +419,93 @@ Test(gpu, a_batch_of_sequences_accumulates_in_one_call, .timeout = 300) {
   require_gpu();
   check_batch(th_exact(KVQ_DTYPE_F16), th_uniform(2, 32), KVQ_POLICY_H2O, 23);
 }
+
+/* ---- The H2O and Q-Hitter sums --------------------------------------------------------------------- */
+
+/*
+ * The attention each token receives (A_t, kvq_sequence_token_stats) under H2O and Q-Hitter, summed
+ * by the GPU backend's attention (the fused path with the probability sums, core/gpu_plan.h, where
+ * the backend has fused kernels) against the CPU backend's, from the same tokens: 150 tokens (pages
+ * of 16 and a window of 16; three flash splits of 64, 64 and 22), GQA 2 (4 query heads, 2 kv heads),
+ * d = 32, exact fp32 keys and values, keys, values and queries in [-1, 1]; a causal prefill block of
+ * 8 rows, then one unmasked decode row.
+ *
+ * Tolerance, relative to A_t (every call's slot sum is a sum of nonnegative probabilities, so each
+ * relative bound below carries over to A_t), u = 2^-24, to first order:
+ *   - logits: the CPU's double dot times the scale rounded to fp32 (u |s|); the GPU's fp32 dot of d
+ *     terms (gamma(d) sum |q_c k_c| <= gamma(d) d) times the scale (u |s|): with |s| <= d scale,
+ *     |ds| <= delta = (gamma(d) + 2u) d scale, which moves a probability by at most 2 delta relative
+ *     (numerator and normalizer);
+ *   - the GPU's probabilities: Vulkan's exp within (3 + 2|x|) 2^-23 (docs/ACCURACY.md; CUDA's expf is
+ *     tighter) plus its argument's rounding |x| u, for the fused path twice (p_t = e^(x_t - m_s) and
+ *     f_s = e^(m_s - M) / L, |x_t - m_s| + |m_s - M| = M - x_t <= X = 2 d scale, the logit range):
+ *     (12 + 5X) u; L: those weights' (12 + 5X) u, FLASH's split sums (< 64 roundings), w l_s (1), the
+ *     normalization's sum of S splits (S); the division and the product (2): 2 (12 + 5X) u + (67 + S) u;
+ *     the unfused softmax instead: one exp (6 + 5X) u, its sum of n terms (n), the division (1),
+ *     below the sum of both, which is taken: (10 X + n + S + 97) u;
+ *   - each call's slot sum: the GPU's fp32 sum of R = 8 x 4 probabilities ((R - 1) u), the CPU's
+ *     fp32 probabilities summed in double and rounded once (2u, its double exps below u): (R + 1) u.
+ * So |A_gpu - A_cpu| <= (2 delta + (10 X + n + S + R + 98) u) A_cpu, times 1 + 2^-9 for the
+ * second-order terms (the relative terms are below 2^-10); about 4.7e-5 relative here, while a sum
+ * that took another split's factor, or missed the normalization, is off by far more than 1%.
+ */
+Test(gpu, attention_sums_agree_with_the_cpu, .timeout = 300) {
+  require_gpu();
+  enum { N = 150, D = 32, HQ = 4, HKV = 2, P = 16, W = 16, ROWS = 8 };
+  kvq_layer_config layer = th_layer(HQ, HKV, D, th_exact(KVQ_DTYPE_F32), th_exact(KVQ_DTYPE_F32));
+  float *k = malloc(sizeof(float) * N * HKV * D), *v = malloc(sizeof(float) * N * HKV * D), q[(ROWS + 1) * HQ * D],
+        out[(ROWS + 1) * HQ * D];
+  cr_assert(k && v);
+  for (int i = 0; i < N * HKV * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  for (int i = 0; i < (ROWS + 1) * HQ * D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
+  const double scale = 1.0 / sqrt((double)D), u = 0x1p-24, X = 2.0 * D * scale;
+  const double delta = (D * u / (1.0 - D * u) + 2.0 * u) * D * scale;
+  const double S = (N + 63) / 64, R = ROWS * HQ;
+  const double relative = (2.0 * delta + (10.0 * X + N + S + R + 98.0) * u) * (1.0 + 0x1p-9);
+  cr_assert_lt(relative, 0x1p-10, "the first-order condition");
+  const kvq_policy_kind kinds[2] = {KVQ_POLICY_H2O, KVQ_POLICY_QHITTER};
+  for (int p = 0; p < 2; p++) {
+    kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, W, N / P + 2, 1, 31);
+    config.policy = kvq_policy_defaults(kinds[p]);
+    kvq_token_stats *stats[2];
+    size_t counts[2];
+    kvq_context *ctxs[2] = {th_cpu_context(), gpu_context()};
+    for (int c = 0; c < 2; c++) {
+      kvq_cache *cache;
+      uint32_t seq;
+      KVQ_CHECK(ctxs[c], kvq_cache_create(ctxs[c], &config, &cache));
+      KVQ_CHECK(ctxs[c], kvq_sequence_add(cache, &seq));
+      th_append(ctxs[c], cache, seq, 0, k, v, 0, N, HKV, D, KVQ_DTYPE_F32);
+      for (int call = 0; call < 2; call++) { /* the prefill block (causal), then a decode row (unmasked) */
+        const int64_t shape[3] = {call ? 1 : ROWS, HQ, D};
+        float *rows = q + (call ? ROWS * HQ * D : 0);
+        kvq_attention_request req = {.sequence = seq, .mask = call ? KVQ_MASK_NONE : KVQ_MASK_CAUSAL,
+                                     .queries = kvq_tensor_host(rows, KVQ_DTYPE_F32, 3, shape),
+                                     .output = kvq_tensor_host(out, KVQ_DTYPE_F32, 3, shape)};
+        KVQ_CHECK(ctxs[c], kvq_attention(cache, 0, &req, 1));
+      }
+      KVQ_CHECK(ctxs[c], kvq_sequence_token_stats(cache, seq, NULL, 0, &counts[c]));
+      cr_assert_eq(counts[c], N, "every token has statistics");
+      stats[c] = malloc(sizeof(kvq_token_stats) * N);
+      cr_assert(stats[c]);
+      KVQ_CHECK(ctxs[c], kvq_sequence_token_stats(cache, seq, stats[c], N, &counts[c]));
+      kvq_cache_destroy(cache);
+      kvq_context_destroy(ctxs[c]);
+    }
+    double worst = 0.0, total = 0.0;
+    for (uint32_t t = 0; t < N; t++) {
+      const double cpu = stats[0][t].attention, gpu = stats[1][t].attention;
+      cr_assert_eq(stats[1][t].position, stats[0][t].position);
+      cr_assert_gt(cpu, 0.0, "token %u is seen by the decode row", t);
+      total += cpu;
+      worst = fmax(worst, fabs(gpu - cpu) / cpu);
+      cr_assert_leq(fabs(gpu - cpu), relative * cpu, "%s, A_%u: %.9g on %s, %.9g on the CPU (relative bound %g)",
+                    p ? "Q-Hitter" : "H2O", t, gpu, gpu_name(), cpu, relative);
+    }
+    /* every row's probabilities sum to 1: the CPU's A_t add up to the rows x heads attended */
+    cr_assert_leq(fabs(total - (ROWS + 1) * HQ), 1e-4, "the CPU's sums add up to %g", total);
+    cr_log_info("%s: largest relative difference from the CPU %g, bound %g", p ? "Q-Hitter" : "H2O", worst, relative);
+    free(stats[0]), free(stats[1]);
+  }
+  free(k), free(v);
+}

@@ -1,8 +1,8 @@
 /*
  * Attention jobs on Vulkan: SCORE, SOFTMAX (with the probability sums of the H2O and Q-Hitter
- * policies) and WEIGHTED_SUM, and the fused ATTENTION (flash-decoding, shaders/flash.glsl) that core
- * uses when it wants outputs only. What runs, for how many workgroups, with how much scratch, is
- * core's plan (core/gpu_plan.h); this file writes the words of core's packed metadata that changed
+ * policies) and WEIGHTED_SUM, and the fused ATTENTION (flash-decoding, shaders/flash.glsl, with those
+ * sums too) that core uses when it wants outputs only. What runs, for how many workgroups, with how
+ * much scratch, is core's plan (core/gpu_plan.h); this file writes the words of core's packed metadata that changed
  * (core/gpu_meta.c) into the resident buffer (or, for a job built with host page lists, packs them
  * into the metadata ring) and records
  * one dispatch per kernel for the whole batch.
@@ -161,5 +161,10 @@ kvq_status kvq_vk_attention(kvq_backend *backend, const kvq_job_attention *job) 
   st = launch(b, &run, KVQ_PLAN_FLASH, logits, &key_push, key_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_FLASH, values, &value_push, value_buffers);
   if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_COMBINE, KVQ_VK_SHADER_flash_combine, &value_push, value_buffers);
+  if (st == KVQ_OK && job->accumulate) { /* H2O / Q-Hitter: the sums from the scratch the combine has read */
+    value_buffers[KVQ_BINDING_RESULTS] = job->accumulate;
+    st = launch(b, &run, KVQ_PLAN_SOFTMAX, KVQ_VK_SHADER_flash_normalize, &value_push, value_buffers);
+    if (st == KVQ_OK) st = launch(b, &run, KVQ_PLAN_ACCUMULATE, KVQ_VK_SHADER_accumulate_flash, &value_push, value_buffers);
+  }
   return kvq_vk_done(b, st);
 }

@@ -200,6 +200,19 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_prepare_row(KVQ_IO_PARAM kvq_u32 q, kvq_u32 i, kvq
   return KVQ_F32(sum);
 }
 
+/* S[i][c] q_c (S_o's for outer = 1): one outlier channel's term of row i of a sketch part of the
+ * query. */
+KVQ_SHARED_FN kvq_acc kvq_qjl_outlier_product(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 c, kvq_f32 q_c, kvq_u32 d) {
+  return KVQ_ACC(kvq_qjl_sketch(KVQ_IO outer, i, c, d)) * KVQ_ACC(q_c);
+}
+
+/* Row i of a sketch part of the query from `outliers`, the sum over the page's outlier channels c in
+ * list order of S[i][c] q_c (S_o for outer = 1): for the inlier sketch the prepared (S q)_i (from
+ * prepared element p) less that sum, for the outlier sketch the sum itself. */
+KVQ_SHARED_FN kvq_acc kvq_qjl_query_part_from(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 p, kvq_acc outliers) {
+  return outer == 0u ? KVQ_ACC(KVQ_PREPARED(p + i)) - outliers : outliers;
+}
+
 /* Rows i .. i + 3 of S q_in (outer = 0: the prepared S q from prepared element p, less the outlier
  * channels' products, summed over the list in order) or of S_o q_out (outer = 1: those products
  * alone), for the page whose outlier list is `list`; the query at input element q. Four rows per
@@ -208,11 +221,10 @@ KVQ_SHARED_FN void kvq_qjl_query_parts4(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, k
                                         kvq_u32 list[KVQ_MAX_OUTLIERS], kvq_u32 d, kvq_u32 k, KVQ_OUT kvq_acc parts[4]) {
   for (kvq_u32 r = 0u; r < 4u; r++) parts[r] = KVQ_ACC(0.0f);
   for (kvq_u32 j = 0u; j < k; j++) {
-    kvq_acc qc = KVQ_ACC(KVQ_IN(q + list[j]));
-    for (kvq_u32 r = 0u; r < 4u; r++) parts[r] += KVQ_ACC(kvq_qjl_sketch(KVQ_IO outer, i + r, list[j], d)) * qc;
+    kvq_f32 qc = KVQ_IN(q + list[j]);
+    for (kvq_u32 r = 0u; r < 4u; r++) parts[r] += kvq_qjl_outlier_product(KVQ_IO outer, i + r, list[j], qc, d);
   }
-  if (outer == 0u)
-    for (kvq_u32 r = 0u; r < 4u; r++) parts[r] = KVQ_ACC(KVQ_PREPARED(p + i + r)) - parts[r];
+  for (kvq_u32 r = 0u; r < 4u; r++) parts[r] = kvq_qjl_query_part_from(KVQ_IO outer, i + r, p, parts[r]);
 }
 
 /* <sign bits of token t, parts>: sum over the rows in order of (bit ? parts[i] : -parts[i]), with
@@ -258,6 +270,30 @@ KVQ_SHARED_FN kvq_acc kvq_qjl_score(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u
   kvq_u32 list[KVQ_MAX_OUTLIERS];
   kvq_qjl_load_list(KVQ_IO block, P, m, mo, k, list);
   return kvq_qjl_score_list(KVQ_IO block, t, q, p, list, P, d, m, mo, k, c_d);
+}
+
+/* ---- lookup tables of signed sums (the GPUs' fused attention) ------------------------------------
+ * The signed sum sum_i sigma_i P_i of one sketch part (sigma_i = +1 where the key's bit i is set, else
+ * -1; P_i the query's part of row i) taken 4 rows (a nibble of sign bits) at a time: per group of 4
+ * rows, a table of the 16 signed sums of its parts, built once per (page, query head) and shared by
+ * the page's tokens, so that a token adds one table entry per 4 rows instead of 4 terms.
+ * Rounding (why docs/ACCURACY.md's QJL bound, gamma(d + max(m, m_o) + 8) of its A, still holds): an
+ * entry is a float sum of 4 terms (3 roundings) and a token's sum adds its rows / 4 entries one after
+ * another from 0, so no term of the part goes through more than 3 + rows / 4 roundings, fewer than
+ * the rows - 1 of the term-by-term sum for every sketch dimension kvq allows (multiples of 32: 11 <=
+ * 31 at 32 rows), and the bound, which holds for any order of summation whose chains are no longer
+ * (Higham, Accuracy and Stability, 4.2), covers it unchanged. */
+
+/* bit b of `bits` set: +part, else -part (the term of a signed sum) */
+KVQ_SHARED_FN kvq_f32 kvq_qjl_signed(kvq_u32 bits, kvq_u32 b, kvq_f32 part) { return ((bits >> b) & 1u) != 0u ? part : -part; }
+
+/* Entry v (0 .. 15) of the table of 4 rows whose parts are p0 .. p3: the signed sum from the top
+ * row down. */
+KVQ_SHARED_FN kvq_f32 kvq_qjl_nibble_entry(kvq_u32 v, kvq_f32 p0, kvq_f32 p1, kvq_f32 p2, kvq_f32 p3) {
+  kvq_f32 sum = kvq_qjl_signed(v, 3u, p3);
+  sum += kvq_qjl_signed(v, 2u, p2);
+  sum += kvq_qjl_signed(v, 1u, p1);
+  return sum + kvq_qjl_signed(v, 0u, p0);
 }
 
 #endif /* KVQ_CORE_METHODS_QJL_H */

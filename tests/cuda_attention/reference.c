@@ -16,9 +16,9 @@
  *          position 4, causal
  *   seq 3  1 page (logical 2, positions 32..47) at slot 6, 1 query row at position 10, causal: every
  *          slot masked (probabilities 0, output 0)
- * The fused (flash) plan of the same batch without the accumulate sums (which only the unfused
- * plan gives; the outputs are the same) is written too where the plan fuses the job (not with
- * PolarQuant values).
+ * The fused (flash) plan of the same batch, with the accumulate sums where the case has them (the
+ * fused path emits them too), is written too where the plan fuses the job (not with PolarQuant
+ * values).
  * Query rows: seq 1 row 0, seq 3 row 1, seq 0 rows 2..3, seq 2 row 4. Scores and sums lie with
  * gaps between the sequences. Cases without a window give seq 0 and seq 2 none (seq 2 then has no slot).
  */
@@ -198,9 +198,8 @@ static int write_case(FILE *f, const spec *sp, uint32_t seed) {
   if (!bad && kvq_gpu_plan_attention(&job, 0, &plan, why, sizeof why) != KVQ_OK) bad = fail(why, NULL);
   if (!bad && (plan.fused || plan.pages != LISTED || !(meta = calloc(plan.meta_words, 4)))) bad = fail("the plan", NULL);
   if (!bad) kvq_gpu_pack_attention(&job, &plan, meta);
-  /* the fused plan of the same job without the accumulate sums */
+  /* the fused plan of the same job, its accumulate sums included (the fused path emits them too) */
   kvq_job_attention fused_job = job;
-  fused_job.accumulate = NULL;
   kvq_gpu_attention_plan fused;
   uint32_t *fused_meta = NULL;
   if (!bad && kvq_gpu_plan_attention(&fused_job, 1, &fused, why, sizeof why) != KVQ_OK) bad = fail(why, NULL);

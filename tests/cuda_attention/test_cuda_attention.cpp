@@ -439,9 +439,100 @@ static void test_weighted_sum(const fixture_case &fc) {
   check(r.ok && stray == 0, name + ": WEIGHTED_SUM writes no output row that no sequence owns", std::to_string(stray) + " written");
 }
 
+// The H2O / Q-Hitter sums of the fused attention (flash.cuh): kvq_cuda_flash_normalize, then
+// kvq_cuda_flash_accumulate, on the scratch that test_flash's FLASH and COMBINE left, into sums full of
+// garbage, against the CPU's sums of the same job (its float probabilities p_jt summed in double and
+// rounded once). Slots no row sees must be 0 exactly (as the CPU's); entries no sequence owns keep
+// their garbage. The bound, per slot t, over the row-heads j that see it, with test_flash's notation
+// per row-head (the CPU's float logits x_jt, M_j their largest, D_j = max (M_j - x_jt), B_jt SCORE's
+// bound, S the sequence's splits, R its row-heads), to first order:
+//   - the GPU's logits: the normalized probability moves by the relative B_jt + B_max,j (test_flash);
+//   - the GPU's probability fl(P_jt f_s), P_jt = expf(fl(x_jt - m_s)) from FLASH and
+//     f_s = expf(fl(m_s - M)) / L from the normalization: the two exponents' roundings and expfs
+//     (M - x_jt + 8) u (as test_flash's weights), L's relative (D + 72 + S) u (test_flash's
+//     denominator: the weights, FLASH's block sum, w l_s, and the normalization's sum of S terms,
+//     zeros added exactly), the division (u) and the product (u): (M_j - x_jt + D_j + S + 82) u;
+//   - the GPU's float sum of R terms, all >= 0: (R - 1) u sum_j p_jt; the CPU's float probabilities
+//     (u each), its double sum rounded once (u) and its double exps and sums (n 2^-53, below u): 3 u.
+// So |gpu - cpu| <= sum_j p_jt (B_jt + B_max,j + u (M_j - x_jt + D_j + S + 82)) + (R + 2) u sum_j p_jt,
+// times 1 + 2^-9 for the second-order terms while every row's relative terms stay below 2^-10
+// (checked per row, as test_flash does).
+static void test_flash_sums(const fixture_case &fc, std::vector<float> &scratch, bool ran) {
+  const kvq_attention_fixture &c = fc.c;
+  const std::string name = c.name;
+  const kvq_cuda_attention av = params(fc, 1); // the values' side: query_heads is all the two kernels read
+  const unsigned H = c.query_heads, *meta = fc.fused_meta.data();
+  std::vector<float> sums = garbage(c.accumulate_floats);
+  kvq_emu::Result r = {ran, ran ? std::string() : std::string("FLASH or COMBINE failed")};
+  if (r.ok)
+    r = kvq_emu::launch(kvq_cuda_flash_normalize, dim3(c.fused_units[KVQ_PLAN_SOFTMAX]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
+                        scratch.data());
+  if (r.ok)
+    r = kvq_emu::launch(kvq_cuda_flash_accumulate, dim3(c.fused_units[KVQ_PLAN_ACCUMULATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av,
+                        meta, static_cast<const float *>(scratch.data()), sums.data());
+  std::vector<float> abs_prepared(fc.prepared);
+  for (float &x : abs_prepared) x = std::fabs(x);
+  const std::vector<seq_view> seqs = sequences(fc);
+  std::vector<bool> owned(c.accumulate_floats, false);
+  size_t over = 0, checked = 0, zeros_wrong = 0, zero_slots = 0, too_coarse = 0;
+  double worst = 0.0; // |gpu - cpu| / bound
+  for (unsigned i = 0; i < seqs.size(); i++) {
+    const seq_view &q = seqs[i];
+    const unsigned S = kvq_flash_splits(q.n), R = q.rows * H;
+    std::vector<double> first(q.n, 0.0), mass(q.n, 0.0);
+    for (unsigned row_head = 0; row_head < R; row_head++) {
+      const unsigned row = row_head / H, h = row_head % H;
+      const size_t base = q.score_offset + static_cast<size_t>(row_head) * q.n;
+      double M = -INFINITY, D = 0.0, Bmax = 0.0;
+      std::vector<double> B(q.n, 0.0);
+      for (unsigned t = 0; t < q.n; t++)
+        if (!std::isinf(fc.logits[base + t])) M = std::max(M, static_cast<double>(fc.logits[base + t]));
+      for (unsigned t = 0; t < q.n; t++) {
+        if (std::isinf(fc.logits[base + t])) continue;
+        D = std::max(D, M - fc.logits[base + t]);
+        B[t] = score_bound(fc, abs_prepared, i, row, h, t).bound;
+        Bmax = std::max(Bmax, B[t]);
+      }
+      if (!(2.0 * Bmax + u * (2.0 * D + S + 82.0) < std::ldexp(1.0, -10))) too_coarse++;
+      for (unsigned t = 0; t < q.n; t++) {
+        const double p = fc.probabilities[base + t];
+        if (std::isinf(fc.logits[base + t]) || p == 0.0) continue;
+        mass[t] += p;
+        first[t] += p * (B[t] + Bmax + u * (M - fc.logits[base + t] + D + S + 82.0));
+      }
+    }
+    for (unsigned t = 0; t < q.n; t++) {
+      owned[q.accumulate_offset + t] = true;
+      const float cpu = fc.sums[q.accumulate_offset + t], gpu = sums[q.accumulate_offset + t];
+      if (mass[t] == 0.0) { // no row sees t: 0 exactly
+        zero_slots++;
+        zeros_wrong += !(gpu == 0.0f && cpu == 0.0f);
+        continue;
+      }
+      const double bound = (first[t] + (R + 2.0) * u * mass[t]) * (1.0 + std::ldexp(1.0, -9));
+      const double diff = std::fabs(static_cast<double>(gpu) - cpu);
+      checked++;
+      if (!(diff <= bound)) over++;
+      worst = std::max(worst, diff / bound);
+    }
+  }
+  size_t stray = 0;
+  for (size_t k = 0; k < owned.size(); k++) stray += !owned[k] && !is_garbage(sums[k]);
+  std::printf("# %s: the fused attention's sums, largest |gpu - cpu| / bound: %.3g over %zu slots (and %zu no row sees)\n",
+              name.c_str(), worst, checked, zero_slots);
+  check(r.ok && over == 0 && too_coarse == 0 && checked > 0,
+        name + ": the fused attention's H2O sums (FLASH, COMBINE, NORMALIZE, ACCUMULATE) give the CPU's within the derived bound",
+        r.ok ? std::to_string(over) + " of " + std::to_string(checked) + " slots past the bound, " + std::to_string(too_coarse) +
+                   " rows past the first-order condition"
+             : r.message);
+  check(r.ok && zeros_wrong == 0, name + ": the fused attention's sums are 0 where no row sees the slot (as the CPU's)",
+        std::to_string(zeros_wrong) + " of " + std::to_string(zero_slots) + " differ");
+  check(r.ok && stray == 0, name + ": the fused attention's sums write no entry that no sequence owns", std::to_string(stray) + " written");
+}
+
 // The fused attention (flash.cuh): kvq_cuda_flash, then kvq_cuda_flash_combine, with the fused
-// plan's metadata and units (reference.c: the job without accumulate sums, so cases with PolarQuant
-// values alone are not fused), into scratch and output full of garbage, against the CPU's output of
+// plan's metadata and units (reference.c: the same job, its H2O sums included, so only cases with
+// PolarQuant values are not fused; test_flash_sums then checks the sums), into scratch and output full of garbage, against the CPU's output of
 // the same job (SCORE, SOFTMAX, WEIGHTED_SUM in double). The combine runs on a 2-D grid with spare
 // blocks. Output rows that see no slot must be 0 exactly (as the CPU's); rows no sequence owns keep
 // their garbage. The bound, per output (r, h, c), with the CPU's float logits x_t and probabilities
@@ -472,7 +563,8 @@ static void test_flash(const fixture_case &fc) {
   const kvq_attention_fixture &c = fc.c;
   const std::string name = c.name;
   if (!c.fused) {
-    check(c.rotated_sums != 0, name + ": the fused plan declines the job only for PolarQuant values (rotated sums)", "declined");
+    check(c.rotated_sums != 0, name + ": the fused plan declines the job only for PolarQuant values (rotated sums), not for H2O sums",
+          "declined");
     return;
   }
   const kvq_cuda_attention a = params(fc, 0), av = params(fc, 1);
@@ -553,6 +645,7 @@ static void test_flash(const fixture_case &fc) {
   check(r.ok && zeros_wrong == 0, name + ": the fused attention gives 0 where a row sees no slot (as the CPU)",
         std::to_string(zeros_wrong) + " of " + std::to_string(zero_rows) + " differ");
   check(r.ok && stray == 0, name + ": the fused attention writes no output row that no sequence owns", std::to_string(stray) + " written");
+  if (c.accumulate) test_flash_sums(fc, scratch, r.ok);
 }
 
 // QJL's lookup tables alone (backends/cuda/kernels/qjl_lut.cuh, the fused attention's QJL scoring):

@@ -202,7 +202,8 @@ kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job)
 }
 
 // ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
-// kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine; else,
+// kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine (then,
+// with the H2O / Q-Hitter sums, kvq_cuda_flash_normalize and kvq_cuda_flash_accumulate); else,
 // as on Vulkan, the three unfused kernels above on the same plan and metadata.
 kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   cuda_backend *b = as_cuda(backend);
@@ -234,6 +235,19 @@ kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
                                           dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta,
                                           static_cast<const float *>(splits), at<float>(job->output));
     st = launched(b, e, "the fused attention's combine (kvq_cuda_flash_combine)");
+  }
+  // H2O / Q-Hitter: the probability sums from the scratch, after the combine has read the split
+  // sums that the normalization replaces (one stream: in order)
+  if (st == KVQ_OK && job->accumulate && run.plan.units[KVQ_PLAN_SOFTMAX]) {
+    const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash_normalize, attention_grid(run.plan.units[KVQ_PLAN_SOFTMAX]),
+                                          dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta, splits);
+    st = launched(b, e, "the fused attention's split normalization (kvq_cuda_flash_normalize)");
+  }
+  if (st == KVQ_OK && job->accumulate && run.plan.units[KVQ_PLAN_ACCUMULATE]) {
+    const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash_accumulate, attention_grid(run.plan.units[KVQ_PLAN_ACCUMULATE]),
+                                          dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta,
+                                          static_cast<const float *>(splits), at<float>(job->accumulate));
+    st = launched(b, e, "the fused attention's probability sums (kvq_cuda_flash_accumulate)");
   }
   return st;
 }

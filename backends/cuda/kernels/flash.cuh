@@ -7,10 +7,11 @@
 // passes), so that each key and each value is decoded once for all of them.
 //
 // The host (as backends/vulkan does):
-//   kvq_gpu_plan_attention(job, 1, &plan, ...)   plan.fused is 1 unless the job has accumulate sums,
-//                                                PolarQuant values (plan.rotated_sums) or a flash
-//                                                scratch past 4 GiB: then the unfused kernels
-//                                                (score.cuh, softmax.cuh, weighted_sum.cuh)
+//   kvq_gpu_plan_attention(job, 1, &plan, ...)   plan.fused is 1 unless the job has PolarQuant
+//                                                values (plan.rotated_sums) or a flash scratch past
+//                                                4 GiB: then the unfused kernels (score.cuh,
+//                                                softmax.cuh, weighted_sum.cuh); jobs with the H2O /
+//                                                Q-Hitter sums (job->accumulate) are fused too
 //   kvq_gpu_pack_attention(job, &plan, words)    plan.meta_words words, uploaded as they are (`meta`)
 //   scratch                                      fp32, plan.scratch_bytes (each sequence's from its
 //                                                KVQ_SEQ_SCRATCH, laid out as kvq_flash_*_at say)
@@ -20,6 +21,11 @@
 //       value_fixed1, value_ring, queries, prepared, scratch)
 //   kvq_cuda_flash_combine<<<plan.units[KVQ_PLAN_COMBINE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //       a, meta, scratch, output)
+// and, only with job->accumulate (after the combine: the normalization overwrites what it reads),
+//   kvq_cuda_flash_normalize<<<plan.units[KVQ_PLAN_SOFTMAX], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
+//       a, meta, scratch)
+//   kvq_cuda_flash_accumulate<<<plan.units[KVQ_PLAN_ACCUMULATE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
+//       a, meta, scratch, accumulate)
 // Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
 // KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
 // memory (static shared memory: kvq_cuda_flash 21392 bytes as ptxas lays it out: KVQ_FLASH_HEADS_PER_PASS
@@ -55,6 +61,16 @@
 //   no slot (as the CPU and the unfused WEIGHTED_SUM; Vulkan's combine gives 0 / 0 for the first and
 //   writes nothing for the second). a: query_heads and side.head_dim (the values'). A thread per (r, h, c) of a
 //   sequence, c fastest (KVQ_PLAN_COMBINE: 64 per block).
+//
+// The H2O / Q-Hitter sums from the flash scratch (as shaders/flash_normalize.comp and the
+// accumulate_flash variant of shaders/accumulate.comp), a: query_heads:
+// kvq_cuda_flash_normalize: a block per (r, h) of a sequence (KVQ_PLAN_SOFTMAX's units), its threads
+//   taking every 64th split: M = the largest m_s, L = sum_s e^(m_s - M) l_s (float, the block sum),
+//   then each split sum l_s replaced by f_s = e^(m_s - M) / L (0 where m_s = -inf).
+// kvq_cuda_flash_accumulate: a block per slot t (KVQ_PLAN_ACCUMULATE's units), its threads taking
+//   every 64th row_head: accumulate[accumulate_offset + t] = the float sum over the sequence's rows
+//   and heads of p_t f_(t / 64), the probability of t (the rows in kvq_cuda_accumulate's order).
+//   Nothing else of accumulate is written.
 #ifndef KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
 #define KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
 
@@ -275,6 +291,47 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   }
   const unsigned r = row_head / H, h = row_head % H;
   output[(static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c] = sum > 0.0f ? out / sum : 0.0f;
+}
+
+__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+    kvq_cuda_flash_normalize(const kvq_cuda_attention a, const unsigned *__restrict__ meta, float *__restrict__ scratch) {
+  KVQ_SHARED(float, part, KVQ_CUDA_BLOCK_WARPS);
+  const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_SOFTMAX, wg);
+  if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
+  const unsigned row_head = kvq_gpu_unit(meta, KVQ_PLAN_SOFTMAX, seq, wg), n = kvq_gpu_seq_tokens(meta, seq);
+  const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * a.query_heads, splits = kvq_flash_splits(n);
+  if (n == 0 || row_head >= R) return; // uniform too
+  float M = -INFINITY;
+  for (unsigned s = threadIdx.x; s < splits; s += KVQ_CUDA_ATTENTION_THREADS)
+    M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
+  M = kvq_cuda_block_max(M, part);
+  float L = 0.0f;
+  for (unsigned s = threadIdx.x; s < splits; s += KVQ_CUDA_ATTENTION_THREADS) {
+    const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
+    if (m != -INFINITY) L += expf(m - M) * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
+  }
+  L = kvq_cuda_block_sum(L, part);
+  for (unsigned s = threadIdx.x; s < splits; s += KVQ_CUDA_ATTENTION_THREADS) { // each thread the splits it read
+    const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
+    scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))] = m == -INFINITY ? 0.0f : expf(m - M) / L;
+  }
+}
+
+__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+    kvq_cuda_flash_accumulate(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ scratch,
+                              float *__restrict__ accumulate) {
+  KVQ_SHARED(float, part, KVQ_CUDA_BLOCK_WARPS);
+  const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_ACCUMULATE, wg);
+  if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block
+  const unsigned t = kvq_gpu_unit(meta, KVQ_PLAN_ACCUMULATE, seq, wg), n = kvq_gpu_seq_tokens(meta, seq);
+  if (t >= n) return; // uniform over the block
+  const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * a.query_heads, split = t / KVQ_FLASH_SPLIT;
+  float sum = 0.0f;
+  for (unsigned row_head = threadIdx.x; row_head < R; row_head += KVQ_CUDA_ATTENTION_THREADS)
+    sum += scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_prob_at(n, row_head, t))] *
+           scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, split))];
+  sum = kvq_cuda_block_sum(sum, part);
+  if (threadIdx.x == 0) accumulate[kvq_gpu_seq(meta, seq, KVQ_SEQ_ACCUMULATE_OFFSET) + t] = sum;
 }
 
 #endif // KVQ_BACKENDS_CUDA_KERNELS_FLASH_CUH
