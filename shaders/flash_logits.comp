@@ -45,6 +45,11 @@ void main() {
 #if defined(KVQ_FLASH_SPLIT_SCORES)
     if (paged) {
     } else // scored above
+#elif defined(KVQ_SCORES_HEADS)
+    if (paged) // the method scores the key against every head of the pass at once (decoding it once)
+      kvq_score_heads(block, t % pc.page_size, ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * kvq_prepared_floats(),
+                      heads, logit);
+    else
 #elif defined(KVQ_PREPARES)
     if (paged) { // scored from the prepared queries in results (QJL's estimator, PolarQuant's rotation)
       uint row = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0;

@@ -27,6 +27,11 @@
 //     float kvq_score_dot(uint block, uint t, uint q, uint p)
 //                                                       q.k_t for the query at element q of src,
 //                                                       prepared at element p of results
+//   KVQ_SCORES_HEADS  (with KVQ_PREPARES) the fused logits (flash_logits.comp) score a paged key
+//                     against all the heads of a pass in one call, decoding it once:
+//     void  kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS])
+//                                                       adds q_g.k_t to logit[g], g < heads, for the
+//                                                       prepared queries at p + g * kvq_prepared_floats()
 //   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
 //     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
 //     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])

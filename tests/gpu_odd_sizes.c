@@ -17,7 +17,7 @@ uint32_t gpu_odd_size_cases(golden_case cases[GPU_ODD_SIZE_MAX], char names[GPU_
   };
   uint32_t count = 0;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-    for (int pair = 0; pair < 6; pair++) {
+    for (int pair = 0; pair < 7; pair++) {
       golden_case *c = &cases[count];
       memset(c, 0, sizeof *c);
       kvq_method_config keys, values;
@@ -26,7 +26,8 @@ uint32_t gpu_odd_size_cases(golden_case cases[GPU_ODD_SIZE_MAX], char names[GPU_
       else if (pair == 2) keys = th_kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
       else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
       else if (pair == 4) keys = th_polar(KVQ_ROTATION_DENSE), values = th_polar(KVQ_ROTATION_HADAMARD);
-      else keys = th_cq(4, 8), values = th_cq(2, 5);
+      else if (pair == 5) keys = th_cq(4, 8), values = th_cq(2, 5);
+      else keys = th_polar(KVQ_ROTATION_HADAMARD), values = th_uniform(2, 16); /* PolarQuant keys on the fused path */
       snprintf(names[count], GPU_ODD_SIZE_NAME, "odd-%zu-%d", s, pair);
       c->name = names[count];
       c->input = shapes[s].input;

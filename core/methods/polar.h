@@ -16,8 +16,9 @@
  * in core/methods/exact.h; L levels, bits the packed level bits, rotation a kvq_rotation value.
  *
  * Decoding comes in two forms that give the same floats bit for bit (tests/test_polar.c): a whole
- * token top down (kvq_polar_decode_token: every level splits each sub-block's radius, for the CPU)
- * and one coordinate (kvq_polar_decode_coord, for a GPU thread): both multiply the block radius by
+ * token top down (kvq_polar_decode_token: every level splits each sub-block's radius, for the CPU and
+ * a GPU thread that scores a whole key) and one coordinate (kvq_polar_decode_coord, for a GPU thread
+ * that needs one): both multiply the block radius by
  * the level L factor first and the level 1 factor last, each product rounded on its own.
  *
  * On GPUs, the loops over d x d entries take four columns per trip and the codebook searches two
@@ -262,20 +263,38 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32
 
 /* Token t whole, top down: from each block radius, every level splits each sub-block's radius r
  * into (r cos, r sin) of its code's centroid. Sub-block a of a level writes entries 2a and 2a + 1,
- * so going through a downwards one array serves in place. */
+ * so going through a downwards one array serves in place. The code of sub-block a is code
+ * t * angles + a of the level's array, in word j / cpw, slot j % cpw (kvq_io_code, cpw = 32 / b,
+ * which need not be a power of two): the word and slot are divided out once per level and then
+ * stepped down with a, so that no division is left per code (a GPU thread decoding a key whole,
+ * shaders/methods/polar.glsl, runs this for every key it scores). The levels' code arrays and tables
+ * follow each other (core/layout.h), as in kvq_polar_decode_coord. */
 KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                           kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
-  kvq_u32 radii = block + kvq_polar_radius_offset(P, d, L, bits) + 2u * t * (d >> L);
+  kvq_u32 codes = block, table = tables;
+  for (kvq_u32 l = 1u; l < L; l++) {
+    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
+    table += 4u << kvq_polar_level_bits(bits, l);
+  }
+  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u + 2u * t * (d >> L);
   for (kvq_u32 k = 0u; k < (d >> L); k++) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * k));
   for (kvq_u32 l = L; l >= 1u; l--) {
-    kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l);
-    kvq_u32 table = kvq_polar_level_table(tables, bits, l);
-    kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
+    kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l), cpw = 32u / b, mask = (1u << b) - 1u;
+    kvq_u32 last = t * angles + angles - 1u, word = (codes >> 2u) + last / cpw, slot = last % cpw;
     for (kvq_u32 a = angles; a > 0u; a--) {
       kvq_f32 r = y[a - 1u];
-      kvq_u32 code = kvq_io_code(KVQ_IO codes, t * angles + a - 1u, b);
+      kvq_u32 code = (KVQ_PAGE(word) >> (slot * b)) & mask;
       y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
       y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
+      if (slot == 0u) { /* the previous code ends the previous word */
+        word--;
+        slot = cpw;
+      }
+      slot--;
+    }
+    if (l > 1u) {
+      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
+      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
     }
   }
 }

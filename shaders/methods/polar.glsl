@@ -167,9 +167,42 @@ void kvq_prepare_unit(uint q, uint h, uint unit, uint out_at) {
   for (uint i = 0u; i < pc.head_dim; i++) dst[out_at + i] = floatBitsToUint(y[i]);
 }
 
-// q.k for key token t: the prepared query (element p of results) against the rotated key.
+// q.k for key token t: the prepared query (element p of results) against the rotated key, decoded
+// whole first (kvq_polar_decode_token: about 2 products and 1 code read per coordinate, no division
+// per code), not coordinate by coordinate (kvq_polar_score: L of each, and 2 divisions per code
+// read, docs/BENCH.md's per-kernel budget); the same floats, summed in the same order, so the same
+// logit.
 float kvq_score_dot(uint block, uint t, uint q, uint p) {
-  return kvq_polar_score(block, t, p, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block));
+  float y[KVQ_MAX_HEAD_DIM];
+  kvq_polar_decode_token(block, t, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), y);
+  float dot = 0.0;
+  for (uint i = 0u; i < pc.head_dim; i++) dot += KVQ_PREPARED(p + i) * y[i];
+  return dot;
+}
+
+// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): each token's key decoded once,
+// whole, and dotted with every head of the pass, instead of being decoded again per head through
+// kvq_score_dot (issue 11: PolarQuant decoded once per token, shared by the GQA heads). Per head the
+// sum runs as kvq_score_dot's, coordinate by coordinate: the same logits. The prepared queries are
+// read from results four floats at a time (llvmpipe runs each load in a loop lane by lane, so a
+// vec4 load is a quarter of the loads; p and the stride are multiples of 16 floats, d being one).
+// They stay in results: in shared memory they would take 8 KiB, over the 16 KiB every Vulkan
+// device offers together with this file's QUANTIZE arrays, which every PolarQuant shader declares.
+#define KVQ_SCORES_HEADS
+layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer ResultsVec4 { uvec4 results_vec4[]; };
+void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
+  float y[KVQ_MAX_HEAD_DIM];
+  kvq_polar_decode_token(block, t, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), y);
+  uint stride = kvq_prepared_floats();
+  for (uint i = 0u; i < pc.head_dim; i += 4u)
+    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) // a constant trip count: unrolled, logit[g] in registers
+      if (g < heads) {
+        vec4 q = uintBitsToFloat(results_vec4[(p + g * stride + i) >> 2u]);
+        logit[g] += q.x * y[i];
+        logit[g] += q.y * y[i + 1u];
+        logit[g] += q.z * y[i + 2u];
+        logit[g] += q.w * y[i + 3u];
+      }
 }
 
 // The weighted sum's rotated page sum (d floats at element s of dst) rotated back, into x.
