@@ -23,9 +23,11 @@
 #include "core/layout.h"
 
 /* Tokens of one PolarQuant work unit (one workgroup, shaders/methods/polar.glsl): its shared memory
- * holds 2.5 arrays of this many tokens of KVQ_MAX_HEAD_DIM floats, 10 KiB at 4, within the 16 KiB
- * every Vulkan device offers (8 would not be). */
-#define KVQ_POLAR_GROUP_TOKENS 4u
+ * holds 2 arrays of this many tokens of KVQ_MAX_HEAD_DIM floats, 16 KiB at 8, the 16 KiB every
+ * Vulkan device offers (16 would not fit). More tokens per workgroup share each load of a rotation
+ * entry or codebook between more tokens (docs/BENCH.md, "PolarQuant append on lavapipe"). Only the
+ * Vulkan backend splits by it (the CUDA backend encodes a token per block). */
+#define KVQ_POLAR_GROUP_TOKENS 8u
 
 /* Work units to encode n tokens of a head block of `method` with the given layout parameters. */
 KVQ_SHARED_FN kvq_u32 kvq_encode_units_of(kvq_u32 method, kvq_u32 n, kvq_u32 d, kvq_u32 group, kvq_u32 m, kvq_u32 k,

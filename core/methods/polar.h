@@ -195,21 +195,28 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_boundaries_passed(KVQ_IO_PARAM kvq_f32 s_a, kvq_
   return code;
 }
 
+/* The entry level l + 1 reads from the two entries an angle of level l was decided from: level 1's
+ * pair gives its squared radius, the halves above give the sum of theirs. Apart from
+ * kvq_polar_encode_angle so that a GPU kernel may decide the codes its own way (codebook in
+ * registers, codes packed per word) with this same float arithmetic. */
+KVQ_SHARED_FN kvq_f32 kvq_polar_next_entry(kvq_u32 l, kvq_f32 first, kvq_f32 second) {
+  if (l == 1u) return kvq_polar_pair_square(first, second);
+  KVQ_PRECISE kvq_f32 sum = KVQ_FADD(first, second);
+  return sum;
+}
+
 /* Angle a of level l of token t from the level's two entries (level 1: the rotated pair; above:
- * the halves' squared radii): stores its code and returns the entry the next level reads (the pair's
- * squared radius, or the sum of the halves'). */
+ * the halves' squared radii): stores its code and returns the entry the next level reads
+ * (kvq_polar_next_entry). */
 KVQ_SHARED_FN kvq_f32 kvq_polar_encode_angle(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 l, kvq_u32 a, kvq_f32 first,
                                              kvq_f32 second, kvq_u32 P, kvq_u32 d, kvq_u32 bits, kvq_u32 tables) {
   kvq_u32 b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l);
   kvq_u32 table = kvq_polar_level_table(tables, bits, l);
   kvq_u32 codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
-  if (l == 1u) {
-    kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_nearest(KVQ_IO first, second, table, K));
-    return kvq_polar_pair_square(first, second);
-  }
-  kvq_io_put_code(KVQ_IO codes, t * angles + a, b, kvq_polar_boundaries_passed(KVQ_IO first, second, table, K));
-  KVQ_PRECISE kvq_f32 sum = KVQ_FADD(first, second);
-  return sum;
+  kvq_u32 code = l == 1u ? kvq_polar_nearest(KVQ_IO first, second, table, K)
+                         : kvq_polar_boundaries_passed(KVQ_IO first, second, table, K);
+  kvq_io_put_code(KVQ_IO codes, t * angles + a, b, code);
+  return kvq_polar_next_entry(l, first, second);
 }
 
 /* Radius k of token t from its block's squared radius (kvq_sqrt: 1 fp16 ulp apart on GLSL at worst,

@@ -5,6 +5,7 @@
 // rotated back once per output row; a thread decodes one rotated coordinate
 // (kvq_polar_decode_coord), which gives the CPU's floats bit for bit. Tokens are read once into
 // arrays (applying R per channel of every token would pass the loop limit, docs/VULKAN.md).
+#extension GL_EXT_control_flow_attributes : require
 #include "core/methods/polar.h"
 #include "shaders/work_units.h"
 
@@ -21,22 +22,29 @@ uint polar_tables(uint block) {
 
 // QUANTIZE by workgroup (shaders/quantize.comp): unit u is tokens [uT, uT + T) of the head block,
 // T = KVQ_POLAR_GROUP_TOKENS (shaders/work_units.h), their coordinates spread over the invocations as
-// the CUDA backend spreads a token's over a block (kvq_cuda_polar_encode), through the same functions
-// of core/methods/polar.h in the same order per coordinate, so the codes and radii are
-// kvq_polar_encode_unit's byte for byte. One invocation per token ran the d x d rotation, every level
-// and private arrays serially. Here a dense rotation reads each matrix entry once for the T tokens,
-// and reads entries and inputs four floats at a time: llvmpipe runs every load in a loop or branch
-// lane by lane, so loads, not arithmetic, bound it; KVQ_IN is read once per input (it enters the fp16
-// conversion's loop on every read).
-// Shared memory, 10 KiB at T = 4 (every Vulkan device offers 16 KiB): the dense rotation's inputs
-// (polar_x), then the rotated tokens (polar_a) and each level's entries, which polar_a and polar_b
-// take turns to hold (in place, angle a would overwrite entry a while another invocation still
-// reads it; a level writes at most d / 2 entries).
+// the CUDA backend spreads a token's over a block (kvq_cuda_polar_encode), each float through the
+// same functions of core/methods/polar.h in the same order per coordinate, so the codes and radii
+// are kvq_polar_encode_unit's byte for byte; only who computes what, and where the operands are
+// staged, differ. llvmpipe runs every load in a loop or branch lane by lane (one scalar load per
+// invocation, shared memory too, even where every invocation reads the same address), while its
+// arithmetic is SIMD, so the steps below are shaped to load less per token:
+// - dense rotation: an invocation computes a block of POLAR_R rows for the T tokens, so each load
+//   of a matrix entry serves T products and each load of an input POLAR_R (1.25 loads per product
+//   with one row per invocation and T = 4, 0.375 here); four matrix floats per load.
+// - levels: an invocation decides the codes of one 32-bit word of codes (32 / bits codes, kept in
+//   order) with the level's codebook (up to POLAR_K entries) loaded once into registers, and stores
+//   the word with one atomicOr, instead of reading two table floats per candidate per angle and an
+//   atomicOr per code; larger codebooks read the table as the CPU does (kvq_polar_nearest,
+//   kvq_polar_boundaries_passed).
+// Shared memory, polar_s: 16 KiB at T = 8, what every Vulkan device offers. Region 0 (T arrays of
+// KVQ_MAX_HEAD_DIM floats) takes the rotated tokens, region 1 (before it, as large) first the dense
+// rotation's inputs, then, once the rotation is done, the two regions take turns to hold a level's
+// entries (in place, angle a would overwrite entry a while another invocation still reads it).
 #define POLAR_T KVQ_POLAR_GROUP_TOKENS
 #define POLAR_A KVQ_MAX_HEAD_DIM
-#define POLAR_B (KVQ_MAX_HEAD_DIM / 2u)
-shared vec4 polar_x[POLAR_T * KVQ_MAX_HEAD_DIM / 4u];
-shared float polar_a[POLAR_T * POLAR_A], polar_b[POLAR_T * POLAR_B];
+#define POLAR_R 4u  // dense rows per invocation block (d is a multiple of 16)
+#define POLAR_K 16u // codebooks of up to 4 bits go to registers (b4222's largest, 16 centroids)
+shared float polar_s[2u * POLAR_T * POLAR_A];
 #define KVQ_ENCODES_BY_WORKGROUP
 
 // The dense rotation (fixed0) four entries at a time: the same words as KVQ_POLAR_ROTATION reads
@@ -49,85 +57,137 @@ void polar_sync() {
   barrier();
 }
 
-// Entry e of token k of the unit in polar_a (which 0) or polar_b (which 1).
-float polar_get(uint which, uint k, uint e) { return which == 0u ? polar_a[k * POLAR_A + e] : polar_b[k * POLAR_B + e]; }
-void polar_set(uint which, uint k, uint e, float v) {
-  if (which == 0u) polar_a[k * POLAR_A + e] = v;
-  else polar_b[k * POLAR_B + e] = v;
-}
+// Where token k's entries start in region `which` (0 or 1) of polar_s: arithmetic, not a choice
+// between two arrays, so that reading an entry is one load.
+uint polar_at(uint which, uint k) { return which == 0u ? (POLAR_T + k) * POLAR_A : k * POLAR_A; }
 
 void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   uint lane = gl_LocalInvocationID.x, lanes = gl_WorkGroupSize.x, d = pc.head_dim, L = pc.levels;
   uint P = pc.page_size, bits = pc.level_bits, tables = polar_tables(block), stride = pc.kv_heads * d;
   uint t0 = u * POLAR_T, tokens = min(n - t0, POLAR_T); // the unit's valid tokens, 1 .. T
-  // y = R x of each token into polar_a (kvq_polar_rotate's floats).
+  // y = R x of each token into region 0 (kvq_polar_rotate's floats).
   if (pc.rotation == KVQ_LAYOUT_ROTATION_DENSE) {
-    // The inputs into polar_x (zeros past the valid tokens, whose results are never stored), then
-    // row i of every token: kvq_polar_rotate_row's steps (kvq_polar_row_term), c increasing.
-    for (uint e = lane; e < POLAR_T * d / 4u; e += lanes) {
-      uint k = e / (d / 4u), c = e % (d / 4u) * 4u, at = x + (t0 + k) * stride + c;
-      polar_x[k * KVQ_MAX_HEAD_DIM / 4u + c / 4u] =
-          k < tokens ? vec4(KVQ_IN(at), KVQ_IN(at + 1u), KVQ_IN(at + 2u), KVQ_IN(at + 3u)) : vec4(0.0);
+    // The inputs into region 1 (zeros past the valid tokens, whose results are never stored), then
+    // rows [i, i + POLAR_R) of every token: kvq_polar_rotate_row's steps (kvq_polar_row_term), c
+    // increasing, for each row and token on its own.
+    for (uint e = lane; e < POLAR_T * d; e += lanes) {
+      uint k = e / d, c = e % d;
+      polar_s[polar_at(1u, k) + c] = k < tokens ? KVQ_IN(x + (t0 + k) * stride + c) : 0.0;
     }
     polar_sync();
-    for (uint i = lane; i < d; i += lanes) {
-      precise float p[POLAR_T];
-      for (uint k = 0u; k < POLAR_T; k++) p[k] = 0.0;
-      for (uint c = 0u; c < d / 4u; c++) { // four columns a trip (the loop limit: d / 64 rows of d / 4)
-        vec4 r = uintBitsToFloat(fixed0_vec4[(i * d) / 4u + c]);
-        for (uint k = 0u; k < POLAR_T; k++) {
-          vec4 v = polar_x[k * KVQ_MAX_HEAD_DIM / 4u + c];
-          p[k] = kvq_polar_row_term(p[k], r.x, v.x);
-          p[k] = kvq_polar_row_term(p[k], r.y, v.y);
-          p[k] = kvq_polar_row_term(p[k], r.z, v.z);
-          p[k] = kvq_polar_row_term(p[k], r.w, v.w);
+    for (uint i = lane * POLAR_R; i < d; i += lanes * POLAR_R) {
+      precise float p[POLAR_R * POLAR_T]; // row i + r of token k at r * POLAR_T + k
+      [[unroll]] for (uint j = 0u; j < POLAR_R * POLAR_T; j++) p[j] = 0.0;
+      for (uint c = 0u; c < d / 4u; c++) { // four columns a trip (the loop limit: d / 4 trips)
+        vec4 v[POLAR_T];
+        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) {
+          uint at = polar_at(1u, k) + 4u * c;
+          v[k] = vec4(polar_s[at], polar_s[at + 1u], polar_s[at + 2u], polar_s[at + 3u]);
+        }
+        [[unroll]] for (uint r = 0u; r < POLAR_R; r++) {
+          vec4 m = uintBitsToFloat(fixed0_vec4[(i + r) * (d / 4u) + c]);
+          [[unroll]] for (uint k = 0u; k < POLAR_T; k++) {
+            uint j = r * POLAR_T + k;
+            p[j] = kvq_polar_row_term(p[j], m.x, v[k].x);
+            p[j] = kvq_polar_row_term(p[j], m.y, v[k].y);
+            p[j] = kvq_polar_row_term(p[j], m.z, v[k].z);
+            p[j] = kvq_polar_row_term(p[j], m.w, v[k].w);
+          }
         }
       }
-      for (uint k = 0u; k < POLAR_T; k++) polar_a[k * POLAR_A + i] = p[k];
+      [[unroll]] for (uint r = 0u; r < POLAR_R; r++)
+        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) polar_s[polar_at(0u, k) + i + r] = p[r * POLAR_T + k];
     }
   } else {
     // The signs, then each butterfly stage shared (one stage's butterflies touch disjoint entries;
     // a barrier between stages), then the scale.
     for (uint e = lane; e < POLAR_T * d; e += lanes) {
       uint k = e / d, c = e % d;
-      polar_a[k * POLAR_A + c] = k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0;
+      polar_s[polar_at(0u, k) + c] = k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0;
     }
     polar_sync();
     for (uint len = 1u; len < d; len <<= 1u) {
       for (uint e = lane; e < POLAR_T * (d / 2u); e += lanes) {
-        uint j = e / (d / 2u) * POLAR_A + kvq_polar_butterfly_at(len, e % (d / 2u));
-        precise float a = polar_a[j], b = polar_a[j + len];
+        uint j = polar_at(0u, e / (d / 2u)) + kvq_polar_butterfly_at(len, e % (d / 2u));
+        precise float a = polar_s[j], b = polar_s[j + len];
         precise float sum = KVQ_FADD(a, b), difference = KVQ_FSUB(a, b);
-        polar_a[j] = sum;
-        polar_a[j + len] = difference;
+        polar_s[j] = sum;
+        polar_s[j + len] = difference;
       }
       polar_sync();
     }
     float scale = kvq_hadamard_scale(d);
     for (uint e = lane; e < POLAR_T * d; e += lanes) {
-      uint j = e / d * POLAR_A + e % d;
-      precise float scaled = KVQ_FMUL(polar_a[j], scale);
-      polar_a[j] = scaled;
+      uint j = polar_at(0u, e / d) + e % d;
+      precise float scaled = KVQ_FMUL(polar_s[j], scale);
+      polar_s[j] = scaled;
     }
   }
   polar_sync();
-  // Level by level: angle a reads entries 2a, 2a + 1 of the level below and writes entry a of the
-  // other array; tokens past the valid ones store nothing.
+  // Level by level: angle a of token k reads entries 2a, 2a + 1 of the level below and writes entry
+  // a of the other region; its code is kvq_polar_encode_angle's (kvq_polar_nearest's rule at level
+  // 1: candidates in increasing order, strictly greater wins, so ties keep the lower index;
+  // kvq_polar_boundaries_passed's count above), stored where kvq_io_put_code stores it (code i of
+  // the level at word i / (32 / b), bit (i % (32 / b)) b). Code i of the level is angle i % angles of
+  // token i / angles, so the unit's codes are [t0 angles, (t0 + tokens) angles), and an invocation
+  // takes the whole words of that range in turn; words at its ends are shared with the neighbouring
+  // units, hence the atomicOr into the zeroed page.
   uint from = 0u;
   for (uint l = 1u; l <= L; l++) {
-    uint angles = kvq_polar_angles(d, l);
-    for (uint e = lane; e < tokens * angles; e += lanes) {
-      uint k = e / angles, a = e % angles;
-      polar_set(1u - from, k, a,
-                kvq_polar_encode_angle(block, t0 + k, l, a, polar_get(from, k, 2u * a), polar_get(from, k, 2u * a + 1u), P,
-                                       d, bits, tables));
+    uint b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l), cpw = 32u / b;
+    uint table = kvq_polar_level_table(tables, bits, l), codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
+    uint lo = t0 * angles, hi = (t0 + tokens) * angles, first_word = lo / cpw, end_word = (hi - 1u) / cpw + 1u;
+    // The level's centroids (level 1: cos, sin) or boundaries (above: cos^2, sin^2) into registers:
+    // constant trip counts ([[unroll]]), so the loops unroll and the arrays stay registers.
+    bool in_registers = K <= POLAR_K;
+    float cb0[POLAR_K], cb1[POLAR_K];
+    [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
+      cb0[j] = 0.0;
+      cb1[j] = 0.0;
+    }
+    if (in_registers && first_word + lane < end_word) {
+      uint at = l == 1u ? table : table + 2u * K; // kvq_polar_nearest's and kvq_polar_boundaries_passed's
+      [[unroll]] for (uint j = 0u; j < POLAR_K; j++)
+        if (j < K) {
+          cb0[j] = KVQ_POLAR_TABLE(at + 2u * j);
+          cb1[j] = KVQ_POLAR_TABLE(at + 2u * j + 1u);
+        }
+    }
+    for (uint w = first_word + lane; w < end_word; w += lanes) {
+      uint i = max(w * cpw, lo), end = min(w * cpw + cpw, hi), k = i / angles - t0, a = i % angles, word = 0u;
+      for (; i < end; i++) {
+        float first = polar_s[polar_at(from, k) + 2u * a], second = polar_s[polar_at(from, k) + 2u * a + 1u];
+        uint code = 0u;
+        if (!in_registers) {
+          code = l == 1u ? kvq_polar_nearest(first, second, table, K) : kvq_polar_boundaries_passed(first, second, table, K);
+        } else if (l == 1u) {
+          float best = kvq_polar_pair_dot(first, second, cb0[0], cb1[0]);
+          [[unroll]] for (uint j = 1u; j < POLAR_K; j++) {
+            float dot = kvq_polar_pair_dot(first, second, cb0[j], cb1[j]);
+            if (j < K && dot > best) {
+              best = dot;
+              code = j;
+            }
+          }
+        } else {
+          [[unroll]] for (uint j = 0u; j + 1u < POLAR_K; j++) code += j + 1u < K ? kvq_polar_past(first, second, cb0[j], cb1[j]) : 0u;
+        }
+        word |= code << ((i - w * cpw) * b);
+        polar_s[polar_at(1u - from, k) + a] = kvq_polar_next_entry(l, first, second);
+        a++;
+        if (a == angles) {
+          a = 0u;
+          k++;
+        }
+      }
+      KVQ_PAGE_OR(codes + w, word);
     }
     polar_sync();
     from = 1u - from;
   }
   for (uint e = lane; e < tokens * (d >> L); e += lanes) {
     uint k = e / (d >> L), r = e % (d >> L);
-    kvq_polar_put_radius(block, t0 + k, r, polar_get(from, k, r), P, d, L, bits);
+    kvq_polar_put_radius(block, t0 + k, r, polar_s[polar_at(from, k) + r], P, d, L, bits);
   }
 }
 
