@@ -6,6 +6,7 @@
 // workgroup for methods that define KVQ_ENCODES_BY_WORKGROUP (PolarQuant; the host sizes the
 // dispatch by shaders/work_units.h's kvq_encode_by_workgroup); units is the largest unit count of a
 // head block.
+#define KVQ_QUANTIZE_SHADER // the methods' encoding code (shaders/methods/polar.glsl keeps its shared memory to it)
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
 

@@ -20,6 +20,10 @@ uint polar_tables(uint block) {
   return kvq_polar_tables(block / (pc.head_words * 4u) % pc.kv_heads, pc.codebook, pc.levels, pc.level_bits);
 }
 
+// Encoding exists only in the QUANTIZE shader (KVQ_QUANTIZE_SHADER, shaders/quantize.comp): glslang keeps
+// a shared array in every shader that declares it, and the 16 KiB below plus the fused passes' own
+// would pass the 16 KiB every Vulkan device offers.
+#ifdef KVQ_QUANTIZE_SHADER
 // QUANTIZE by workgroup (shaders/quantize.comp): unit u is tokens [uT, uT + T) of the head block,
 // T = KVQ_POLAR_GROUP_TOKENS (shaders/work_units.h), their coordinates spread over the invocations as
 // the CUDA backend spreads a token's over a block (kvq_cuda_polar_encode), each float through the
@@ -190,6 +194,7 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
     kvq_polar_put_radius(block, t0 + k, r, polar_s[polar_at(from, k) + r], P, d, L, bits);
   }
 }
+#endif // KVQ_QUANTIZE_SHADER
 
 float kvq_decode_rotated(uint block, uint t, uint i) {
   return kvq_polar_decode_coord(block, t, i, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block));
