@@ -46,14 +46,11 @@ KVQ_SHARED_FN void kvq_cq_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 unit, 
   kvq_io_put_code(KVQ_IO block >> 2u, unit, b, best);
 }
 
-/* The code of group g of token t: code t * d/c + g of the packed array (core/layout.h). Where a token's
- * d/c codes fill whole words (cq-c4-b8: 32 codes of 8 bits, 8 words) the word is t * (words a token)
- * + g / cpw, whose divisions depend on g only, so that a loop over tokens (a GPU's value pass) keeps
- * no integer division, which llvmpipe runs lane by lane; the same word and bits as kvq_io_code's. */
+/* The code of group g of token t: code t * d/c + g of the packed array (core/layout.h). kvq_io_code
+ * finds 1-, 2-, 4- and 8-bit codes' words with shifts, so a loop over tokens (a GPU's value pass) keeps
+ * no integer division but d / c, which is the same for every token. */
 KVQ_SHARED_FN kvq_u32 kvq_cq_code(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 g, kvq_u32 d, kvq_u32 c, kvq_u32 b) {
-  kvq_u32 groups = d / c, cpw = 32u / b;
-  if (groups % cpw != 0u) return kvq_io_code(KVQ_IO block >> 2u, t * groups + g, b);
-  return (KVQ_PAGE((block >> 2u) + t * (groups / cpw) + g / cpw) >> ((g % cpw) * b)) & ((1u << b) - 1u);
+  return kvq_io_code(KVQ_IO block >> 2u, t * (d / c) + g, b);
 }
 
 /* The element of fixed1 where the centroid group g of token t is coded by starts: its c channels follow. */
