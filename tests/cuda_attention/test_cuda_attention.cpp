@@ -444,6 +444,28 @@ static void test_weighted_sum(const fixture_case &fc) {
   check(r.ok && stray == 0, name + ": WEIGHTED_SUM writes no output row that no sequence owns", std::to_string(stray) + " written");
 }
 
+// What test_flash and test_flash_sums need of the CPU's float logits of row (row, h) of sequence i,
+// from element base of the logits (n slots, masked ones -inf): M their largest, D = max (M - x_t),
+// B_t SCORE's bound on slot t's logit (score_bound; 0 where masked) and Bmax the largest B_t.
+struct row_logits {
+  double M = -INFINITY, D = 0.0, Bmax = 0.0;
+  std::vector<double> B;
+};
+static row_logits row_logit_bounds(const fixture_case &fc, const std::vector<float> &abs_prepared, unsigned i, unsigned row,
+                                   unsigned h, size_t base, unsigned n) {
+  row_logits r;
+  r.B.assign(n, 0.0);
+  for (unsigned t = 0; t < n; t++)
+    if (!std::isinf(fc.logits[base + t])) r.M = std::max(r.M, static_cast<double>(fc.logits[base + t]));
+  for (unsigned t = 0; t < n; t++) {
+    if (std::isinf(fc.logits[base + t])) continue;
+    r.D = std::max(r.D, r.M - fc.logits[base + t]);
+    r.B[t] = score_bound(fc, abs_prepared, i, row, h, t).bound;
+    r.Bmax = std::max(r.Bmax, r.B[t]);
+  }
+  return r;
+}
+
 // The H2O / Q-Hitter sums of the fused attention (flash.cuh): kvq_cuda_flash_normalize, then
 // kvq_cuda_flash_accumulate, on the scratch that test_flash's FLASH and COMBINE left, into sums full of
 // garbage, against the CPU's sums of the same job (its float probabilities p_jt summed in double and
@@ -488,16 +510,9 @@ static void test_flash_sums(const fixture_case &fc, std::vector<float> &scratch,
     for (unsigned row_head = 0; row_head < R; row_head++) {
       const unsigned row = row_head / H, h = row_head % H;
       const size_t base = q.score_offset + static_cast<size_t>(row_head) * q.n;
-      double M = -INFINITY, D = 0.0, Bmax = 0.0;
-      std::vector<double> B(q.n, 0.0);
-      for (unsigned t = 0; t < q.n; t++)
-        if (!std::isinf(fc.logits[base + t])) M = std::max(M, static_cast<double>(fc.logits[base + t]));
-      for (unsigned t = 0; t < q.n; t++) {
-        if (std::isinf(fc.logits[base + t])) continue;
-        D = std::max(D, M - fc.logits[base + t]);
-        B[t] = score_bound(fc, abs_prepared, i, row, h, t).bound;
-        Bmax = std::max(Bmax, B[t]);
-      }
+      const row_logits rl = row_logit_bounds(fc, abs_prepared, i, row, h, base, q.n);
+      const double M = rl.M, D = rl.D, Bmax = rl.Bmax;
+      const std::vector<double> &B = rl.B;
       if (!(2.0 * Bmax + u * (2.0 * D + S + 82.0) < std::ldexp(1.0, -10))) too_coarse++;
       for (unsigned t = 0; t < q.n; t++) {
         const double p = fc.probabilities[base + t];
@@ -619,16 +634,9 @@ static void test_flash(const fixture_case &fc) {
       for (unsigned h = 0; h < H; h++) {
         const unsigned kvh = kvq_cuda_kv_head(a, h);
         const size_t base = q.score_offset + (static_cast<size_t>(row) * H + h) * q.n, o = (static_cast<size_t>(q.query_first + row) * H + h) * d;
-        double M = -INFINITY, D = 0.0, Bmax = 0.0;
-        std::vector<double> B(q.n, 0.0);
-        for (unsigned t = 0; t < q.n; t++)
-          if (!std::isinf(fc.logits[base + t])) M = std::max(M, static_cast<double>(fc.logits[base + t]));
-        for (unsigned t = 0; t < q.n; t++) {
-          if (std::isinf(fc.logits[base + t])) continue;
-          D = std::max(D, M - fc.logits[base + t]);
-          B[t] = score_bound(fc, abs_prepared, i, row, h, t).bound;
-          Bmax = std::max(Bmax, B[t]);
-        }
+        const row_logits rl = row_logit_bounds(fc, abs_prepared, i, row, h, base, q.n);
+        const double M = rl.M, D = rl.D, Bmax = rl.Bmax;
+        const std::vector<double> &B = rl.B;
         const double relative = 2.0 * Bmax + u * (2.0 * D + 2.0 * (64.0 + S) + 22.0);
         if (!(relative < std::ldexp(1.0, -10))) too_coarse++;
         // E(slots, v) of the comment above, channel or rotated coordinate ch, over the page slots
