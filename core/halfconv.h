@@ -70,10 +70,14 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
  * checks of core/methods/range.h refuse tokens whose minimum or scale would overflow). So it returns
  * the same floats as kvq_f16_bits_to_f32 for every stored scale and minimum; C and CUDA call that. */
 #if defined(KVQ_LANG_GLSL)
-float kvq_f16_read(uint h) {
-  float subnormal = float(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
-  subnormal = (h & 0x8000u) != 0u ? -subnormal : subnormal;
-  return (h & 0x7c00u) == 0u ? subnormal : unpackHalf2x16(h).x;
+/* GLSL reads both fp16 halves of a word at once (x: the low half, y: the high one), as side data
+ * stores them in pairs: one unpackHalf2x16, with the exact subnormals selected, not branched to (a
+ * divergent branch costs both its sides on lavapipe). */
+vec2 kvq_f16_read2(uint word) {
+  uvec2 h = uvec2(word & 0xffffu, word >> 16);
+  vec2 subnormal = vec2(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
+  subnormal = mix(subnormal, -subnormal, notEqual(h & 0x8000u, uvec2(0u)));
+  return mix(unpackHalf2x16(word), subnormal, equal(h & 0x7c00u, uvec2(0u)));
 }
 #else
 KVQ_SHARED_FN kvq_f32 kvq_f16_read(kvq_u32 h) { return kvq_f16_bits_to_f32(h); }

@@ -64,16 +64,10 @@ KVQ_SHARED_FN kvq_f32 kvq_uniform_value(kvq_f32 min_h, kvq_f32 scale_h, kvq_u32 
 }
 
 /* The decoded value of `code` under parameter word `params`, for decoding only: kvq_uniform_value
- * with the fp16 fields read by kvq_f16_read (halfconv.h: the same floats for every stored word).
- * GLSL converts both halves with one unpackHalf2x16, with kvq_f16_read's exact subnormals selected,
- * not branched to (a divergent branch costs its both sides on lavapipe). */
+ * with the fp16 fields read by kvq_f16_read (halfconv.h: the same floats for every stored word; GLSL
+ * both halves at once, kvq_f16_read2). */
 #if defined(KVQ_LANG_GLSL)
-vec2 kvq_uniform_read_params(uint params) { /* (scale, minimum) */
-  uvec2 h = uvec2(params & 0xffffu, params >> 16);
-  vec2 subnormal = vec2(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
-  subnormal = mix(subnormal, -subnormal, notEqual(h & 0x8000u, uvec2(0u)));
-  return mix(unpackHalf2x16(params), subnormal, equal(h & 0x7c00u, uvec2(0u)));
-}
+vec2 kvq_uniform_read_params(uint params) { return kvq_f16_read2(params); } /* (scale, minimum) */
 float kvq_uniform_read_value(uint params, uint code) {
   vec2 scale_min = kvq_uniform_read_params(params);
   return kvq_uniform_value(scale_min.y, scale_min.x, code);

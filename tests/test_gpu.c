@@ -215,7 +215,7 @@ Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
 /*
  * UNIFORM and KIVI side data in the fp16 subnormal range: decoding reads scales and minimums with the
  * hardware conversion on Vulkan (unpackHalf2x16, which a device may flush for subnormal inputs) and
- * makes subnormals exactly itself (core/halfconv.h kvq_f16_read, core/quantize_math.h
+ * makes subnormals exactly itself (core/halfconv.h kvq_f16_read2, core/quantize_math.h
  * kvq_uniform_read_params). Every |x| here is below 2^-15, so every minimum (|min| <= 2^-15) and
  * scale (range / 15 <= 2^-14 / 15) is an fp16 subnormal or zero (tokens 0..7 are zeros: UNIFORM zero scales
  * and minimums), while the values and the encoder's fp32 thresholds stay fp32 normals (above 2^-126),
