@@ -251,8 +251,8 @@ float kvq_score_dot(uint block, uint t, uint q, uint p) {
 // sum runs as kvq_score_dot's, coordinate by coordinate: the same logits. The prepared queries are
 // read from results four floats at a time (llvmpipe runs each load in a loop lane by lane, so a
 // vec4 load is a quarter of the loads; p and the stride are multiples of 16 floats, d being one).
-// They stay in results: in shared memory they would take 8 KiB, over the 16 KiB every Vulkan
-// device offers together with this file's QUANTIZE arrays, which every PolarQuant shader declares.
+// They stay in results (in shared memory they would take 8 KiB; this file's QUANTIZE arrays are no
+// longer in this shader since KVQ_QUANTIZE_SHADER, so that is an option not yet measured).
 #define KVQ_SCORES_HEADS
 layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer ResultsVec4 { uvec4 results_vec4[]; };
 void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
