@@ -161,6 +161,12 @@ kvq_status kvq_context_wait(kvq_context *ctx) {
   return kvq_device_checks_read(ctx); /* asynchronous calls' checks */
 }
 
+kvq_status kvq_context_set_load_limit(kvq_context *ctx, uint64_t max_bytes) {
+  if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
+  ctx->load_limit = max_bytes;
+  return KVQ_OK;
+}
+
 kvq_status kvq_context_set_async(kvq_context *ctx, int enabled) {
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st = KVQ_OK;

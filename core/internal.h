@@ -32,6 +32,8 @@ struct kvq_context {
   int destroy_requested;
   char error[1024];
   kvq_load_work load_work;
+  /* kvq_context_set_load_limit: the most kvq_cache_config_bytes a loaded cache may have; 0 automatic. */
+  uint64_t load_limit;
   /* Attention metadata packed by core for backends with KVQ_BACKEND_CORE_META (core/gpu_meta.c),
    * kept from one job to the next; created on first use. sequence_uids: the last uid given to a
    * sequence (kvq_sequence.uid), unique for the context's life. */

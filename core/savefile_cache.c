@@ -236,6 +236,14 @@ static kvq_status load_pages(kvq_cache *cache, kvq_reader *r, const uint8_t *pag
   return st;
 }
 
+/* The context's load limit for a file of `size` bytes: its own, or the automatic one (kvq.h). */
+static uint64_t load_limit(const kvq_context *ctx, size_t size) {
+  if (ctx->load_limit) return ctx->load_limit;
+  const uint64_t scaled = (uint64_t)size > UINT64_MAX / KVQ_LOAD_LIMIT_PER_FILE_BYTE ? UINT64_MAX
+                                                                                    : (uint64_t)size * KVQ_LOAD_LIMIT_PER_FILE_BYTE;
+  return scaled > KVQ_LOAD_LIMIT_FLOOR ? scaled : KVQ_LOAD_LIMIT_FLOOR;
+}
+
 static kvq_status load_call(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
   if (!buffer || !out) return kvq_fail(ctx, KVQ_ERROR_INVALID_ARGUMENT, "kvq_cache_load: buffer or out is NULL");
   ctx->load_work = (kvq_load_work){0, 0};
@@ -265,6 +273,16 @@ static kvq_status load_call(kvq_context *ctx, const void *buffer, size_t size, k
   if (st != KVQ_OK) {
     free(layers);
     return kvq_fail(ctx, KVQ_ERROR_BAD_FORMAT, "kvq_cache_load: invalid config: %s", why);
+  }
+  /* The caller's cap on what an untrusted file may make kvq reserve, before anything is allocated
+   * (kvq_context_set_load_limit): a configuration's capacity is not bounded by the file's size. */
+  const uint64_t limit = load_limit(ctx, size);
+  if (bytes > limit) {
+    free(layers);
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE,
+                    "kvq_cache_load: the file's configuration would allocate %llu bytes, above this context's load limit of "
+                    "%llu (a %zu-byte file; kvq_context_set_load_limit raises it)",
+                    (unsigned long long)bytes, (unsigned long long)limit, size);
   }
   kvq_cache *cache = NULL;
   st = kvq_cache_build(ctx, &config, &cache); /* with its matrices: the file's must equal them */

@@ -298,6 +298,23 @@ KVQ_API kvq_status kvq_context_set_async(kvq_context *context, int enabled);
 KVQ_API kvq_status kvq_context_wait(kvq_context *context);
 
 /*
+ * The most memory a cache loaded on this context may take: kvq_cache_load and
+ * kvq_cache_load_from_memory refuse, before allocating anything, a file whose configuration's
+ * kvq_cache_config_bytes exceeds it (KVQ_ERROR_OUT_OF_RANGE, the message giving both numbers). A
+ * saved file's configuration (max_pages, max_sequences, residual_window) is not bounded by the
+ * file's size: an empty cache of many gigabytes saves to a few kilobytes, so without a limit a
+ * small untrusted file could make kvq reserve up to 2^46 bytes. `max_bytes` 0 (the default)
+ * selects the automatic limit, KVQ_LOAD_LIMIT_FLOOR bytes or KVQ_LOAD_LIMIT_PER_FILE_BYTE times the
+ * file's size, whichever is larger; UINT64_MAX removes the limit (for trusted files: only the 2^46
+ * bytes of kvq_cache_create remain). kvq_codebooks_load loads into an existing cache and reserves
+ * nothing the file decides, so it has no limit. KVQ_ERROR_INVALID_ARGUMENT for a NULL context.
+ * Thread-safety: as any call on the context.
+ */
+#define KVQ_LOAD_LIMIT_FLOOR ((uint64_t)256 << 20)
+#define KVQ_LOAD_LIMIT_PER_FILE_BYTE 64u
+KVQ_API kvq_status kvq_context_set_load_limit(kvq_context *context, uint64_t max_bytes);
+
+/*
  * The device time, in nanoseconds, that the work this context submitted since the previous call took,
  * measured by the device's own timestamps (the first call starts the count). For profiling: kvq-bench
  * prints it next to wall time. KVQ_ERROR_UNSUPPORTED on backends without a device clock (the CPU
