@@ -170,10 +170,11 @@ static void crafted_caches(const uint8_t *good, size_t size) {
   put_u32_at(f + 16, (uint32_t)size - 1);
   kvq_sha256_digest(f, size - 32, f + size - 32);
   write_file("caches", "reject-file-size.kvq", f, size);
-  /* a config of 2^27 - 2 pages and 65535 sequences in the file of a tiny cache, checksum
-   * recomputed: the load limit refuses it before allocating (tests/test_load_limit.c) */
+  /* a config of the most pages its page size and window allow (max_pages P + R + P <= 2^31 - 1:
+   * 2^27 - 3 here) and 65535 sequences in the file of a tiny cache, checksum recomputed: a valid
+   * configuration of tens of GiB, which only the load limit refuses (tests/test_load_limit.c) */
   memcpy(f, good, size);
-  put_u32_at(conf_payload(f) + 16, (1u << 27) - 2);
+  put_u32_at(conf_payload(f) + 16, (0x7fffffffu - 2 * P) / P);
   put_u32_at(conf_payload(f) + 20, 65535);
   kvq_sha256_digest(f, size - 32, f + size - 32);
   write_file("caches", "reject-huge-config.kvq", f, size);
