@@ -167,6 +167,13 @@ Test(tool, eval_policy_rows, .timeout = 120) {
   cr_assert_eq(json_number(output, 2, "h2o_overlap"), quantized, "lambda 1 selects as H2O");
   cr_assert_eq(json_number(output, 2, "output_error"), json_number(output, 1, "output_error"));
   for (int r = 0; r < 5; r++) cr_assert_eq(json_number(output, r, "kept_tokens"), 81.0, "row %d", r);
+  /* the exact attention's mass on the kept tokens: a share, below 1 once tokens are evicted, and the
+   * same for the same kept set (lambda 1 and H2O) */
+  for (int r = 0; r < 5; r++) {
+    const double mass = json_number(output, r, "kept_mass");
+    cr_assert(mass > 0.0 && mass < 1.0, "row %d: kept mass %g", r, mass);
+  }
+  cr_assert_eq(json_number(output, 2, "kept_mass"), json_number(output, 1, "kept_mass"));
   cr_assert_not_null(strstr(output, "\"budget\": 80"), "%s", output);
   /* evicting 80% of the tokens costs accuracy: more output error than the same method keeping all */
   cr_assert_gt(json_number(output, 1, "output_error"), json_number(output, 5, "output_error"));
