@@ -164,6 +164,9 @@ Test(tool_parts, plot_errors_are_messages) {
   const plot_point bad[] = {{"say \"hi\"", 1, 1}};
   cr_assert_eq(plot_png(png, &spec, bad, 1, error, sizeof error), -1);
   cr_assert_not_null(strstr(error, "label 0"), "%s", error);
+  FILE *stale = fopen(png, "w"); /* an earlier run's PNG must not pass for this one's */
+  cr_assert_not_null(stale);
+  fclose(stale);
   setenv("PATH", "/nonexistent-kvq", 1); /* this test's own process (Criterion forks one per test) */
   cr_assert_eq(plot_png(png, &spec, points, 3, error, sizeof error), -1);
   cr_assert_not_null(strstr(error, "gnuplot-nox"), "%s", error);

@@ -75,6 +75,7 @@ int plot_png(const char *png, const plot_spec *spec, const plot_point *points, s
     snprintf(error, error_size, "cannot write %s and %s: %s", data, script, strerror(errno));
     return -1;
   }
+  remove(png); /* a PNG left from an earlier run must not pass for this one's */
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);

@@ -23,7 +23,7 @@ typedef struct plot_spec {
 
 /*
  * Writes FILE.dat and FILE.gp next to `png` (FILE: `png` without its ".png") and runs gnuplot on the
- * script, which writes `png`. Returns 0, or -1 with a message in `error`: gnuplot missing (which
+ * script, which writes `png` (an older file of that name is removed first). Returns 0, or -1 with a message in `error`: gnuplot missing (which
  * package installs it), gnuplot failing (its exit status; the script to rerun), a path or label it
  * cannot quote, or a file it cannot write. Not thread-safe (it starts a process).
  */
