@@ -24,6 +24,7 @@ static int paths(const char *png, char *data, char *script, size_t size) {
 }
 
 static int quotable(const char *s) { return s && !strpbrk(s, "'\"\n\r\\"); }
+static int one_word(const char *s) { return quotable(s) && *s && !strpbrk(s, " \t"); }
 
 static int write_files(const char *png, const char *data, const char *script, const plot_spec *spec,
                        const plot_point *points, size_t count) {
@@ -42,14 +43,20 @@ static int write_files(const char *png, const char *data, const char *script, co
   FILE *g = fopen(script, "w");
   if (!g) return -1;
   fprintf(g, "# written by kvq (tools/plot.c); rerun with: gnuplot %s\n", script);
-  fprintf(g, "set terminal pngcairo size 1200,800 font \",11\"\nset output '%s'\n", png);
+  /* noenhanced: method names and titles hold '_' and '^', which enhanced text would typeset */
+  fprintf(g, "set terminal pngcairo noenhanced size 1400,800 font \",11\"\nset output '%s'\n", png);
   if (left_out) fprintf(g, "set title \"%s (left out of the log scale: %zu at 0)\"\n", spec->title, left_out);
   else fprintf(g, "set title \"%s\"\n", spec->title);
   fprintf(g, "set xlabel \"%s\"\nset ylabel \"%s\"\n", spec->x_label, spec->y_label);
   if (spec->log_y) fprintf(g, "set logscale y\n");
-  fprintf(g, "set grid\nset key off\nset offsets graph 0.05, graph 0.25, graph 0.05, graph 0.05\n"
-             "plot '%s' using 1:2 with points pointtype 7 pointsize 1.3, \\\n"
-             "     '' using 1:2:3 with labels left offset character 0.8, character 0.4 font \",9\"\n",
+  /* one series per point, so that each gets its own marker and colour and its label in the key
+   * (labels next to close points would overprint each other); labels hold no spaces (checked) */
+  fprintf(g, "labels = \"");
+  for (size_t i = 0, first = 1; i < count; i++)
+    if (!spec->log_y || points[i].y > 0) fprintf(g, "%s%s", first ? "" : " ", points[i].label), first = 0;
+  fprintf(g, "\"\nset grid\nset key outside right top font \",10\"\nset offsets graph 0.03, graph 0.03, graph 0.05, graph 0.05\n"
+             "plot for [i=1:words(labels)] '%s' every ::(i-1)::(i-1) using 1:2 with points \\\n"
+             "     pointtype ((i-1)%%7+4) linecolor (i) pointsize 1.6 title word(labels, i)\n",
           data);
   return fclose(g) == 0 && data_ok ? 0 : -1;
 }
@@ -67,8 +74,8 @@ int plot_png(const char *png, const plot_spec *spec, const plot_point *points, s
     return -1;
   }
   for (size_t i = 0; i < count; i++)
-    if (!quotable(points[i].label)) {
-      snprintf(error, error_size, "plot label %zu holds a quote, backslash or newline", i);
+    if (!one_word(points[i].label)) {
+      snprintf(error, error_size, "plot label %zu is empty or holds a space, quote, backslash or newline", i);
       return -1;
     }
   if (write_files(png, data, script, spec, points, count) != 0) {

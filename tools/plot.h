@@ -1,6 +1,7 @@
 /*
- * A PNG scatter plot of labelled points through gnuplot (Debian's gnuplot-nox; scripts/install-deps.sh
- * installs it): for `kvq eval --plot`, quality against bits per number, one point per method.
+ * A PNG scatter plot of labelled points (each its own marker and colour, named in the key) through
+ * gnuplot (Debian's gnuplot-nox; scripts/install-deps.sh installs it): for `kvq eval --plot`, quality
+ * against bits per number, one point per method.
  *
  * The data and the gnuplot script are written next to the PNG (FILE.png: FILE.dat and FILE.gp), so a
  * plot can be restyled by editing the script and running `gnuplot FILE.gp`, and so that they are there
@@ -12,7 +13,7 @@
 #include <stddef.h>
 
 typedef struct plot_point {
-  const char *label; /* printed next to the point; no double quote or newline */
+  const char *label; /* the point's entry in the key: one word (no space, quote, backslash or newline) */
   double x, y;
 } plot_point;
 
