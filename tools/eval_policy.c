@@ -6,10 +6,10 @@
  * attention over all tokens, so the error columns include what eviction loses. Two more columns:
  * the tokens kept at the end, and how much of what H2O keeps on the exact keys (with the same
  * budget) the row keeps, outside the sinks and the recent window: the attention-shift measure of
- * the Q-Hitter paper. And the exact attention's mass on the kept tokens: with exact keys and values the
- * row's output is the kept tokens' share of it renormalized, o^ - o = (1 - mass) (o_kept - o_evicted),
- * so the output error is the mass lost times how far the evicted tokens' values lie from the kept
- * ones' (docs/EVAL.md, "Q-Hitter at lambda 0.5").
+ * the Q-Hitter paper. And the exact attention's mass on the kept tokens: with exact keys and
+ * values the row's output is the kept tokens' share of the exact output, renormalized, so
+ * o^ - o = (1 - mass) (o_kept - o_evicted): the mass lost times how far the evicted tokens' values
+ * lie from the kept ones' (docs/EVAL.md, "Token policies").
  */
 #include <math.h>
 #include <stdio.h>
