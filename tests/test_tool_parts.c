@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "corpus.h"
@@ -123,6 +124,47 @@ Test(tool_parts, corpus_missing_text_is_a_clear_error) {
   cr_assert_eq(corpus_bible(dir, 10, &c, error, sizeof error), -1);
   cr_assert_not_null(strstr(error, "could not read"), "%s", error);
   cr_assert_eq(c.count, 0);
+  remove(path), rmdir(dir);
+}
+
+/* The splitting rules on a text of our own: a stand-in `bible` first on PATH prints two verse lines,
+ * one of 250 words without a sentence end (cut at 100 words), one with three sentence ends and a
+ * trailing piece that the verse boundary ends, with doubled spaces collapsed. */
+Test(tool_parts, corpus_splits_sentences_and_long_verses) {
+  char dir[] = "/tmp/kvq-fakebible-XXXXXX", path[128], error[512];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/bible.data", dir);
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/bible", dir);
+  f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "#!/bin/sh\nprintf 'Xx1:1'\nfor i in $(seq 250); do printf ' w%%s' $i; done\n"
+             "printf '\\nXx1:2 One.  Two? (Three!) Four\\n'\n");
+  fclose(f);
+  cr_assert_eq(chmod(path, 0755), 0);
+  char search[4096];
+  snprintf(search, sizeof search, "%s:%s", dir, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+  setenv("PATH", search, 1); /* this test's own process */
+  corpus c;
+  cr_assert_eq(corpus_bible(dir, 100, &c, error, sizeof error), 0, "%s", error);
+  cr_assert_eq(c.count, 7);
+  const uint32_t words[3] = {100, 100, 50};
+  for (int i = 0; i < 3; i++) {
+    uint32_t n = 1;
+    for (const char *p = c.sentences[i]; *p; p++) n += *p == ' ';
+    cr_assert_eq(n, words[i], "sentence %d: %u words", i, n);
+  }
+  cr_assert(!strncmp(c.sentences[0], "w1 w2 ", 6) && !strncmp(c.sentences[2], "w201 ", 5), "%s", c.sentences[2]);
+  const char *rest[4] = {"One.", "Two?", "(Three!)", "Four"};
+  for (int i = 0; i < 4; i++) cr_assert_str_eq(c.sentences[3 + i], rest[i]);
+  corpus_free(&c);
+  cr_assert_eq(corpus_bible(dir, 2, &c, error, sizeof error), 0, "%s", error); /* stops early: bible's exit does not matter */
+  cr_assert_eq(c.count, 2);
+  corpus_free(&c);
+  remove(path);
+  snprintf(path, sizeof path, "%s/bible.data", dir);
   remove(path), rmdir(dir);
 }
 
