@@ -84,7 +84,8 @@ Test(tool, info_names_the_cuda_backend_as_built) {
   cr_assert_str_eq(auto_emulated, auto_plain);
 }
 
-/* Runs eval and returns the JSON number after "key" for method row `row` (0-based). */
+/* Runs eval and returns the JSON number after "key" for method row `row` (0-based; -1: the first
+ * anywhere, e.g. in "data"). */
 static double json_number(const char *json, int row, const char *key) {
   const char *p = json;
   for (int r = 0; r <= row; r++) {
@@ -166,6 +167,13 @@ Test(tool, eval_policy_rows, .timeout = 120) {
   cr_assert_eq(json_number(output, 2, "h2o_overlap"), quantized, "lambda 1 selects as H2O");
   cr_assert_eq(json_number(output, 2, "output_error"), json_number(output, 1, "output_error"));
   for (int r = 0; r < 5; r++) cr_assert_eq(json_number(output, r, "kept_tokens"), 81.0, "row %d", r);
+  /* the exact attention's mass on the kept tokens: a share, below 1 once tokens are evicted, and the
+   * same for the same kept set (lambda 1 and H2O) */
+  for (int r = 0; r < 5; r++) {
+    const double mass = json_number(output, r, "kept_mass");
+    cr_assert(mass > 0.0 && mass < 1.0, "row %d: kept mass %g", r, mass);
+  }
+  cr_assert_eq(json_number(output, 2, "kept_mass"), json_number(output, 1, "kept_mass"));
   cr_assert_not_null(strstr(output, "\"budget\": 80"), "%s", output);
   /* evicting 80% of the tokens costs accuracy: more output error than the same method keeping all */
   cr_assert_gt(json_number(output, 1, "output_error"), json_number(output, 5, "output_error"));
@@ -240,4 +248,124 @@ Test(tool, bench_runs, .timeout = 120) {
 #else
   cr_skip_test("kvq-bench is not built (-Dbench=disabled)");
 #endif
+}
+
+/* Runs kvq with stdout and stderr in separate buffers (stderr a file: not a terminal). */
+static char errors[1 << 16];
+static int run_split(const char *args) {
+  char path[] = "/tmp/kvq-stderr-XXXXXX", command[4096];
+  const int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  snprintf(command, sizeof command, "%s %s 2>%s", KVQ_TOOL_PATH, args, path);
+  FILE *p = popen(command, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(output, 1, sizeof output - 1, p);
+  output[n] = 0;
+  const int status = pclose(p);
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f);
+  n = fread(errors, 1, sizeof errors - 1, f);
+  errors[n] = 0;
+  fclose(f);
+  remove(path);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Progress on stderr when it is a log: whole lines naming each row and phase (the codebook
+ * learning of a CQ row, the decoding steps of a policy row), none with --quiet, and stdout holds
+ * only the result either way. */
+Test(tool, eval_progress_lines, .timeout = 120) {
+  const char *args = "eval --json --tokens 200 --heads 2 --kv-heads 1 --head-dim 32 --last 8 --budget 60 --recent 40 "
+                     "--methods cq-c4-b4,uniform-b2@h2o";
+  cr_assert_eq(run_split(args), 0, "%s%s", output, errors);
+  const char *lines[] = {"[1/2] cq-c4-b4: learning codebooks (k-means on 192 tokens)\n",
+                         "[1/2] cq-c4-b4: scoring and attending\n", "[2/2] uniform-b2@h2o: decoding\n",
+                         "[2/2] uniform-b2@h2o: decoding 50% (4/8)\n"};
+  for (int i = 0; i < 4; i++) cr_assert_not_null(strstr(errors, lines[i]), "missing '%s' in:\n%s", lines[i], errors);
+  cr_assert_null(strchr(errors, '\r'), "a log gets whole lines, not redraws:\n%s", errors);
+  cr_assert_eq(output[0], '{', "%s", output);
+  char quiet[512];
+  snprintf(quiet, sizeof quiet, "%s --quiet", args);
+  cr_assert_eq(run_split(quiet), 0, "%s%s", output, errors);
+  cr_assert_str_eq(errors, "");
+}
+
+/* Queries that already carry 1/sqrt(d) (eval_check.c): kvq eval warns (their attention is nearly
+ * uniform), and --queries-scaled undoes it exactly. d = 64: dividing by sqrt(d) = 8 and multiplying
+ * back are exact in float, so the numbers equal those of the unscaled files bit for bit. The
+ * synthetic model's median logit deviation at d = 64 is 4.7 (no warning), 0.59 scaled twice. */
+Test(tool, eval_queries_scaled_twice, .timeout = 120) {
+  const uint32_t n = 300, hq = 4, hkv = 1, d = 64;
+  float *k = malloc(sizeof(float) * n * hkv * d), *v = malloc(sizeof(float) * n * hkv * d), *q = malloc(sizeof(float) * n * hq * d);
+  kvq_synth_config sc = kvq_synth_defaults(n, hkv, hq, d, 7);
+  kvq_synth_generate(&sc, k, v, q);
+  char dir[] = "/tmp/kvq-scaled-XXXXXX", kp[64], vp[64], qp[64], sp[64], error[256];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(kp, sizeof kp, "%s/k.npy", dir);
+  snprintf(vp, sizeof vp, "%s/v.npy", dir);
+  snprintf(qp, sizeof qp, "%s/q.npy", dir);
+  snprintf(sp, sizeof sp, "%s/qs.npy", dir);
+  const int64_t kv_shape[3] = {n, hkv, d}, q_shape[3] = {n, hq, d};
+  cr_assert_eq(kvq_npy_write(kp, k, 3, kv_shape, 0, error, sizeof error), 0, "%s", error);
+  cr_assert_eq(kvq_npy_write(vp, v, 3, kv_shape, 0, error, sizeof error), 0, "%s", error);
+  cr_assert_eq(kvq_npy_write(qp, q, 3, q_shape, 0, error, sizeof error), 0, "%s", error);
+  for (uint32_t i = 0; i < n * hq * d; i++) q[i] /= 8.0f;
+  cr_assert_eq(kvq_npy_write(sp, q, 3, q_shape, 0, error, sizeof error), 0, "%s", error);
+  char args[1024];
+  const char *common = "eval --quiet --json --last 10 --methods kivi-b2/uniform-b2";
+  snprintf(args, sizeof args, "%s --keys %s --values %s --queries %s", common, kp, vp, qp);
+  cr_assert_eq(run_split(args), 0, "%s", errors);
+  cr_assert_null(strstr(errors, "warning"), "%s", errors);
+  const double spread = json_number(output, -1, "logit_std_median");
+  cr_assert(spread > 2.0, "the synthetic model's attention picks tokens: %g", spread);
+  char *plain = strdup(strstr(output, "\"methods\""));
+  snprintf(args, sizeof args, "%s --keys %s --values %s --queries %s", common, kp, vp, sp);
+  cr_assert_eq(run_split(args), 0, "%s", errors);
+  cr_assert_not_null(strstr(errors, "warning: the attention is nearly uniform"), "%s", errors);
+  cr_assert_not_null(strstr(errors, "--queries-scaled"), "%s", errors);
+  /* the logits shrink by exactly 8; the JSON's 6 decimals round each figure by 5e-7 at most */
+  cr_assert_float_eq(json_number(output, -1, "logit_std_median"), spread / 8, 1e-6);
+  cr_assert_str_neq(strstr(output, "\"methods\""), plain, "flat attention changes every error column");
+  snprintf(args, sizeof args, "%s --queries-scaled --keys %s --values %s --queries %s", common, kp, vp, sp);
+  cr_assert_eq(run_split(args), 0, "%s", errors);
+  cr_assert_str_eq(errors, "");
+  cr_assert_not_null(strstr(output, "\"queries_scaled\": true"), "%s", output);
+  cr_assert_str_eq(strstr(output, "\"methods\""), plain);
+  free(plain);
+  remove(kp), remove(vp), remove(qp), remove(sp), rmdir(dir);
+  free(k), free(v), free(q);
+}
+
+/* --plot: a PNG of output error against bits per number, one point per row, its data next to it
+ * (one line per row after the comment); without gnuplot, a message and exit status 1. */
+Test(tool, eval_plot, .timeout = 120) {
+  char dir[] = "/tmp/kvq-evalplot-XXXXXX", png[64], dat[64], gp[64], args[512];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(png, sizeof png, "%s/eval.png", dir);
+  snprintf(dat, sizeof dat, "%s/eval.dat", dir);
+  snprintf(gp, sizeof gp, "%s/eval.gp", dir);
+  snprintf(args, sizeof args, "eval --quiet --tokens 200 --heads 2 --kv-heads 1 --head-dim 32 --last 8 "
+                              "--methods exact-f16,kivi-b2/uniform-b2 --plot %s", png);
+  if (access("/usr/bin/gnuplot", X_OK) != 0) {
+    cr_assert_eq(run_split(args), 1, "%s", errors);
+    cr_assert_not_null(strstr(errors, "gnuplot-nox"), "%s", errors);
+    cr_skip_test("gnuplot is not installed (Debian's gnuplot-nox): only its message was checked");
+  }
+  cr_assert_eq(run_split(args), 0, "%s", errors);
+  cr_assert_not_null(strstr(output, "plot: "), "%s", output);
+  unsigned char head[8] = {0};
+  FILE *f = fopen(png, "rb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fread(head, 1, 8, f), 8u);
+  fclose(f);
+  cr_assert_eq(memcmp(head, "\x89PNG\r\n\x1a\n", 8), 0, "not a PNG");
+  f = fopen(dat, "r");
+  cr_assert_not_null(f);
+  char line[256];
+  int lines = 0;
+  while (fgets(line, sizeof line, f)) lines += line[0] != '#';
+  fclose(f);
+  cr_assert_eq(lines, 2);
+  remove(png), remove(dat), remove(gp), rmdir(dir);
 }

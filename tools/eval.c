@@ -23,6 +23,7 @@
 #include "eval.h"
 #include <kvq/kvq.h>
 #include "npy.h"
+#include "plot.h"
 
 static const char *default_methods =
     "exact-f16/exact-f16,"
@@ -71,10 +72,15 @@ static void usage(FILE *f) {
           "  --recent N          H2O, Q-Hitter: newest tokens always kept (default 64, at least window + page);\n"
           "                      the rest of the budget are heavy hitters; StreamingLLM spends it all on recent\n"
           "  --lambda L          Q-Hitter's balance (default 0.5)\n"
+          "  --queries-scaled    the queries already carry the model's 1/sqrt(head_dim) (kvq applies it\n"
+          "                      itself): multiply them by sqrt(head_dim) first. kvq eval warns when the exact\n"
+          "                      attention is so flat that this looks likely\n"
           "  --backend NAME      cpu, vulkan, cuda or auto (default cpu)\n"
           "output:\n"
           "  --json              one JSON document on stdout instead of the table\n"
-          "  --quiet             no progress lines on stderr\n",
+          "  --quiet             no progress lines on stderr\n"
+          "  --plot FILE.png     also plot output-err against bits per number (one labelled point per row)\n"
+          "                      with gnuplot; FILE.dat and FILE.gp are written next to it\n",
           default_methods);
 }
 
@@ -233,21 +239,23 @@ static void free_data(eval_data *x) {
 
 static void print_table(const eval_options *o, const eval_data *x, const eval_row *rows, uint32_t count) {
   printf("kvq eval: %s data, %u tokens, %u query heads, %u kv heads, head_dim %u, page %u, window %u;\n"
-         "queries: the last %u positions x %u heads (%s mask); reference: exact attention in double\n\n",
+         "queries: the last %u positions x %u heads (%s mask%s); reference: exact attention in double\n"
+         "exact attention: median logit standard deviation %.3f, entropy %.1f%% of log n\n\n",
          x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim, o->page_size, o->window, o->last,
-         x->query_heads, o->mask == KVQ_MASK_CAUSAL ? "causal" : "no");
+         x->query_heads, o->mask == KVQ_MASK_CAUSAL ? "causal" : "no",
+         o->queries_scaled ? ", multiplied by sqrt(head_dim): --queries-scaled" : "", x->logit_std, 100.0 * x->entropy_ratio);
   int policies = 0;
   for (uint32_t i = 0; i < count; i++) policies |= rows[i].has_policy;
   printf("%-32s %6s %6s %6s %9s %10s %10s %10s %8s %8s", "keys/values[@policy]", "k-bits", "v-bits", "bits", "ip-err",
          "score-mean", "score-max", "output-err", "top5%", "fixed-kB");
-  if (policies) printf(" %6s %8s", "kept", "h2o-ovl");
+  if (policies) printf(" %6s %8s %7s", "kept", "h2o-ovl", "mass");
   printf("\n");
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
     printf("%-32s %6.3f %6.3f %6.3f %9.2e %10.2e %10.2e %10.2e %8.4f %8.1f", r->spec, r->key_bits, r->value_bits, r->bits,
            r->ip_error, r->score_error_mean, r->score_error_max, r->output_error, r->topk_overlap, r->fixed_bytes / 1024.0);
-    if (r->has_policy) printf(" %6u %8.4f", r->kept, r->h2o_overlap);
-    else if (policies) printf(" %6s %8s", "-", "-");
+    if (r->has_policy) printf(" %6u %8.4f %7.4f", r->kept, r->h2o_overlap, r->kept_mass);
+    else if (policies) printf(" %6s %8s %7s", "-", "-", "-");
     printf("\n");
   }
   printf("\nbits: per stored number, side data and padding included; fixed-kB: matrices and codebooks stored once\n"
@@ -268,20 +276,21 @@ static void print_table(const eval_options *o, const eval_data *x, const eval_ro
     const kvq_policy_config h2o = eval_policy(o, KVQ_POLICY_H2O, 0.0f), stream = eval_policy(o, KVQ_POLICY_STREAMING, 0.0f);
     printf("@policy rows decode the last %u positions token by token (the newest partial page stays in full precision);\n"
            "budget %u tokens: sinks %u + recent %u + heavy hitters %u (StreamingLLM: recent %u); kept: tokens kept at the\n"
-           "end; h2o-ovl: share of the tokens H2O keeps on the exact keys (outside sinks and recent) that the row keeps.\n",
+           "end; h2o-ovl: share of the tokens H2O keeps on the exact keys (outside sinks and recent) that the row keeps;\n"
+           "mass: the exact attention's share on the kept tokens (mean over queries).\n",
            o->last, o->budget, h2o.sinks, h2o.recent, h2o.heavy, stream.recent);
   }
 }
 
 static void print_json(const eval_options *o, const eval_data *x, const eval_row *rows, uint32_t count) {
   printf("{\n  \"kvq_version\": \"%s\",\n  \"data\": {\"source\": \"%s\", \"tokens\": %u, \"query_heads\": %u, "
-         "\"kv_heads\": %u, \"head_dim\": %u},\n",
-         kvq_version(), x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim);
+         "\"kv_heads\": %u, \"head_dim\": %u, \"logit_std_median\": %.6f, \"entropy_ratio\": %.6f},\n",
+         kvq_version(), x->source, x->tokens, x->query_heads, x->kv_heads, x->head_dim, x->logit_std, x->entropy_ratio);
   const kvq_policy_config h2o = eval_policy(o, KVQ_POLICY_H2O, 0.0f);
   printf("  \"settings\": {\"page_size\": %u, \"window\": %u, \"queries\": %u, \"mask\": \"%s\", \"seed\": %llu, "
-         "\"budget\": %u, \"sinks\": %u, \"recent\": %u, \"heavy\": %u, \"lambda\": %g},\n",
+         "\"budget\": %u, \"sinks\": %u, \"recent\": %u, \"heavy\": %u, \"lambda\": %g, \"queries_scaled\": %s},\n",
          o->page_size, o->window, o->last, o->mask == KVQ_MASK_CAUSAL ? "causal" : "none", (unsigned long long)o->seed,
-         o->budget, h2o.sinks, h2o.recent, h2o.heavy, (double)o->lambda);
+         o->budget, h2o.sinks, h2o.recent, h2o.heavy, (double)o->lambda, o->queries_scaled ? "true" : "false");
   printf("  \"methods\": [\n");
   for (uint32_t i = 0; i < count; i++) {
     const eval_row *r = &rows[i];
@@ -291,10 +300,30 @@ static void print_json(const eval_options *o, const eval_data *x, const eval_row
            r->spec, r->key_bits, r->value_bits, r->bits, (unsigned long long)r->fixed_bytes,
            (unsigned long long)r->window_tokens, r->calibration, r->ip_error, r->score_error_mean, r->score_error_max,
            r->output_error, r->topk_overlap);
-    if (r->has_policy) printf(", \"kept_tokens\": %u, \"h2o_overlap\": %.6f", r->kept, r->h2o_overlap);
+    if (r->has_policy)
+      printf(", \"kept_tokens\": %u, \"h2o_overlap\": %.6f, \"kept_mass\": %.6f", r->kept, r->h2o_overlap, r->kept_mass);
     printf("}%s\n", i + 1 < count ? "," : "");
   }
   printf("  ]\n}\n");
+}
+
+/* --plot: each row's output error against its bits per number (keys and values together). */
+static int write_plot(const char *png, const eval_data *x, const eval_row *rows, uint32_t count) {
+  plot_point *points = malloc(sizeof *points * count);
+  if (!points) {
+    fprintf(stderr, "kvq eval: out of memory for the plot\n");
+    return -1;
+  }
+  for (uint32_t i = 0; i < count; i++) points[i] = (plot_point){rows[i].spec, rows[i].bits, rows[i].output_error};
+  char title[160], error[1024];
+  snprintf(title, sizeof title, "kvq eval: output error against size, %s data, %u tokens, head_dim %u",
+           strcmp(x->source, "synthetic") ? ".npy" : "synthetic", x->tokens, x->head_dim); /* paths may not quote */
+  const plot_spec spec = {title, "bits per number (keys and values, side data included)",
+                          "output error: mean ||o^ - o|| / ||o||", 1};
+  const int rc = plot_png(png, &spec, points, count, error, sizeof error);
+  if (rc != 0) fprintf(stderr, "kvq eval: --plot: %s\n", error);
+  free(points);
+  return rc;
 }
 
 int kvq_cmd_eval(int argc, char **argv) {
@@ -322,6 +351,8 @@ int kvq_cmd_eval(int argc, char **argv) {
       o.json = 1;
     } else if (!strcmp(a, "--quiet")) {
       o.quiet = 1;
+    } else if (!strcmp(a, "--queries-scaled")) {
+      o.queries_scaled = 1;
     } else if (!strcmp(a, "--in-sample")) {
       o.in_sample = 1;
     } else if (!value) {
@@ -354,6 +385,7 @@ int kvq_cmd_eval(int argc, char **argv) {
     else if (!strcmp(a, "--values")) o.values = argv[++i];
     else if (!strcmp(a, "--queries")) o.queries = argv[++i];
     else if (!strcmp(a, "--methods")) o.methods = argv[++i];
+    else if (!strcmp(a, "--plot")) o.plot = argv[++i];
     else if (!strcmp(a, "--mask")) {
       if (!strcmp(value, "causal")) o.mask = KVQ_MASK_CAUSAL;
       else if (!strcmp(value, "none")) o.mask = KVQ_MASK_NONE;
@@ -375,7 +407,9 @@ int kvq_cmd_eval(int argc, char **argv) {
     }
   }
   eval_data x;
-  if (load_data(&o, &x) != 0 || input_buffers(&x) != 0 || held_out_data(&o, &x) != 0) {
+  const int loaded = load_data(&o, &x) == 0;
+  if (loaded && o.queries_scaled) eval_scale_queries(&x); /* before anything reads them */
+  if (!loaded || input_buffers(&x) != 0 || held_out_data(&o, &x) != 0) {
     free_data(&x);
     return 2;
   }
@@ -408,22 +442,36 @@ int kvq_cmd_eval(int argc, char **argv) {
     fprintf(stderr, "kvq eval: out of memory for %zu scores\n", ns);
     rc = 1;
   } else {
+    o.progress = progress_start(stderr, -1, count, o.quiet);
+    progress_row(o.progress, 0, "exact reference", 15);
+    progress_phase(o.progress, "attention in double", 0, 0);
     exact_reference(&x, o.last, o.mask, &ref);
+    if (eval_logit_spread(&o, &x, &ref, &x.logit_std, &x.entropy_ratio) != 0) x.logit_std = x.entropy_ratio = NAN;
+    if (x.logit_std < EVAL_FLAT_LOGIT_STD) /* eval_check.c: why 1 */
+      fprintf(stderr,
+              "kvq eval: warning: the attention is nearly uniform (median logit standard deviation %.3f, entropy %.1f%% "
+              "of log n): do the queries already carry 1/sqrt(head_dim)? kvq applies it itself; if they do, rerun "
+              "with --queries-scaled (docs/EVAL.md)\n",
+              x.logit_std, 100.0 * x.entropy_ratio);
     const char *spec = list;
     for (uint32_t i = 0; i < count && rc == 0; i++) {
       const char *end = strchr(spec, ',');
       const size_t len = end ? (size_t)(end - spec) : strlen(spec);
-      if (!o.quiet) fprintf(stderr, "[%u/%u] %.*s\n", i + 1, count, (int)len, spec);
+      progress_row(o.progress, i, spec, len);
       const int policy = memchr(spec, '@', len) != NULL;
       if ((policy ? eval_run_policy_row(ctx, &o, &x, spec, len, &ref, &rows[i])
                   : eval_run_row(ctx, &o, &x, spec, len, &ref, &rows[i])) != 0)
         rc = 2;
       spec = end ? end + 1 : spec + len;
     }
+    progress_finish(o.progress);
+    o.progress = NULL;
     if (rc == 0) {
       if (o.json) print_json(&o, &x, rows, count);
       else print_table(&o, &x, rows, count);
     }
+    if (rc == 0 && o.plot && write_plot(o.plot, &x, rows, count) != 0) rc = 1;
+    else if (rc == 0 && o.plot && !o.json) printf("plot: %s (gnuplot; its data and script next to it)\n", o.plot);
   }
   free(rows), free(ref.s), free(ref.p), free(ref.o), free(ref.h2o_kept);
   free_data(&x);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvq/kvq.h"
+#include "progress.h"
 
 typedef struct eval_options {
   const char *keys, *values, *queries; /* .npy paths, all or none */
@@ -24,6 +25,9 @@ typedef struct eval_options {
   kvq_backend_kind backend;
   const char *methods; /* comma-separated specs, NULL for the default set */
   int json, quiet;
+  const char *plot;   /* --plot FILE.png: output error against bits per number, or NULL */
+  int queries_scaled; /* --queries-scaled: the queries carry 1/sqrt(d) already; multiply by sqrt(d) */
+  progress *progress; /* stderr progress line (progress.h); NULL with --quiet */
 } eval_options;
 
 typedef struct eval_data {
@@ -33,6 +37,7 @@ typedef struct eval_data {
   uint32_t tokens, query_heads, kv_heads, head_dim;
   kvq_dtype dtype;
   const char *source;
+  double logit_std, entropy_ratio; /* of the exact attention (eval_logit_spread) */
 } eval_data;
 
 /* Exact attention in double for the evaluated queries (the last `last` positions): logits s and
@@ -53,6 +58,7 @@ typedef struct eval_row {
   int has_policy;
   uint32_t kept;        /* policy rows: tokens kept at the end */
   double h2o_overlap;   /* policy rows: overlap with exact H2O's kept set (outside sinks and recent) */
+  double kept_mass;     /* policy rows: mean over queries of the exact attention's mass on the kept tokens */
 } eval_row;
 
 /* The budget split of a policy row (docs/EVAL.md): sinks, recent window and heavy hitters. */
@@ -87,5 +93,14 @@ int eval_run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, co
  * positions one token at a time, each query measured at its step. */
 int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data *x, const char *spec, size_t len,
                         eval_reference *ref, eval_row *row);
+
+/* Inputs whose queries already carry the model's 1/sqrt(head_dim) (eval_check.c): the median over
+ * the evaluated queries of the exact logits' standard deviation, below which kvq eval warns, and
+ * the mean entropy of their attention as a share of log(visible tokens) (1: uniform). */
+#define EVAL_FLAT_LOGIT_STD 1.0
+int eval_logit_spread(const eval_options *o, const eval_data *x, const eval_reference *ref, double *median_std,
+                      double *entropy_ratio);
+/* Multiplies every query by sqrt(head_dim) (--queries-scaled). */
+void eval_scale_queries(eval_data *x);
 
 #endif

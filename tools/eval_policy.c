@@ -6,7 +6,10 @@
  * attention over all tokens, so the error columns include what eviction loses. Two more columns:
  * the tokens kept at the end, and how much of what H2O keeps on the exact keys (with the same
  * budget) the row keeps, outside the sinks and the recent window: the attention-shift measure of
- * the Q-Hitter paper.
+ * the Q-Hitter paper. And the exact attention's mass on the kept tokens: with exact keys and
+ * values the row's output is the kept tokens' share of the exact output, renormalized, so
+ * o^ - o = (1 - mass) (o_kept - o_evicted): the mass lost times how far the evicted tokens' values
+ * lie from the kept ones' (docs/EVAL.md, "Token policies").
  */
 #include <math.h>
 #include <stdio.h>
@@ -148,6 +151,7 @@ int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data
     fprintf(stderr, "kvq eval: %s: token policies decode, so their rows need the causal mask\n", row->spec);
     return -1;
   }
+  if (!ref->h2o_ready) progress_phase(o->progress, "H2O on the exact keys (the h2o-ovl reference)", 0, 0);
   if (!ref->h2o_ready && exact_h2o(o, x, ref) != 0) {
     fprintf(stderr, "kvq eval: out of memory\n");
     return -1;
@@ -170,6 +174,8 @@ int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data
     goto done;
   }
   kvq_status st = KVQ_OK;
+  double mass = 0; /* exact attention on the kept tokens, summed over queries */
+  progress_phase(o->progress, "prefill", 0, 0);
   if (first) { /* the prefill, appended and attended at once (the policy learns from its attention) */
     int64_t kshape[3] = {first, hkv, d}, qshape[3] = {first, hq, d};
     kvq_tensor kt = kvq_tensor_host(x->k_input, x->dtype, 3, kshape), vt = kvq_tensor_host(x->v_input, x->dtype, 3, kshape);
@@ -179,6 +185,7 @@ int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data
   }
   for (uint32_t i = 0; i < o->last && st == KVQ_OK; i++) { /* decoding: the policy runs before each append */
     const uint32_t t = first + i;
+    progress_phase(o->progress, "decoding", i, o->last);
     int64_t kshape[3] = {1, hkv, d}, qshape[3] = {1, hq, d};
     kvq_tensor kt = kvq_tensor_host((uint8_t *)x->k_input + (size_t)t * hkv * d * esize, x->dtype, 3, kshape);
     kvq_tensor vt = kvq_tensor_host((uint8_t *)x->v_input + (size_t)t * hkv * d * esize, x->dtype, 3, kshape);
@@ -202,6 +209,7 @@ int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data
         p[kept[j]] = (float)(exp(scores[h * count + j] - max) / z);
       }
       const size_t r = (size_t)i * hq + h;
+      for (size_t j = 0; j < count; j++) mass += ref->p[r * n + kept[j]];
       eval_metrics_add(&m, l, p, ref->s + r * n, ref->p + r * n, t + 1, out + (size_t)h * d, ref->o + r * d, d);
     }
     row->kept = (uint32_t)count;
@@ -211,6 +219,7 @@ int eval_run_policy_row(kvq_context *ctx, const eval_options *o, const eval_data
     fprintf(stderr, "kvq eval: %s: %s: %s\n", row->spec, kvq_status_string(st), kvq_context_last_error(ctx));
     goto done;
   }
+  row->kept_mass = mass / ((double)o->last * hq);
   kvq_sequence_info info;
   kvq_sequence_info_get(cache, seq, 0, &info);
   row->window_tokens = info.tokens - info.quantized_tokens;

@@ -40,6 +40,11 @@ int eval_open_cache(kvq_context *ctx, const eval_options *o, const eval_data *x,
                                 : kvq_tensor_host(x->v_input, x->dtype, 3, shape);
   row->calibration = kvq_method_learns(&layer->keys) || kvq_method_learns(&layer->values) ? cal : 0;
   kvq_status st;
+  if (row->calibration) {
+    char phase[64];
+    snprintf(phase, sizeof phase, "learning codebooks (k-means on %u tokens)", cal);
+    progress_phase(o->progress, phase, 0, 0);
+  }
   if ((st = kvq_cache_create(ctx, &config, cache)) != KVQ_OK ||
       (row->calibration && (st = kvq_codebooks_learn(*cache, 0, &kc, &vc, NULL)) != KVQ_OK) ||
       (st = kvq_sequence_add(*cache, seq)) != KVQ_OK) {
@@ -143,11 +148,15 @@ int eval_run_row(kvq_context *ctx, const eval_options *o, const eval_data *x, co
   kvq_tensor lt = kvq_tensor_host(logits, KVQ_DTYPE_F32, 3, sshape);
   kvq_attention_request req = {seq, o->mask, qt, kvq_tensor_host(out, KVQ_DTYPE_F32, 3, qshape)};
   kvq_status st;
-  if ((st = kvq_append(cache, seq, 0, &kt, &vt)) != KVQ_OK ||
-      /* without a window every token is quantized; with one, the newest stay in full precision */
-      (o->window == 0 && (st = kvq_flush(cache, seq)) != KVQ_OK) ||
-      (st = kvq_scores(cache, seq, 0, &qt, o->mask, KVQ_SCORES_LOGITS, &lt)) != KVQ_OK ||
-      (st = kvq_attention(cache, 0, &req, 1)) != KVQ_OK) {
+  progress_phase(o->progress, "appending and quantizing", 0, 0);
+  /* without a window every token is quantized; with one, the newest stay in full precision */
+  if ((st = kvq_append(cache, seq, 0, &kt, &vt)) == KVQ_OK && o->window == 0) st = kvq_flush(cache, seq);
+  if (st == KVQ_OK) {
+    progress_phase(o->progress, "scoring and attending", 0, 0);
+    st = kvq_scores(cache, seq, 0, &qt, o->mask, KVQ_SCORES_LOGITS, &lt);
+  }
+  if (st == KVQ_OK) st = kvq_attention(cache, 0, &req, 1);
+  if (st != KVQ_OK) {
     fprintf(stderr, "kvq eval: %s: %s: %s\n", row->spec, kvq_status_string(st), kvq_context_last_error(ctx));
     goto done;
   }
