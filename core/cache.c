@@ -8,6 +8,7 @@
 #include "detmath.h"
 #include "internal.h"
 #include "matrix.h"
+#include "memory_limits.h"
 #include "policy.h"
 
 uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot) {
@@ -93,6 +94,9 @@ static int build_fixed(const kvq_cache_config *config, uint32_t layer, const kvq
 }
 
 kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
+  /* a cache the backend cannot hold is refused before anything is allocated (created or loaded) */
+  const kvq_status fits = kvq_cache_fits_backend(ctx, config);
+  if (fits != KVQ_OK) return fits;
   kvq_cache *cache = calloc(1, sizeof *cache);
   if (!cache) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
   cache->ctx = ctx;
@@ -155,23 +159,16 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq
         if (st) goto fail;
       }
       ls->learned[s] = !kvq_side_needs_learning(&side->layout);
-      st = create_buffer(cache, side->layout.page_bytes * config->max_pages, &ls->pages[s], "allocating the page pool");
+      st = create_buffer(cache, kvq_pool_bytes(&side->layout, config->max_pages), &ls->pages[s], "allocating the page pool");
       if (st) goto fail;
-      uint64_t ring = (uint64_t)config->max_sequences * cache->ring_capacity *
-                      kvq_token_bytes(config->input_dtype, lc->kv_heads, lc->head_dim);
-      st = create_buffer(cache, ring, &ls->ring[s], "allocating the full-precision windows");
+      st = create_buffer(cache, kvq_ring_bytes(config, lc), &ls->ring[s], "allocating the full-precision windows");
       if (st) goto fail;
     }
   }
   /* Staging for appends: a bounded number of pages per job, allocated now so appends never
    * allocate device memory. */
-  uint64_t token_bytes = 0;
-  for (uint32_t l = 0; l < L; l++) {
-    uint64_t tb = kvq_token_bytes(config->input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
-    token_bytes = tb > token_bytes ? tb : token_bytes;
-  }
-  cache->staging_pages = config->max_pages < KVQ_STAGING_PAGES ? config->max_pages : KVQ_STAGING_PAGES;
-  st = create_buffer(cache, (uint64_t)cache->staging_pages * P * token_bytes, &cache->staging, "allocating staging memory");
+  cache->staging_pages = kvq_staging_pages(config);
+  st = create_buffer(cache, kvq_staging_bytes(config), &cache->staging, "allocating staging memory");
   if (st) goto fail;
   ctx->live_caches++;
   *out = cache;

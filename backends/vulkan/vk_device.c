@@ -336,6 +336,25 @@ static int subgroup_arithmetic(const vk_backend *b) {
          (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
 }
 
+/* What the device can hold (kvq_backend.memory_bytes, max_buffer_bytes), for core's checks before
+ * allocation: kvq's buffers are storage buffers of one allocation each, in the device-local heap
+ * where there is one (kvq_vk_buffer_make), rounded up to 16 bytes. */
+static void device_limits(vk_backend *b) {
+  VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 props = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
+  b->vki.get_properties2(b->physical, &props);
+  uint64_t largest = b->properties.limits.maxStorageBufferRange & ~(uint64_t)15;
+  if (m3.maxMemoryAllocationSize && m3.maxMemoryAllocationSize < largest) largest = m3.maxMemoryAllocationSize & ~(uint64_t)15;
+  uint64_t local = 0, any = 0;
+  for (uint32_t i = 0; i < b->memory.memoryHeapCount; i++) {
+    const uint64_t size = b->memory.memoryHeaps[i].size;
+    if (b->memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) local = size > local ? size : local;
+    any = size > any ? size : any;
+  }
+  b->base.memory_bytes = local ? local : any;
+  b->base.max_buffer_bytes = largest;
+}
+
 /* How long a fence wait may take before the submission is taken for hung: 120 s (llvmpipe on a loaded
  * 2-core machine, compiling shaders on first use, has taken tens of seconds). The environment variable
  * KVQ_VULKAN_FENCE_TIMEOUT_NS overrides it so that a test can make waits time out. */
@@ -461,6 +480,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     b->vk.vkGetDeviceQueue(b->device, b->queue_family, options && options->vulkan ? options->vulkan->queue_index : 0,
                            &b->queue);
     b->vki.get_memory_properties(b->physical, &b->memory);
+    device_limits(b);
     b->subgroups = subgroup_arithmetic(b);
     st = create_submission(b);
     if (st == KVQ_OK) st = kvq_vk_pipelines_init(b);
