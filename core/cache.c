@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "codebook.h"
 #include "layout.h"
 #include "detmath.h"
@@ -228,7 +229,9 @@ kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **
   if (cache->scratch_size[kind] < bytes) {
     kvq_backend *be = cache->ctx->backend;
     kvq_buffer *fresh = NULL;
-    uint64_t grown = bytes + bytes / 4; /* some headroom so growing sizes do not reallocate each call */
+    /* some headroom so growing sizes do not reallocate each call (checked: the backend refuses a
+     * saturated size) */
+    uint64_t grown = kvq_size_add(bytes, bytes / 4);
     kvq_status st = be->ops->buffer_create(be, grown, &fresh);
     if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "allocating scratch memory");
     if (cache->scratch[kind]) be->ops->buffer_destroy(be, cache->scratch[kind]);
