@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_meta.h"
 #include "checked.h"
+#include "gpu_meta.h"
 #include "internal.h"
 #include "memory_limits.h"
 #include "policy.h"

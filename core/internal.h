@@ -30,6 +30,7 @@ struct kvq_context {
   const char *checks_what;
   uint32_t live_caches;
   int destroy_requested;
+  uint64_t host_memory_bytes; /* the host's physical memory, read at creation (core/memory_limits.c); 0: unknown */
   char error[1024];
   kvq_load_work load_work;
   /* Attention metadata packed by core for backends with KVQ_BACKEND_CORE_META (core/gpu_meta.c),

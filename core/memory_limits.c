@@ -75,7 +75,7 @@ kvq_status kvq_cache_fits_backend(kvq_context *ctx, const kvq_cache_config *conf
 
 kvq_status kvq_call_fits(kvq_context *ctx, uint64_t bytes, const char *who) {
   const kvq_backend *be = ctx->backend;
-  const uint64_t host = kvq_host_memory_bytes();
+  const uint64_t host = ctx->host_memory_bytes;
   const char *limit = NULL;
   uint64_t limit_bytes = 0;
   if (!kvq_size_fits_host(bytes)) limit = "what this host can address", limit_bytes = (uint64_t)SIZE_MAX;
