@@ -374,6 +374,12 @@ struct kvq_backend {
   char device[256];  /* what it runs on, for kvq info */
   char message[512]; /* the last failure, in words */
   uint32_t features; /* KVQ_BACKEND_* bits */
+  /* What the backend can hold, set when it is created, so that core refuses a cache or a call that
+   * cannot fit before it allocates anything (core/memory_limits.c): the memory its buffers come from (the
+   * device's memory; the host's for the CPU backend) and the largest single buffer. 0: not known, not
+   * checked. */
+  uint64_t memory_bytes;
+  uint64_t max_buffer_bytes;
 };
 
 /* ---- Registry (backends/registry.c) ---------------------------------------------------------- */

@@ -1,7 +1,9 @@
 /* Defaults, configuration checks and memory accounting: what a configuration costs, exactly. */
 #include <string.h>
 
+#include "checked.h"
 #include "internal.h"
+#include "memory_limits.h"
 
 kvq_method_config kvq_method_defaults(kvq_method method, uint32_t head_dim) {
   kvq_method_config m;
@@ -45,14 +47,8 @@ static void layer_sides(const kvq_layer_config *L, uint32_t P, kvq_side_layout *
 
 static uint64_t matrix_bytes(const kvq_side_layout *s) {
   uint64_t bytes = 0;
-  for (int i = 0; i < KVQ_SIDE_FIXED; i++) bytes += kvq_side_fixed_floats(s, i) * 4;
+  for (int i = 0; i < KVQ_SIDE_FIXED; i++) bytes = kvq_size_add(bytes, kvq_size_mul(kvq_side_fixed_floats(s, i), 4));
   return bytes;
-}
-
-/* a * b + c, or UINT64_MAX when it does not fit */
-static uint64_t mul_add(uint64_t a, uint64_t b, uint64_t c) {
-  if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
-  return a * b > UINT64_MAX - c ? UINT64_MAX : a * b + c;
 }
 
 kvq_status kvq_cache_config_bytes(const kvq_cache_config *c, uint64_t *bytes) {
@@ -60,26 +56,24 @@ kvq_status kvq_cache_config_bytes(const kvq_cache_config *c, uint64_t *bytes) {
   if (st != KVQ_OK) return st;
   if (!bytes) return KVQ_ERROR_INVALID_ARGUMENT;
   /* Every term is bounded by the validated ranges, but their sum and products can pass 2^64 for
-   * absurd configurations: accumulate with checks, and report such a cache as out of range. */
-  const uint64_t ring_tokens = (uint64_t)c->max_sequences * (c->residual_window + c->page_size);
+   * absurd configurations: accumulated with checked arithmetic (core/checked.h), and such a cache is
+   * reported as out of range. The device terms are the sizes core/cache.c allocates. */
   /* host bookkeeping: the free list, page tables (at most twice the pages they hold plus 64 per
    * slot: tables grow by doubling and are released above 64 entries when a sequence is freed) */
-  uint64_t total = mul_add(c->max_pages, 3 * sizeof(uint32_t), 0);
-  total = mul_add(c->max_sequences, sizeof(kvq_sequence) + c->layer_count * sizeof(kvq_seq_layer) + 64 * sizeof(uint32_t), total);
-  uint64_t max_token_bytes = 0;
+  uint64_t total = kvq_size_mul(c->max_pages, 3 * sizeof(uint32_t));
+  total = kvq_size_mul_add(c->max_sequences,
+                           kvq_size_add(sizeof(kvq_sequence) + 64 * sizeof(uint32_t), kvq_size_mul(c->layer_count, sizeof(kvq_seq_layer))),
+                           total);
   for (uint32_t l = 0; l < c->layer_count; l++) {
     kvq_side_layout k, v;
     layer_sides(&c->layers[l], c->page_size, &k, &v);
-    const uint64_t token_bytes = kvq_token_bytes(c->input_dtype, c->layers[l].kv_heads, c->layers[l].head_dim);
-    max_token_bytes = token_bytes > max_token_bytes ? token_bytes : max_token_bytes;
-    total = mul_add(k.page_bytes + v.page_bytes, c->max_pages, total);
-    total = mul_add(2 * ring_tokens, token_bytes, total);
-    total = mul_add(2, matrix_bytes(&k) + matrix_bytes(&v), total); /* device copy and host copy */
+    total = kvq_size_add(total, kvq_size_add(kvq_pool_bytes(&k, c->max_pages), kvq_pool_bytes(&v, c->max_pages)));
+    total = kvq_size_mul_add(2, kvq_ring_bytes(c, &c->layers[l]), total);
+    total = kvq_size_mul_add(2, kvq_size_add(matrix_bytes(&k), matrix_bytes(&v)), total); /* device copy and host copy */
   }
-  const uint64_t staging_pages = c->max_pages < KVQ_STAGING_PAGES ? c->max_pages : KVQ_STAGING_PAGES;
-  total = mul_add(staging_pages * c->page_size, max_token_bytes, total);
+  total = kvq_size_add(total, kvq_staging_bytes(c));
   *bytes = total;
-  return total == UINT64_MAX ? KVQ_ERROR_OUT_OF_RANGE : KVQ_OK;
+  return total == KVQ_SIZE_OVERFLOW ? KVQ_ERROR_OUT_OF_RANGE : KVQ_OK;
 }
 
 kvq_status kvq_layer_bits_per_number(const kvq_layer_config *layer, uint32_t page_size, double *key_bits,

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "internal.h"
+#include "memory_limits.h"
 #include "policy.h"
 #include "tensor.h"
 #include "token_check.h"
@@ -296,6 +298,8 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* A page the policy may free must not be counted before the policy ran: capacity is checked
    * after it (below). */
   const uint64_t token_bytes = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  /* the new tokens of both sides, copied to the host or gathered into device scratch */
+  if ((st = kvq_call_fits(ctx, kvq_size_mul3(2, token_bytes, count), "kvq_append")) != KVQ_OK) return st;
   kvq_policy_plan plan = {0};
   pending_errors pending = {0};
   append_undo undo = {0};

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "gpu_meta.h"
 #include "internal.h"
+#include "memory_limits.h"
 #include "policy.h"
 #include "tensor.h"
 
@@ -394,6 +396,10 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
     if (st == KVQ_OK) st = kvq_tensor_check(ctx, &requests[i].output, "kvq_attention output", expect);
   }
   const uint64_t row_floats = (uint64_t)L->query_heads * L->head_dim;
+  /* every request's queries and outputs in fp32 (host copies, or device scratch of the same size) */
+  uint64_t working = 0;
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) working = kvq_size_mul_add(items[i].rows, 2 * row_floats * 4, working);
+  if (st == KVQ_OK) st = kvq_call_fits(ctx, working, "kvq_attention");
   ctx->checks_what = "kvq_attention";
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     /* device tensors are read and written in place (and checked there) where the backend can */
@@ -449,6 +455,9 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   if ((st = kvq_tensor_check(ctx, scores, "kvq_scores scores", expect)) != KVQ_OK) return st;
   const kvq_layer_config *L = &cache->layers[layer];
   const uint64_t rows = (uint64_t)item.rows * L->query_heads;
+  /* the queries, every row's scores and the kept list (host copies, or device scratch) */
+  const uint64_t working = kvq_size_add(kvq_size_mul3(rows, L->head_dim, 4), kvq_size_mul_add(rows, (uint64_t)width * 4, (uint64_t)n * 4));
+  if ((st = kvq_call_fits(ctx, working, "kvq_scores")) != KVQ_OK) return st;
   /* device tensors are read and written in place (and checked there) where the backend can */
   const int device_queries = kvq_tensor_on_device(ctx, queries), device_scores = kvq_tensor_on_device(ctx, scores);
   float *q = device_queries ? NULL : malloc(rows * L->head_dim * 4);
@@ -623,6 +632,11 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
   for (int s = 0; s < 2; s++)
     if (outs[s] && (st = kvq_tensor_check(ctx, outs[s], s ? "kvq_dequantize values" : "kvq_dequantize keys", expect)) != KVQ_OK)
       return st;
+  /* both sides decoded in fp32 and read in the input dtype (host copies, or device scratch) */
+  const uint64_t token_bytes_in = kvq_token_bytes(cache->config.input_dtype, L->kv_heads, L->head_dim);
+  st = kvq_call_fits(ctx, kvq_size_mul3(2, count, kvq_size_add((uint64_t)L->kv_heads * L->head_dim * 4, token_bytes_in)),
+                     "kvq_dequantize");
+  if (st != KVQ_OK) return st;
   float *buffers[2] = {NULL, NULL};
   uint32_t *slots = malloc(sizeof(uint32_t) * n);
   if (!slots) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");

@@ -3,11 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "codebook.h"
 #include "layout.h"
 #include "detmath.h"
 #include "internal.h"
 #include "matrix.h"
+#include "memory_limits.h"
 #include "policy.h"
 
 uint64_t kvq_ring_offset(const kvq_cache *cache, uint32_t layer, uint32_t slot) {
@@ -93,6 +95,9 @@ static int build_fixed(const kvq_cache_config *config, uint32_t layer, const kvq
 }
 
 kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
+  /* a cache the backend cannot hold is refused before anything is allocated (created or loaded) */
+  const kvq_status fits = kvq_cache_fits_backend(ctx, config);
+  if (fits != KVQ_OK) return fits;
   kvq_cache *cache = calloc(1, sizeof *cache);
   if (!cache) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_cache_create: out of host memory");
   cache->ctx = ctx;
@@ -155,23 +160,16 @@ kvq_status kvq_cache_build(kvq_context *ctx, const kvq_cache_config *config, kvq
         if (st) goto fail;
       }
       ls->learned[s] = !kvq_side_needs_learning(&side->layout);
-      st = create_buffer(cache, side->layout.page_bytes * config->max_pages, &ls->pages[s], "allocating the page pool");
+      st = create_buffer(cache, kvq_pool_bytes(&side->layout, config->max_pages), &ls->pages[s], "allocating the page pool");
       if (st) goto fail;
-      uint64_t ring = (uint64_t)config->max_sequences * cache->ring_capacity *
-                      kvq_token_bytes(config->input_dtype, lc->kv_heads, lc->head_dim);
-      st = create_buffer(cache, ring, &ls->ring[s], "allocating the full-precision windows");
+      st = create_buffer(cache, kvq_ring_bytes(config, lc), &ls->ring[s], "allocating the full-precision windows");
       if (st) goto fail;
     }
   }
   /* Staging for appends: a bounded number of pages per job, allocated now so appends never
    * allocate device memory. */
-  uint64_t token_bytes = 0;
-  for (uint32_t l = 0; l < L; l++) {
-    uint64_t tb = kvq_token_bytes(config->input_dtype, cache->layers[l].kv_heads, cache->layers[l].head_dim);
-    token_bytes = tb > token_bytes ? tb : token_bytes;
-  }
-  cache->staging_pages = config->max_pages < KVQ_STAGING_PAGES ? config->max_pages : KVQ_STAGING_PAGES;
-  st = create_buffer(cache, (uint64_t)cache->staging_pages * P * token_bytes, &cache->staging, "allocating staging memory");
+  cache->staging_pages = kvq_staging_pages(config);
+  st = create_buffer(cache, kvq_staging_bytes(config), &cache->staging, "allocating staging memory");
   if (st) goto fail;
   ctx->live_caches++;
   *out = cache;
@@ -231,7 +229,9 @@ kvq_status kvq_scratch(kvq_cache *cache, int kind, uint64_t bytes, kvq_buffer **
   if (cache->scratch_size[kind] < bytes) {
     kvq_backend *be = cache->ctx->backend;
     kvq_buffer *fresh = NULL;
-    uint64_t grown = bytes + bytes / 4; /* some headroom so growing sizes do not reallocate each call */
+    /* some headroom so growing sizes do not reallocate each call (checked: the backend refuses a
+     * saturated size) */
+    uint64_t grown = kvq_size_add(bytes, bytes / 4);
     kvq_status st = be->ops->buffer_create(be, grown, &fresh);
     if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "allocating scratch memory");
     if (cache->scratch[kind]) be->ops->buffer_destroy(be, cache->scratch[kind]);

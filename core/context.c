@@ -5,6 +5,7 @@
 
 #include "gpu_meta.h"
 #include "internal.h"
+#include "memory_limits.h"
 #include "tensor.h"
 
 static const kvq_backend_kind all_kinds[] = {KVQ_BACKEND_CPU, KVQ_BACKEND_VULKAN, KVQ_BACKEND_CUDA};
@@ -71,6 +72,7 @@ kvq_status kvq_context_create(const kvq_context_options *options, kvq_context **
     free(ctx);
     return KVQ_ERROR_INTERNAL;
   }
+  ctx->host_memory_bytes = kvq_host_memory_bytes(); /* once: calls check their working memory against it */
   *out = ctx;
   return KVQ_OK;
 }

@@ -30,6 +30,7 @@ struct kvq_context {
   const char *checks_what;
   uint32_t live_caches;
   int destroy_requested;
+  uint64_t host_memory_bytes; /* the host's physical memory, read at creation (core/memory_limits.c); 0: unknown */
   char error[1024];
   kvq_load_work load_work;
   /* kvq_context_set_load_limit: the most kvq_cache_config_bytes a loaded cache may have; 0 automatic. */

@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked.h"
 #include "codebook.h"
 #include "fwht.h"
 #include "layout.h"
+#include "memory_limits.h"
 #include "rng.h"
 #include "tensor.h"
 
@@ -248,6 +250,12 @@ static kvq_status learn_call(kvq_cache *cache, uint32_t layer, const kvq_tensor 
     }
     if (!(total > 0.0)) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_RANGE, "kvq_codebooks_learn: the weights sum to 0");
   }
+  /* the calibration tokens in fp32, the learner's copy of them and its device copy (core/learn.c
+   * above): three times the tokens, at most */
+  const uint64_t token_floats = (uint64_t)ls->config.kv_heads * ls->config.head_dim;
+  if ((st = kvq_call_fits(ctx, kvq_size_mul3(3, kvq_size_mul((uint64_t)tokens, token_floats), sizeof(float)),
+                          "kvq_codebooks_learn")) != KVQ_OK)
+    return st;
   /* learn into fresh arrays; the cache changes only when every side succeeded */
   float *learned[2] = {NULL, NULL}, *x = NULL;
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {

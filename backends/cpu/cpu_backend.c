@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/layout.h"
-#include "core/layout.h"
+#include "core/memory_limits.h"
 #include "cpu.h"
 
 const cpu_method *kvq_cpu_method(uint32_t layout_method) {
@@ -144,6 +144,8 @@ kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size)
   b->base.ops = &cpu_ops;
   b->base.kind = KVQ_BACKEND_CPU;
   snprintf(b->base.device, sizeof b->base.device, "scalar C reference (host)");
+  /* its buffers are host memory: a cache beyond the machine's memory is refused up front */
+  b->base.memory_bytes = b->base.max_buffer_bytes = kvq_host_memory_bytes();
   *out = &b->base;
   return KVQ_OK;
 }

@@ -234,6 +234,9 @@ kvq_status start(cuda_backend *b, const kvq_context_options *options, kvq_availa
     std::snprintf(why, why_size, "%s", b->base.message);
     return st == KVQ_ERROR_INVALID_ARGUMENT ? st : KVQ_ERROR_BACKEND_UNAVAILABLE;
   }
+  // what the device holds, for core's checks before allocation (core/memory_limits.c): one cudaMalloc
+  // can take all of it, no more
+  b->base.memory_bytes = b->base.max_buffer_bytes = prop.totalGlobalMem;
 #if KVQ_CUDA_EMULATED
   std::snprintf(b->base.device, sizeof b->base.device, "%.200s", prop.name);
 #else

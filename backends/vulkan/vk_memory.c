@@ -45,7 +45,8 @@ void kvq_vk_buffer_free(vk_backend *b, kvq_buffer *buffer) {
  * whole words (shaders address words); `size` keeps what was asked for. */
 kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, kvq_buffer **out) {
   *out = NULL;
-  const uint64_t rounded = bytes < 16 ? 16 : (bytes + 15) / 16 * 16;
+  /* (a size near 2^64 saturates instead of wrapping to a small one when rounded up) */
+  const uint64_t rounded = bytes < 16 ? 16 : bytes > UINT64_MAX - 15 ? UINT64_MAX : (bytes + 15) / 16 * 16;
   if (rounded > b->properties.limits.maxStorageBufferRange) {
     return kvq_vk_error(b, KVQ_ERROR_DEVICE_MEMORY,
                         "a buffer of %llu bytes exceeds this device's largest storage buffer (maxStorageBufferRange %u)",

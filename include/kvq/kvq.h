@@ -526,7 +526,10 @@ typedef struct kvq_cache kvq_cache;
  * Creates an empty cache on a context: builds the random matrices on the host, uploads them and
  * allocates all storage up front, so appends and flushes never allocate device memory (attention,
  * scores and dequantization use scratch buffers that grow to their largest call). Messages name the
- * bad parameter; *out is NULL on failure.
+ * bad parameter; *out is NULL on failure. A cache whose buffers do not fit the backend (one buffer
+ * beyond the device's largest -- Vulkan's maxStorageBufferRange or maxMemoryAllocationSize -- or all
+ * of them beyond its memory: the device's, or the host's for the CPU backend) is refused with
+ * KVQ_ERROR_OUT_OF_RANGE before anything is allocated, as is one above 2^46 bytes.
  */
 KVQ_API kvq_status kvq_cache_create(kvq_context *context, const kvq_cache_config *config, kvq_cache **out);
 
@@ -600,6 +603,10 @@ KVQ_API kvq_status kvq_sequence_apply_policy(kvq_cache *cache, uint32_t sequence
  * or numbers the layer's storage cannot represent (for example a key norm beyond fp16 range for
  * QJL), reject the whole call with KVQ_ERROR_NON_FINITE; a call that would need more pages than
  * are free returns KVQ_ERROR_CAPACITY. Either way the cache is unchanged.
+ * Limits (as for kvq_attention, kvq_scores, kvq_dequantize and kvq_codebooks_learn): a call whose
+ * working memory (its tensors in fp32 or the input dtype) would exceed the host's memory, the
+ * device's, or what malloc can be asked for returns KVQ_ERROR_OUT_OF_RANGE before it allocates or
+ * reads anything, the cache unchanged.
  */
 KVQ_API kvq_status kvq_append(kvq_cache *cache, uint32_t sequence, uint32_t layer,
                               const kvq_tensor *keys, const kvq_tensor *values);

@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace kvq_cuda_emu_rt {
 // The sticky error of the emulated device (a failed launch), and the emulator's words for it.
 inline thread_local cudaError_t sticky = cudaSuccess;
@@ -121,6 +123,9 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
   if (device != 0) return kvq_cuda_emu_rt::note(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "kvq CUDA emulator on the CPU (tests only, not a GPU)");
+  // its device memory is the host's (cudaMalloc below)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  prop->totalGlobalMem = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
   return cudaSuccess;
 }
 
