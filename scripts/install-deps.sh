@@ -3,7 +3,7 @@
 # Runs apt-get as root, or through sudo when run as another user. Safe to run again.
 set -eu
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-packages="meson ninja-build gcc g++ pkg-config libcriterion-dev glslang-tools libvulkan-dev libvulkan-volk-dev mesa-vulkan-drivers vulkan-validationlayers"
+packages="meson ninja-build gcc g++ pkg-config libcriterion-dev glslang-tools libvulkan-dev libvulkan-volk-dev mesa-vulkan-drivers vulkan-validationlayers npm libcjson-dev"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
