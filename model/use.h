@@ -100,6 +100,18 @@ kvq_status kvq_use_embed_ids(const kvq_use_model *model, const int32_t *ids, siz
 kvq_status kvq_use_embed(const kvq_use_model *model, const char *text, kvq_use_attention_fn attention, void *user,
                          float *embedding, char *message, size_t message_size);
 
+/*
+ * The real Q, K, V of one layer for piece ids (what `kvq dump` writes): the exact forward pass runs
+ * and the layer's q, k, v, [tokens][KVQ_USE_HEADS][head_dim] fp32 with q WITHOUT 1/sqrt(head_dim)
+ * (kvq applies it), are copied to q, k, v (caller buffers of `capacity` floats each). *tokens and
+ * *head_dim receive their sizes. KVQ_ERROR_BUFFER_TOO_SMALL (nothing written to q, k, v; sizes set) when
+ * tokens * KVQ_USE_HEADS * head_dim > capacity; the errors of kvq_use_embed_ids otherwise.
+ * Thread-safe for a given model.
+ */
+kvq_status kvq_use_layer_qkv(const kvq_use_model *model, const int32_t *ids, size_t count, uint32_t layer, float *q,
+                             float *k, float *v, size_t capacity, uint32_t *tokens, uint32_t *head_dim, char *message,
+                             size_t message_size);
+
 /* ---------------------------------------------------------------------------------------------
  * Attention through kvq
  * ------------------------------------------------------------------------------------------- */

@@ -189,6 +189,71 @@ static void test_kvq_exact(const kvq_use_model *m) {
   kvq_use_kvq_destroy(c.kvq);
 }
 
+/* ---- Q/K/V of a layer, and compressed methods end to end ---- */
+
+typedef struct recording {
+  uint32_t layer;
+  float out[5 * 4 * 128];
+} recording;
+
+/* Keeps the attention output the forward pass got for one layer. */
+static kvq_status record_attention(void *user, uint32_t layer, uint32_t tokens, uint32_t heads, uint32_t head_dim,
+                                   const float *q, const float *k, const float *v, float *out) {
+  recording *r = user;
+  kvq_status status = kvq_use_attention_exact(NULL, layer, tokens, heads, head_dim, q, k, v, out);
+  if (status == KVQ_OK && layer == r->layer) memcpy(r->out, out, (size_t)tokens * heads * head_dim * sizeof *out);
+  return status;
+}
+
+static void test_capture(const kvq_use_model *m) {
+  /* "How old are you?" is 5 pieces (test_tokenizer); layer 0 has head_dim 64, layer 1 128 */
+  static const int32_t ids[5] = {728, 446, 31, 19, 54};
+  static float q[5 * 4 * 128], k[5 * 4 * 128], v[5 * 4 * 128], out[5 * 4 * 128];
+  for (uint32_t layer = 0; layer < KVQ_USE_LAYERS; layer++) {
+    uint32_t tokens = 0, head_dim = 0;
+    char message[512];
+    kvq_status status = kvq_use_layer_qkv(m, ids, 5, layer, q, k, v, sizeof q / sizeof q[0], &tokens, &head_dim, message,
+                                          sizeof message);
+    /* the captured tensors are the layer's inputs: the reference attention on them gives, bit for
+     * bit, the output the forward pass got in that layer */
+    recording r = {.layer = layer};
+    float embedding[KVQ_USE_EMBEDDING_DIM];
+    int same = status == KVQ_OK && tokens == 5 && head_dim == (layer ? 128u : 64u) &&
+               kvq_use_embed_ids(m, ids, 5, record_attention, &r, embedding, message, sizeof message) == KVQ_OK &&
+               kvq_use_attention_exact(NULL, layer, tokens, 4, head_dim, q, k, v, out) == KVQ_OK &&
+               !memcmp(out, r.out, (size_t)tokens * 4 * head_dim * sizeof *out);
+    check(same, "kvq_use_layer_qkv: layer %u's Q, K, V (%u tokens, head_dim %u) are the ones its attention got %s", layer,
+          tokens, head_dim, message);
+  }
+  uint32_t tokens = 0, head_dim = 0;
+  check(kvq_use_layer_qkv(m, ids, 5, 1, q, k, v, 5 * 4 * 128 - 1, &tokens, &head_dim, NULL, 0) ==
+            KVQ_ERROR_BUFFER_TOO_SMALL && tokens == 5 && head_dim == 128,
+        "kvq_use_layer_qkv: buffers one float short are KVQ_ERROR_BUFFER_TOO_SMALL with the sizes");
+}
+
+static void test_compressed(const kvq_use_model *m) {
+  /* Compressed methods run end to end through both layers and still give a unit vector; how close
+   * it stays to the exact embedding is the demo's measurement (printed here, not checked). */
+  static const char *specs[] = {"uniform-b4-g32", "qjl-m128-k4/uniform-b2-g32", "kivi-b2/uniform-b2-g32"};
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    kvq_use_kvq_options options = {.backend = KVQ_BACKEND_CPU, .methods = {specs[i], specs[i]}, .seed = 7};
+    kvq_use_kvq *kvq = NULL;
+    char message[512];
+    float compressed[KVQ_USE_EMBEDDING_DIM], exact[KVQ_USE_EMBEDDING_DIM];
+    kvq_status status = kvq_use_kvq_create(&options, kvq_use_max_tokens(m), &kvq, message, sizeof message);
+    const char *text = "In the beginning God created the heaven and the earth.";
+    if (status == KVQ_OK) status = kvq_use_embed(m, text, kvq_use_kvq_attention, kvq, compressed, message, sizeof message);
+    if (status == KVQ_OK) status = kvq_use_embed(m, text, kvq_use_attention_exact, NULL, exact, message, sizeof message);
+    double norm = 0;
+    for (int c = 0; c < KVQ_USE_EMBEDDING_DIM; c++) norm += (double)compressed[c] * compressed[c];
+    /* unit length up to the fp32 rounding of 512 squares and a square root: far below 1e-5 */
+    check(status == KVQ_OK && fabs(norm - 1) < 1e-5, "%s in both layers: a unit embedding %s %s", specs[i], message,
+          kvq ? kvq_use_kvq_last_error(kvq) : "");
+    if (status == KVQ_OK) printf("# %s: cosine to the exact embedding %.4f\n", specs[i], cosine(compressed, exact));
+    kvq_use_kvq_destroy(kvq);
+  }
+}
+
 /* ---- missing and corrupt files ---- */
 
 static int copy_file(const char *from, const char *to, long keep /* bytes, -1: all */) {
@@ -331,6 +396,8 @@ int main(void) {
   test_cosines(m);
   test_tokenizer(m);
   test_kvq_exact(m);
+  test_capture(m);
+  test_compressed(m);
   kvq_use_free(m);
   test_bad_files(dir);
   printf("1..%d\n", test_number);
