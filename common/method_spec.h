@@ -1,6 +1,6 @@
-/* Method names shared by kvq eval and kvq-bench (docs/EVAL.md, "Method names"). */
-#ifndef KVQ_TOOLS_METHOD_SPEC_H
-#define KVQ_TOOLS_METHOD_SPEC_H
+/* Method names shared by kvq eval, kvq-bench and model/ (docs/EVAL.md, "Method names"). */
+#ifndef KVQ_COMMON_METHOD_SPEC_H
+#define KVQ_COMMON_METHOD_SPEC_H
 
 #include <stddef.h>
 #include <stdint.h>
