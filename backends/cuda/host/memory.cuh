@@ -18,7 +18,7 @@ kvq_status cuda_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer *
   *out = nullptr;
   kvq_status st = enter(b);
   if (st != KVQ_OK) return st;
-  kvq_buffer *buf = static_cast<kvq_buffer *>(std::calloc(1, sizeof *buf));
+  kvq_buffer *buf = static_cast<kvq_buffer *>(KVQ_CUDA_HOST_ALLOC_FAILS() ? nullptr : std::calloc(1, sizeof *buf));
   if (!buf) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   buf->base.owner = &b->base;
   buf->size = bytes;
@@ -55,7 +55,7 @@ kvq_status cuda_buffer_import(kvq_backend *backend, const kvq_device_memory *mem
   if (attributes.device != b->device)
     return fail(b, KVQ_ERROR_INVALID_ARGUMENT, "the device pointer belongs to CUDA device %d, this context runs on %d",
                 attributes.device, b->device);
-  kvq_buffer *buf = static_cast<kvq_buffer *>(std::calloc(1, sizeof *buf));
+  kvq_buffer *buf = static_cast<kvq_buffer *>(KVQ_CUDA_HOST_ALLOC_FAILS() ? nullptr : std::calloc(1, sizeof *buf));
   if (!buf) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   buf->base.owner = &b->base;
   buf->ptr = static_cast<unsigned char *>(memory->pointer);
