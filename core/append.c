@@ -356,7 +356,9 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* reserved for the page table and statistics before the evictions shrink them: enough after */
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) goto done;
   if ((st = kvq_tracked_reserve(cache, seq, n_new)) != KVQ_OK) goto done;
-  if (behind_checks && (st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
+  /* Saved for every append, not only those behind device checks: a host allocation or a device call
+   * can still fail below (tests/test_fault.c), after the plan evicted and pages were taken. */
+  if ((st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
   const uint32_t free_before = cache->free_count; /* slots above it: freed by the plan's evictions */
   kvq_policy_plan_apply(cache, seq, &plan);
 
@@ -365,8 +367,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
    * every token until the pages exist. */
   if ((st = kvq_take_pages(cache, seq, new_pages, if_clear, free_before)) != KVQ_OK) goto done;
   /* New positions get (zero) statistics before their pages are quantized, which adds errors to them;
-   * undone if the device fails. */
-  const kvq_tracked tracked_before = seq->tracked;
+   * undone (`undo`) if anything fails. */
   kvq_tracked_extend(seq, n_new);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
   const uint32_t chunk = cache->staging_pages * P;
@@ -391,12 +392,10 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     state->ring_start = F_new;
     state->quantized = quantized_new;
     pending_apply(cache, seq, &pending);
-  } else if (!undo.saved) {
-    seq->tracked.count = tracked_before.count;
-    seq->tracked.end = tracked_before.end;
   }
 done:
-  if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo); /* refused by the checks, or a device failure */
+  /* refused by the checks, or a host or device failure after the bookkeeping changed */
+  if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo);
   /* refused before anything was recorded behind the checks (capacity, host memory): the checks are
    * still reported first, as a host append reports its token checks before its capacity */
   if (st != KVQ_OK && behind_checks && ctx->checks_recorded) {
@@ -424,8 +423,17 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
-  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) return st;
+  /* The page bookkeeping before the pages are taken: given back when the call fails before any layer
+   * is flushed, so that such a failure changes nothing (no plan: nothing is allocated). */
+  append_undo undo = {0};
+  const kvq_policy_plan no_plan = {0};
+  if ((st = undo_save(cache, seq, &no_plan, &undo)) != KVQ_OK) return st;
+  uint32_t flushed = 0; /* layers this call flushed */
   pending_errors pending = {0};
+  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) {
+    undo_restore(cache, seq, &undo);
+    return st;
+  }
   for (uint32_t l = 0; l < cache->config.layer_count; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
@@ -449,13 +457,15 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     if (st != KVQ_OK) break;
     state->ring_start = n / P * P;
     state->quantized = n;
+    flushed++;
   }
   /* Q-Hitter's errors come back with the call's one wait. Every run whose errors were read is added,
    * also when a later job failed: its pages stay quantized, as when each run's errors were read at
    * once; a failed wait delivers none. */
   const kvq_status waited = kvq_reads_wait(cache->ctx, &pending.later);
-  if (waited == KVQ_OK) pending_apply(cache, seq, &pending);
-  else if (st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  if (waited != KVQ_OK && st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  if (st != KVQ_OK && flushed == 0) undo_restore(cache, seq, &undo); /* nothing flushed: nothing changes */
+  else if (waited == KVQ_OK) pending_apply(cache, seq, &pending);
   pending_free(&pending);
   return st;
 }
