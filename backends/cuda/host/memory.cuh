@@ -72,7 +72,7 @@ void cuda_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) {
     fail(b, KVQ_ERROR_INVALID_ARGUMENT, "a buffer of another backend was handed to the CUDA backend");
     return;
   }
-  if (!buffer->imported && enter(b) == KVQ_OK) {
+  if (!buffer->imported && enter_device(b) == KVQ_OK) { // not enter: no timing span for a free
     // work in flight may still use it; a lost device frees nothing more (the context is gone)
     if (check(b, cudaStreamSynchronize(b->stream), "waiting before freeing a buffer (cudaStreamSynchronize)") == KVQ_OK)
       cudaFree(buffer->ptr);
