@@ -14,9 +14,9 @@
  *      and context still work), and once the cache is destroyed kvq holds as many host blocks as
  *      before (a live count of kvq's C allocations: core/fault_alloc.h; ASan's leak check at exit
  *      covers the rest);
- *   4. for every submission and wait point (GPU backends), the same point failed as a lost device:
- *      the call must return KVQ_ERROR_DEVICE_LOST, and the context is then destroyed, which must
- *      free every block, and made again.
+ *   4. for every submission and wait point (Vulkan), the same point failed as a lost device (a wait
+ *      point only so: a failed wait is a lost device): the call must return KVQ_ERROR_DEVICE_LOST,
+ *      and the context is then destroyed, which must free every block, and made again.
  * One TAP line per scenario and backend, with the points it covered by kind, and the totals.
  *
  * A plain TAP program (as tests/test_threads.c): everything runs in one process, on one thread (the
@@ -316,7 +316,10 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, kvq_fault_kind
 }
 
 /* Whether point k may be failed as a lost device: submissions and waits are where a device reports
- * its loss. */
+ * its loss (a failed wait is always one: the work may still be running). Vulkan only: the CUDA backend
+ * keeps a lost device's memory on purpose (a runtime's context may hold it; backends/cuda/host/memory.cuh),
+ * which on the emulated backend is host memory that LeakSanitizer would report, so on CUDA the wait
+ * points are counted but not failed. */
 static int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
 
 static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_context **ctx, tally *t) {
@@ -346,14 +349,15 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
   (void)live;
   /* 3. and 4. */
   for (uint64_t k = 1; !t->failures && k <= n; k++) {
-    t->points++;
     t->by_kind[kinds[k]]++;
+    if (kinds[k] == KVQ_FAULT_WAIT) continue; /* a failed wait is a lost device: step 4 */
+    t->points++;
     fail_point(s, f, k, kinds[k], 0, t, backend);
     if (kvq_fault_live_blocks() != live_after_teardown)
       failure(t, "point %llu (%s): %lld host blocks more than before, the cache destroyed", (unsigned long long)k,
               kind_names[kinds[k]], (long long)(kvq_fault_live_blocks() - live_after_teardown));
   }
-  for (uint64_t k = 1; !t->failures && backend != KVQ_BACKEND_CPU && k <= n; k++) {
+  for (uint64_t k = 1; !t->failures && backend == KVQ_BACKEND_VULKAN && k <= n; k++) {
     if (!may_be_lost(kinds[k])) continue;
     t->lost++;
     fail_point(s, f, k, kinds[k], 1, t, backend);
@@ -411,9 +415,14 @@ int main(void) {
           at += (size_t)snprintf(kinds + at, sizeof kinds - at, "%s%s %llu", at ? ", " : "", kind_names[k],
                                  (unsigned long long)t.by_kind[k]);
       if (t.failures) failed++;
-      printf("%s %d - %s %s: %llu failure points (%s), %llu as a lost device%s%s\n", t.failures ? "not ok" : "ok",
-             number, infos[b].name, scenarios[i].name, (unsigned long long)t.points, kinds,
-             (unsigned long long)t.lost, t.failures ? ": " : "", t.failures ? t.first : "");
+      uint64_t points = 0; /* every point the call passes, each failed once or more, or not at all */
+      for (int k = 0; k < KVQ_FAULT_KINDS; k++) points += t.by_kind[k];
+      const uint64_t not_failed = infos[b].kind == KVQ_BACKEND_VULKAN ? 0 : t.by_kind[KVQ_FAULT_WAIT];
+      printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not failed%s%s\n",
+             t.failures ? "not ok" : "ok", number, infos[b].name, scenarios[i].name,
+             (unsigned long long)points,
+             kinds, (unsigned long long)t.points, (unsigned long long)t.lost, (unsigned long long)not_failed,
+             t.failures ? ": " : "", t.failures ? t.first : "");
       fflush(stdout);
       if (!ctx) {
         snprintf(why, sizeof why, "%s: no context after a lost device", infos[b].name);
