@@ -387,6 +387,8 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* the one submission: the checks, and whether the device skipped everything recorded behind them */
   if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
   st = pending_wait(cache, &pending, st); /* no submission of its own when the checks read waited */
+  /* the work done before the bookkeeping says so (nothing left when a wait above took it) */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_append: quantizing and writing the window");
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
@@ -423,18 +425,19 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
-  /* The page bookkeeping before the pages are taken: given back when the call fails before any layer
-   * is flushed, so that such a failure changes nothing (no plan: nothing is allocated). */
+  /* The page bookkeeping before the pages are taken: given back when the call fails, so that a
+   * failure changes nothing (no plan: nothing is allocated). */
   append_undo undo = {0};
   const kvq_policy_plan no_plan = {0};
   if ((st = undo_save(cache, seq, &no_plan, &undo)) != KVQ_OK) return st;
-  uint32_t flushed = 0; /* layers this call flushed */
   pending_errors pending = {0};
   if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) {
     undo_restore(cache, seq, &undo);
     return st;
   }
-  for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+  /* Every layer's pages first; the layers are marked flushed only once all of them are, and the
+   * device work succeeded: a failure changes nothing. */
+  for (uint32_t l = 0; l < cache->config.layer_count && st == KVQ_OK; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
     const kvq_layer_config *L = &cache->layers[l];
@@ -454,18 +457,22 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
                             cache->storage[l].ring[s], ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
         first += pages * P;
       }
-    if (st != KVQ_OK) break;
-    state->ring_start = n / P * P;
-    state->quantized = n;
-    flushed++;
   }
-  /* Q-Hitter's errors come back with the call's one wait. Every run whose errors were read is added,
-   * also when a later job failed: its pages stay quantized, as when each run's errors were read at
-   * once; a failed wait delivers none. */
+  /* Q-Hitter's errors come back with the call's one wait. */
   const kvq_status waited = kvq_reads_wait(cache->ctx, &pending.later);
   if (waited != KVQ_OK && st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
-  if (st != KVQ_OK && flushed == 0) undo_restore(cache, seq, &undo); /* nothing flushed: nothing changes */
-  else if (waited == KVQ_OK) pending_apply(cache, seq, &pending);
+  if (st == KVQ_OK) st = kvq_call_settle(cache->ctx, 0, "kvq_flush: quantizing the windows");
+  if (st == KVQ_OK) {
+    for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+      kvq_seq_layer *state = &seq->layers[l];
+      if (state->quantized == state->tokens) continue;
+      state->ring_start = state->tokens / P * P;
+      state->quantized = state->tokens;
+    }
+    pending_apply(cache, seq, &pending);
+  } else {
+    undo_restore(cache, seq, &undo);
+  }
   pending_free(&pending);
   return st;
 }
