@@ -27,7 +27,7 @@ typedef enum kvq_fault_kind {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Whether this point must fail: 1 for the armed point (counted from 1 since kvq_fault_arm), else 0. */
+/* Whether this point must fail: 1 for the armed point (kvq_fault_arm), else 0. */
 int kvq_fault_point(kvq_fault_kind kind);
 /* Whether the armed failure is a lost device (the device-lost mode of kvq_fault_arm): device points
  * then fail with the backend's device-lost error instead of their kind's. */
@@ -35,12 +35,17 @@ int kvq_fault_lost(void);
 
 /* Test-only control (tests/test_fault.c). Not thread-safe: points are counted on the calling thread's
  * order, so a test runs kvq on one thread while it counts. */
-/* Count from 0 again and fail point `k` (1-based; 0: fail none, count only), as a lost device when
- * `lost`. */
+/* Count from 0 again and fail the k-th point the mode fails (1-based; 0: fail none, count only):
+ * every kind but KVQ_FAULT_WAIT (a failed wait is a lost device), or with `lost` the submissions and
+ * waits, as a lost device. */
 void kvq_fault_arm(uint64_t k, int lost);
-/* Points passed since kvq_fault_arm, and whether the armed one was reached. */
+/* Points passed since kvq_fault_arm (all kinds; those the armed mode fails), and whether the armed
+ * one was reached. */
 uint64_t kvq_fault_count(void);
+uint64_t kvq_fault_eligible(void);
 int kvq_fault_fired(void);
+/* The kind of the point that failed; KVQ_FAULT_KINDS when none did. */
+kvq_fault_kind kvq_fault_fired_kind(void);
 /* The kind of point `i` (1-based) since kvq_fault_arm, for the first KVQ_FAULT_TRACE points;
  * KVQ_FAULT_KINDS past them. */
 enum { KVQ_FAULT_TRACE = 1 << 16 };

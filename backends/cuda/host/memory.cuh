@@ -73,8 +73,10 @@ void cuda_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) {
     return;
   }
   if (!buffer->imported && enter_device(b) == KVQ_OK) { // not enter: no timing span for a free
-    // work in flight may still use it; a lost device frees nothing more (the context is gone)
-    if (check(b, cudaStreamSynchronize(b->stream), "waiting before freeing a buffer (cudaStreamSynchronize)") == KVQ_OK)
+    // work in flight may still use it; a lost device frees nothing more (the context is gone). A wait
+    // that failed otherwise (not sticky) still frees: cudaFree waits for the device itself.
+    if (check(b, cudaStreamSynchronize(b->stream), "waiting before freeing a buffer (cudaStreamSynchronize)") == KVQ_OK ||
+        !b->lost)
       cudaFree(buffer->ptr);
   }
   std::free(buffer);
