@@ -360,7 +360,9 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* reserved for the page table and statistics before the evictions shrink them: enough after */
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) goto done;
   if ((st = kvq_tracked_reserve(cache, seq, n_new)) != KVQ_OK) goto done;
-  if (behind_checks && (st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
+  /* Saved for every append, not only those behind device checks: a host allocation or a device call
+   * can still fail below (tests/test_fault.c), after the plan evicted and pages were taken. */
+  if ((st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
   const uint32_t free_before = cache->free_count; /* slots above it: freed by the plan's evictions */
   kvq_policy_plan_apply(cache, seq, &plan);
 
@@ -369,8 +371,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
    * every token until the pages exist. */
   if ((st = kvq_take_pages(cache, seq, new_pages, if_clear, free_before)) != KVQ_OK) goto done;
   /* New positions get (zero) statistics before their pages are quantized, which adds errors to them;
-   * undone if the device fails. */
-  const kvq_tracked tracked_before = seq->tracked;
+   * undone (`undo`) if anything fails. */
   kvq_tracked_extend(seq, n_new);
   const uint64_t ring_offset = kvq_ring_offset(cache, layer, kvq_sequence_slot(cache, seq));
   const uint32_t chunk = cache->staging_pages * P;
@@ -390,17 +391,17 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* the one submission: the checks, and whether the device skipped everything recorded behind them */
   if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
   st = pending_wait(cache, &pending, st); /* no submission of its own when the checks read waited */
+  /* the work done before the bookkeeping says so (nothing left when a wait above took it) */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_append: quantizing and writing the window");
   if (st == KVQ_OK) {
     state->tokens = n_new;
     state->ring_start = F_new;
     state->quantized = quantized_new;
     pending_apply(cache, seq, &pending);
-  } else if (!undo.saved) {
-    seq->tracked.count = tracked_before.count;
-    seq->tracked.end = tracked_before.end;
   }
 done:
-  if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo); /* refused by the checks, or a device failure */
+  /* refused by the checks, or a host or device failure after the bookkeeping changed */
+  if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo);
   /* refused before anything was recorded behind the checks (capacity, host memory): the checks are
    * still reported first, as a host append reports its token checks before its capacity */
   if (st != KVQ_OK && behind_checks && ctx->checks_recorded) {
@@ -428,9 +429,19 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     return kvq_fail(cache->ctx, KVQ_ERROR_CAPACITY, "kvq_flush: needs %u new pages, %u of %u are free", new_pages,
                     cache->free_count, cache->config.max_pages);
   if ((st = kvq_reserve_page_table(cache, seq, seq->page_count + new_pages)) != KVQ_OK) return st;
-  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) return st;
+  /* The page bookkeeping before the pages are taken: given back when the call fails, so that a
+   * failure changes nothing (no plan: nothing is allocated). */
+  append_undo undo = {0};
+  const kvq_policy_plan no_plan = {0};
+  if ((st = undo_save(cache, seq, &no_plan, &undo)) != KVQ_OK) return st;
   pending_errors pending = {0};
-  for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) {
+    undo_restore(cache, seq, &undo);
+    return st;
+  }
+  /* Every layer's pages first; the layers are marked flushed only once all of them are, and the
+   * device work succeeded: a failure changes nothing. */
+  for (uint32_t l = 0; l < cache->config.layer_count && st == KVQ_OK; l++) {
     kvq_seq_layer *state = &seq->layers[l];
     if (state->quantized == state->tokens) continue;
     const kvq_layer_config *L = &cache->layers[l];
@@ -450,16 +461,22 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
                             cache->storage[l].ring[s], ring_offset + (uint64_t)slot * token_bytes, (uint64_t)P * token_bytes);
         first += pages * P;
       }
-    if (st != KVQ_OK) break;
-    state->ring_start = n / P * P;
-    state->quantized = n;
   }
-  /* Q-Hitter's errors come back with the call's one wait. Every run whose errors were read is added,
-   * also when a later job failed: its pages stay quantized, as when each run's errors were read at
-   * once; a failed wait delivers none. */
+  /* Q-Hitter's errors come back with the call's one wait. */
   const kvq_status waited = kvq_reads_wait(cache->ctx, &pending.later);
-  if (waited == KVQ_OK) pending_apply(cache, seq, &pending);
-  else if (st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  if (waited != KVQ_OK && st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  if (st == KVQ_OK) st = kvq_call_settle(cache->ctx, 0, "kvq_flush: quantizing the windows");
+  if (st == KVQ_OK) {
+    for (uint32_t l = 0; l < cache->config.layer_count; l++) {
+      kvq_seq_layer *state = &seq->layers[l];
+      if (state->quantized == state->tokens) continue;
+      state->ring_start = state->tokens / P * P;
+      state->quantized = state->tokens;
+    }
+    pending_apply(cache, seq, &pending);
+  } else {
+    undo_restore(cache, seq, &undo);
+  }
   pending_free(&pending);
   return st;
 }

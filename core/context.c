@@ -156,6 +156,12 @@ kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) { return call_end(c
 
 kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status) { return call_end(ctx, status, 1); }
 
+kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what) {
+  if (ctx->async && !always) return KVQ_OK;
+  const kvq_status st = ctx->backend->ops->finish(ctx->backend);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, what);
+}
+
 kvq_status kvq_context_wait(kvq_context *ctx) {
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
   kvq_status st = ctx->backend->ops->finish(ctx->backend);

@@ -70,6 +70,12 @@ kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
 /* The same for calls that are synchronous in every mode (creating and loading caches, loading
  * codebooks): their one submission is waited for before they return. */
 kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status);
+/* In a synchronous call (or with `always`), submits the work the call recorded so far and waits for
+ * it, so that the call changes the cache's host state only once its device work succeeded: a failed
+ * submission or wait then leaves the cache as it was (tests/test_fault.c). No extra submission: the
+ * call's kvq_call_end finds nothing left to submit. Asynchronous calls keep their work in flight
+ * (kvq_context_wait reports its failures). `what`: the message's words for the work. */
+kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what);
 
 /* Words of attention metadata the last attention job of the context packed or compared in core
  * (core/gpu_meta.c): O(sequences + page-table entries that changed), not O(listed pages). For tests;

@@ -280,16 +280,20 @@ static kvq_status learn_call(kvq_cache *cache, uint32_t layer, const kvq_tensor 
     free(x);
     x = NULL;
   }
+  free(x); /* the side whose arrays were not both allocated */
   kvq_backend *be = ctx->backend;
   for (int s = 0; s < 2 && st == KVQ_OK; s++) {
     if (!needs[s]) continue;
     const uint64_t floats = kvq_side_fixed_floats(&ls->side[s].layout, 1);
     st = be->ops->buffer_write(be, ls->side[s].fixed[1], 0, learned[s], floats * 4);
-    if (st != KVQ_OK) {
-      st = kvq_fail_backend(ctx, st, "uploading codebooks");
-      break;
-    }
-    memcpy(ls->fixed_host[s][1], learned[s], floats * 4);
+    if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "uploading codebooks");
+  }
+  /* the uploads done before the host copy and the flags say so: a failure changes nothing (the
+   * device copy of a layer that learns is read only once it is marked learned) */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 1, "kvq_codebooks_learn: uploading codebooks");
+  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+    if (!needs[s]) continue;
+    memcpy(ls->fixed_host[s][1], learned[s], kvq_side_fixed_floats(&ls->side[s].layout, 1) * 4);
     ls->learned[s] = 1;
   }
   free(learned[0]), free(learned[1]);

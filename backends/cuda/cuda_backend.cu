@@ -270,7 +270,7 @@ extern "C" void kvq_cuda_emu_contexts(kvq_cuda_emu_context_counts *out) {
 extern "C" kvq_status KVQ_CUDA_ENTRY(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
                                      char *why, size_t why_size) {
   *out = nullptr;
-  cuda_backend *b = static_cast<cuda_backend *>(std::calloc(1, sizeof *b));
+  cuda_backend *b = static_cast<cuda_backend *>(KVQ_CUDA_HOST_ALLOC_FAILS() ? nullptr : std::calloc(1, sizeof *b));
   if (!b) {
     *availability = KVQ_UNAVAILABLE_ERROR;
     std::snprintf(why, why_size, "cuda: out of host memory");

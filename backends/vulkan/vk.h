@@ -31,6 +31,7 @@
 #include <volk.h>
 
 #include "backends/backend.h"
+#include "core/fault.h"
 #include "core/gpu_plan.h"
 #include "core/layout.h"
 #include "vk_create.h"
@@ -163,6 +164,16 @@ void kvq_vk_load_device_table(struct VolkDeviceTable *table, VkDevice device, PF
 kvq_status kvq_vk_error(vk_backend *b, kvq_status status, const char *format, ...) __attribute__((format(printf, 3, 4)));
 kvq_status kvq_vk_fail(vk_backend *b, VkResult result, const char *what);
 kvq_status kvq_vk_check_validation(vk_backend *b);
+
+/* A Vulkan call that can fail, as a fault point of `kind` (core/fault.h): in the fault-injection test
+ * build the armed point skips the call and returns what a driver returns for it (out of device memory
+ * for device memory, a lost device in the device-lost mode, out of host memory otherwise); in the
+ * shipped library it is the call. */
+#define KVQ_VK_TRY(kind, call) (kvq_fault_point(kind) ? kvq_vk_fault_result(kind) : (call))
+static inline VkResult kvq_vk_fault_result(kvq_fault_kind kind) {
+  if (kvq_fault_lost()) return VK_ERROR_DEVICE_LOST;
+  return kind == KVQ_FAULT_DEVICE_ALLOC ? VK_ERROR_OUT_OF_DEVICE_MEMORY : VK_ERROR_OUT_OF_HOST_MEMORY;
+}
 
 /* vk_memory.c: buffers. */
 kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, kvq_buffer **out);

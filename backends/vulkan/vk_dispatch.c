@@ -78,7 +78,7 @@ static kvq_status pipeline(vk_backend *b, kvq_vk_shader shader, VkPipeline *out)
     VkResult r;
     const shader_code *code = &shader_table[shader];
     VkShaderModuleCreateInfo module = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = code->bytes, .pCode = code->words};
-    if (!b->modules[shader] && (r = b->vk.vkCreateShaderModule(b->device, &module, NULL, &b->modules[shader])) != VK_SUCCESS)
+    if (!b->modules[shader] && (r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateShaderModule(b->device, &module, NULL, &b->modules[shader]))) != VK_SUCCESS)
       return kvq_vk_fail(b, r, "vkCreateShaderModule");
     VkComputePipelineCreateInfo info = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
                                         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -86,7 +86,7 @@ static kvq_status pipeline(vk_backend *b, kvq_vk_shader shader, VkPipeline *out)
                                                   .module = b->modules[shader],
                                                   .pName = "main"},
                                         .layout = b->pipeline_layout};
-    if ((r = b->vk.vkCreateComputePipelines(b->device, b->pipeline_cache, 1, &info, NULL, &b->pipelines[shader])) != VK_SUCCESS) {
+    if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateComputePipelines(b->device, b->pipeline_cache, 1, &info, NULL, &b->pipelines[shader]))) != VK_SUCCESS) {
       b->pipelines[shader] = VK_NULL_HANDLE;
       char what[96];
       snprintf(what, sizeof what, "creating the %s pipeline", code->name);
@@ -148,7 +148,7 @@ kvq_status kvq_vk_wait(vk_backend *b) {
                         "vulkan: an earlier submission did not finish (device lost or timed out); destroy the context");
   if (!b->in_flight) return KVQ_OK;
   b->stats.waits++;
-  VkResult r = b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, b->fence_timeout_ns);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_WAIT, b->vk.vkWaitForFences(b->device, 1, &b->fence, VK_TRUE, b->fence_timeout_ns));
   if (r != VK_SUCCESS) {
     /* The command buffer may still be pending: resetting its pool, its fence or the descriptor sets,
      * or freeing the buffers retired behind it, would pull them from under the device. Keep them all
@@ -180,7 +180,7 @@ kvq_status kvq_vk_begin(vk_backend *b) {
   if (st != KVQ_OK) return st;
   VkCommandBufferBeginInfo info = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-  VkResult r = b->vk.vkBeginCommandBuffer(b->cmd, &info);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_LAUNCH, b->vk.vkBeginCommandBuffer(b->cmd, &info));
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
   b->recording = 1;
   b->staging_used = b->metadata_used = 0;
@@ -204,12 +204,12 @@ kvq_status kvq_vk_submit_nowait(vk_backend *b) {
                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
   b->vk.vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &host, 0, NULL, 0,
                              NULL);
-  VkResult r = b->vk.vkEndCommandBuffer(b->cmd);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_LAUNCH, b->vk.vkEndCommandBuffer(b->cmd));
   VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &b->cmd};
   const char *what = "vkEndCommandBuffer";
   if (r == VK_SUCCESS) {
     what = "vkQueueSubmit";
-    r = b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence);
+    r = KVQ_VK_TRY(KVQ_FAULT_SUBMIT, b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence));
     b->stats.submissions++;
   }
   if (r != VK_SUCCESS) { /* nothing is in flight: the pools start over */
@@ -286,7 +286,7 @@ static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BIND
                                        .descriptorSetCount = 1,
                                        .pSetLayouts = &b->set_layout};
   VkDescriptorSet set;
-  VkResult r = b->vk.vkAllocateDescriptorSets(b->device, &alloc, &set);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkAllocateDescriptorSets(b->device, &alloc, &set));
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkAllocateDescriptorSets");
   b->sets_used++;
   VkDescriptorBufferInfo infos[KVQ_VK_BINDINGS];

@@ -63,7 +63,7 @@ kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, k
                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-  VkResult r = b->vk.vkCreateBuffer(b->device, &info, NULL, &buf->buffer);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateBuffer(b->device, &info, NULL, &buf->buffer));
   if (r != VK_SUCCESS) {
     kvq_vk_buffer_free(b, buf);
     return kvq_vk_fail(b, r, "vkCreateBuffer");
@@ -80,9 +80,9 @@ kvq_status kvq_vk_buffer_make(vk_backend *b, uint64_t bytes, int host_visible, k
                         host_visible ? "host-visible" : "device");
   }
   VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = type};
-  if ((r = b->vk.vkAllocateMemory(b->device, &alloc, NULL, &buf->memory)) != VK_SUCCESS ||
-      (r = b->vk.vkBindBufferMemory(b->device, buf->buffer, buf->memory, 0)) != VK_SUCCESS ||
-      (host_visible && (r = b->vk.vkMapMemory(b->device, buf->memory, 0, VK_WHOLE_SIZE, 0, &buf->mapped)) != VK_SUCCESS)) {
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_DEVICE_ALLOC, b->vk.vkAllocateMemory(b->device, &alloc, NULL, &buf->memory))) != VK_SUCCESS ||
+      (r = KVQ_VK_TRY(KVQ_FAULT_DEVICE_ALLOC, b->vk.vkBindBufferMemory(b->device, buf->buffer, buf->memory, 0))) != VK_SUCCESS ||
+      (host_visible && (r = KVQ_VK_TRY(KVQ_FAULT_MAP, b->vk.vkMapMemory(b->device, buf->memory, 0, VK_WHOLE_SIZE, 0, &buf->mapped))) != VK_SUCCESS)) {
     kvq_vk_buffer_free(b, buf);
     return kvq_vk_fail(b, r, "allocating buffer memory");
   }

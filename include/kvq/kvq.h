@@ -612,8 +612,8 @@ KVQ_API kvq_status kvq_append(kvq_cache *cache, uint32_t sequence, uint32_t laye
                               const kvq_tensor *keys, const kvq_tensor *values);
 
 /* Quantizes the full-precision window of every layer of a sequence (see above). KVQ_ERROR_CAPACITY
- * when the pages it needs are not free (nothing changes). A device failure part way leaves earlier
- * layers flushed, which is a valid state; flushing again completes it. */
+ * when the pages it needs are not free; like any other failure (host memory, the device), it changes
+ * nothing. */
 KVQ_API kvq_status kvq_flush(kvq_cache *cache, uint32_t sequence);
 
 /* ---------------------------------------------------------------------------------------------

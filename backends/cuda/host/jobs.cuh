@@ -13,6 +13,7 @@ constexpr uint32_t max_grid_y = 65535u;
 
 // std::vector's reserve without its exception: false when host memory runs out.
 template <class T> bool reserve(std::vector<T> &v, size_t n) {
+  if (KVQ_CUDA_HOST_ALLOC_FAILS()) return false; // a fault point, as the allocation that throws
   try {
     v.reserve(n);
     return true;

@@ -18,7 +18,7 @@ kvq_status cuda_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer *
   *out = nullptr;
   kvq_status st = enter(b);
   if (st != KVQ_OK) return st;
-  kvq_buffer *buf = static_cast<kvq_buffer *>(std::calloc(1, sizeof *buf));
+  kvq_buffer *buf = static_cast<kvq_buffer *>(KVQ_CUDA_HOST_ALLOC_FAILS() ? nullptr : std::calloc(1, sizeof *buf));
   if (!buf) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   buf->base.owner = &b->base;
   buf->size = bytes;
@@ -55,7 +55,7 @@ kvq_status cuda_buffer_import(kvq_backend *backend, const kvq_device_memory *mem
   if (attributes.device != b->device)
     return fail(b, KVQ_ERROR_INVALID_ARGUMENT, "the device pointer belongs to CUDA device %d, this context runs on %d",
                 attributes.device, b->device);
-  kvq_buffer *buf = static_cast<kvq_buffer *>(std::calloc(1, sizeof *buf));
+  kvq_buffer *buf = static_cast<kvq_buffer *>(KVQ_CUDA_HOST_ALLOC_FAILS() ? nullptr : std::calloc(1, sizeof *buf));
   if (!buf) return fail(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
   buf->base.owner = &b->base;
   buf->ptr = static_cast<unsigned char *>(memory->pointer);
@@ -72,9 +72,11 @@ void cuda_buffer_destroy(kvq_backend *backend, kvq_buffer *buffer) {
     fail(b, KVQ_ERROR_INVALID_ARGUMENT, "a buffer of another backend was handed to the CUDA backend");
     return;
   }
-  if (!buffer->imported && enter(b) == KVQ_OK) {
-    // work in flight may still use it; a lost device frees nothing more (the context is gone)
-    if (check(b, cudaStreamSynchronize(b->stream), "waiting before freeing a buffer (cudaStreamSynchronize)") == KVQ_OK)
+  if (!buffer->imported && enter_device(b) == KVQ_OK) { // not enter: no timing span for a free
+    // work in flight may still use it; a lost device frees nothing more (the context is gone). A wait
+    // that failed otherwise (not sticky) still frees: cudaFree waits for the device itself.
+    if (check(b, cudaStreamSynchronize(b->stream), "waiting before freeing a buffer (cudaStreamSynchronize)") == KVQ_OK ||
+        !b->lost)
       cudaFree(buffer->ptr);
   }
   std::free(buffer);

@@ -1,0 +1,482 @@
+/*
+ * Fault injection (docs/RELIABILITY.md, "Fault injection"): every failure point a public call passes,
+ * failed in turn, on every backend available here.
+ *
+ * Built against the fault-injection variant of the library (tests/meson.build: KVQ_FAULT_INJECTION,
+ * core/fault.h), with this build's sanitizers. For each scenario (a public call on a small cache) and
+ * backend:
+ *   1. warm-up: the scenario (three times), so that what a context creates on first use and keeps (pipelines,
+ *      staging and scratch buffers, metadata) exists before counting and is the same in every run;
+ *   2. count: the call once with no point armed: it passes N failure points (kinds recorded);
+ *   3. for k = 1..N, on a fresh copy of the state (the same setup again): fail point k, then check that
+ *      the point was reached, the call returned an error with a message, the cache saves to the same
+ *      bytes as before the call (calls on an existing cache), the same call then succeeds (the cache
+ *      and context still work); once the scenario's context is destroyed, kvq's C code holds no host
+ *      block (a live count: core/fault_alloc.h), and LeakSanitizer's check at exit finds no leak;
+ *   4. for every submission and wait point (Vulkan), the same point failed as a lost device (a wait
+ *      point only so: a failed wait is a lost device): the call must return KVQ_ERROR_DEVICE_LOST,
+ *      and the context is then destroyed, which must free every block, and made again.
+ * One TAP line per scenario and backend, with the points it covered by kind, and the totals.
+ *
+ * A plain TAP program (as tests/test_threads.c): everything runs in one process, on one thread (the
+ * fault counter counts on the calling thread's order).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fault.h"
+#include "core/internal.h"
+#include "kvq/kvq.h"
+
+/* Small sizes: every point of a scenario runs the whole setup again, and the emulated CUDA backend
+ * runs a CPU thread per CUDA thread. 48 tokens in pages of 16 with a window of 16: quantized pages, a
+ * full-precision window, and (H2O, 4 sinks, 16 + 16 recent, 4 heavy) 12 candidates of which 8 go. */
+enum { HQ = 2, HKV = 1, D = 32, PAGE = 16, WINDOW = 16, TOKENS = 48, MORE = 24, NQ = 2 };
+enum { KV_FLOATS = (TOKENS + MORE) * HKV * D, Q_FLOATS = NQ * HQ * D, MAX_FAILURES_SHOWN = 12 };
+
+static float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
+
+static void fill_inputs(void) {
+  uint32_t x = 2024;
+  float *arrays[3] = {keys_in, values_in, queries_in};
+  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
+  for (int a = 0; a < 3; a++)
+    for (size_t i = 0; i < sizes[a]; i++) {
+      x = x * 1664525u + 1013904223u;
+      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
+    }
+}
+
+/* The two caches of the scenarios: `base` (QJL keys, 2-bit uniform values, H2O) for everything but
+ * learning, `learned` (CQ keys: codebooks to learn, 4 channels of 4 bits) for kvq_codebooks_learn. */
+typedef enum which_cache { BASE, LEARNED } which_cache;
+
+static kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {
+  *layer = (kvq_layer_config){.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
+                              .keys = kvq_method_defaults(which == BASE ? KVQ_METHOD_QJL : KVQ_METHOD_CQ, D),
+                              .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
+  if (which == LEARNED) {
+    layer->keys.cq.bits = 4;
+    layer->keys.cq.iterations = 4;
+  }
+  kvq_cache_config config = {.layer_count = 1, .layers = layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
+                             .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11};
+  if (which == BASE) {
+    config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+    config.policy.heavy_fraction = 0;
+    config.policy.heavy = 4;
+  }
+  return config;
+}
+
+static kvq_tensor kv_tensor(float *data, int64_t tokens) {
+  int64_t shape[3] = {tokens, HKV, D};
+  return kvq_tensor_host(data, KVQ_DTYPE_F32, 3, shape);
+}
+
+/* What a scenario works on: the context, the cache the setup made (NULL for `create`), its sequence,
+ * and outputs. */
+typedef struct fixture {
+  kvq_context *ctx;
+  kvq_cache *cache;
+  uint32_t sequence;
+  float out[Q_FLOATS];
+  float scores[NQ * HQ * (TOKENS + MORE)];
+  float dequantized[2][TOKENS * HKV * D];
+  unsigned char *file; /* the saved base cache (load), or a save's output */
+  size_t file_size;
+} fixture;
+
+static kvq_status attend(fixture *f) {
+  int64_t q_shape[3] = {NQ, HQ, D};
+  kvq_attention_request request = {.sequence = f->sequence, .mask = KVQ_MASK_CAUSAL,
+                                   .queries = kvq_tensor_host(queries_in, KVQ_DTYPE_F32, 3, q_shape),
+                                   .output = kvq_tensor_host(f->out, KVQ_DTYPE_F32, 3, q_shape)};
+  return kvq_attention(f->cache, 0, &request, 1);
+}
+
+/* A cache of `which` with one sequence; BASE also holds TOKENS tokens and has attended once (H2O's
+ * accumulated attention is part of its state). */
+static kvq_status make_cache(kvq_context *ctx, which_cache which, fixture *f) {
+  kvq_layer_config layer;
+  kvq_cache_config config = cache_config(which, &layer);
+  kvq_status st = kvq_cache_create(ctx, &config, &f->cache);
+  if (st == KVQ_OK) st = kvq_sequence_add(f->cache, &f->sequence);
+  if (st == KVQ_OK && which == BASE) {
+    kvq_tensor k = kv_tensor(keys_in, TOKENS), v = kv_tensor(values_in, TOKENS);
+    st = kvq_append(f->cache, f->sequence, 0, &k, &v);
+    if (st == KVQ_OK) st = attend(f);
+  }
+  return st;
+}
+
+/* The scenarios' calls. */
+static kvq_status call_create(fixture *f) {
+  kvq_layer_config layer;
+  kvq_cache_config config = cache_config(BASE, &layer);
+  kvq_cache *cache = NULL;
+  const kvq_status st = kvq_cache_create(f->ctx, &config, &cache);
+  kvq_cache_destroy(cache);
+  return st;
+}
+static kvq_status call_append(fixture *f) {
+  kvq_tensor k = kv_tensor(keys_in + TOKENS * HKV * D, MORE), v = kv_tensor(values_in + TOKENS * HKV * D, MORE);
+  return kvq_append(f->cache, f->sequence, 0, &k, &v);
+}
+static kvq_status call_flush(fixture *f) { return kvq_flush(f->cache, f->sequence); }
+static kvq_status call_attention(fixture *f) { return attend(f); }
+/* kvq-bench's switch (core/internal.h): SCORE, SOFTMAX and WEIGHTED_SUM where the backend has the fused job. */
+static kvq_status call_attention_unfused(fixture *f) {
+  f->ctx->bench_jobs = KVQ_BENCH_JOBS_UNFUSED;
+  const kvq_status st = attend(f);
+  f->ctx->bench_jobs = 0;
+  return st;
+}
+static kvq_status call_scores(fixture *f) {
+  int64_t q_shape[3] = {NQ, HQ, D}, s_shape[3] = {NQ, HQ, TOKENS};
+  kvq_tensor q = kvq_tensor_host(queries_in, KVQ_DTYPE_F32, 3, q_shape);
+  kvq_tensor s = kvq_tensor_host(f->scores, KVQ_DTYPE_F32, 3, s_shape);
+  return kvq_scores(f->cache, f->sequence, 0, &q, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES, &s);
+}
+static kvq_status call_dequantize(fixture *f) {
+  kvq_tensor k = kv_tensor(f->dequantized[0], PAGE * 2), v = kv_tensor(f->dequantized[1], PAGE * 2);
+  return kvq_dequantize(f->cache, f->sequence, 0, 0, PAGE * 2, &k, &v);
+}
+static kvq_status call_save(fixture *f) {
+  uint64_t size = 0;
+  kvq_status st = kvq_cache_save_size(f->cache, &size);
+  if (st != KVQ_OK) return st;
+  unsigned char *buffer = malloc((size_t)size);
+  size_t written = 0;
+  st = buffer ? kvq_cache_save_to_memory(f->cache, buffer, (size_t)size, &written) : KVQ_ERROR_OUT_OF_MEMORY;
+  free(buffer);
+  return st;
+}
+static kvq_status call_load(fixture *f) {
+  kvq_cache *cache = NULL;
+  const kvq_status st = kvq_cache_load_from_memory(f->ctx, f->file, f->file_size, &cache);
+  kvq_cache_destroy(cache);
+  return st;
+}
+static kvq_status call_learn(fixture *f) {
+  kvq_tensor k = kv_tensor(keys_in, TOKENS);
+  return kvq_codebooks_learn(f->cache, 0, &k, NULL, NULL);
+}
+static kvq_status call_policy(fixture *f) { return kvq_sequence_apply_policy(f->cache, f->sequence); }
+
+typedef struct scenario {
+  const char *name;
+  int has_cache;     /* the call works on an existing cache (its saved bytes are compared) */
+  which_cache which; /* the cache the setup makes */
+  int needs_file;    /* the setup also saves the base cache into f->file */
+  kvq_status (*call)(fixture *);
+} scenario;
+
+static const scenario scenarios[] = {
+    {"create", 0, BASE, 0, call_create},
+    {"append", 1, BASE, 0, call_append},
+    {"flush", 1, BASE, 0, call_flush},
+    {"attention", 1, BASE, 0, call_attention},
+    {"attention-unfused", 1, BASE, 0, call_attention_unfused},
+    {"scores", 1, BASE, 0, call_scores},
+    {"dequantize", 1, BASE, 0, call_dequantize},
+    {"save", 1, BASE, 0, call_save},
+    {"load", 0, BASE, 1, call_load},
+    {"learn-codebooks", 1, LEARNED, 0, call_learn},
+    {"apply-policy", 1, BASE, 0, call_policy},
+};
+enum { SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
+
+static const char *kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc", "device object", "map", "copy",
+                                                      "launch", "submit", "wait", "none failed"};
+
+/* The cache's saved bytes (malloc'd, the caller frees), with no point armed. */
+static kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
+  uint64_t n = 0;
+  *bytes = NULL;
+  kvq_status st = kvq_cache_save_size(cache, &n);
+  if (st != KVQ_OK) return st;
+  *bytes = malloc((size_t)n);
+  if (!*bytes) return KVQ_ERROR_OUT_OF_MEMORY;
+  return kvq_cache_save_to_memory(cache, *bytes, (size_t)n, size);
+}
+
+/* The scenario's state, set up with no point armed. */
+static kvq_status setup(const scenario *s, fixture *f) {
+  kvq_context *ctx = f->ctx;
+  memset(f, 0, sizeof *f);
+  f->ctx = ctx;
+  kvq_fault_arm(0, 0);
+  kvq_status st = KVQ_OK;
+  if (s->needs_file) {
+    fixture base = {.ctx = ctx};
+    st = make_cache(ctx, BASE, &base);
+    if (st == KVQ_OK) st = saved_bytes(base.cache, &f->file, &f->file_size);
+    kvq_cache_destroy(base.cache);
+  }
+  if (st == KVQ_OK && s->has_cache) st = make_cache(ctx, s->which, f);
+  /* The CUDA backend reads its oldest device-time span (a wait point) when its ring of spans is full:
+   * reading them all here makes every run of the call pass the same points. */
+  uint64_t ns = 0;
+  if (st == KVQ_OK) (void)kvq_context_device_time(ctx, &ns);
+  return st;
+}
+
+static void teardown(fixture *f) {
+  kvq_cache_destroy(f->cache);
+  f->cache = NULL;
+  free(f->file);
+  f->file = NULL;
+}
+
+/* One scenario's results on one backend. */
+typedef struct tally {
+  uint64_t points, by_kind[KVQ_FAULT_KINDS], lost;
+  uint64_t counted, unreached; /* points the mode fails in the counted run; of those, not reached */
+  int failures;
+  char first[600];
+} tally;
+
+static void failure(tally *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
+static void failure(tally *t, const char *format, ...) {
+  char line[600];
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(line, sizeof line, format, ap);
+  va_end(ap);
+  if (t->failures < MAX_FAILURES_SHOWN) printf("#   %s\n", line);
+  if (!t->failures) snprintf(t->first, sizeof t->first, "%s", line);
+  t->failures++;
+}
+
+/* Defects this test found that are not fixed yet (docs/RELIABILITY.md, "Fault injection"): their
+ * lines say `not ok ... # TODO` (an expected failure in TAP), and once fixed the line passes, which
+ * TAP reports as an unexpected pass until the entry is removed here. */
+static const struct {
+  kvq_backend_kind backend;
+  const char *scenario, *why;
+} known_defects[] = {
+    {KVQ_BACKEND_CUDA, "append",
+     "a copy into the full-precision window that fails after the other side's window was written leaves "
+     "that side's ring slots overwritten (the CUDA backend writes at once; the window is written in place)"},
+};
+
+static const char *known_defect(kvq_backend_kind backend, const char *scenario) {
+  for (size_t i = 0; i < sizeof known_defects / sizeof known_defects[0]; i++)
+    if (known_defects[i].backend == backend && !strcmp(known_defects[i].scenario, scenario)) return known_defects[i].why;
+  return NULL;
+}
+
+static kvq_status context_on(kvq_backend_kind kind, kvq_context **ctx) {
+  kvq_context_options opt = kvq_context_options_default();
+  opt.backend = kind;
+  kvq_fault_arm(0, 0);
+  return kvq_context_create(&opt, ctx);
+}
+
+/* The k-th point of `s` that the mode fails (core/fault.h) failed, as a lost device when `lost`; the
+ * checks of the header. */
+static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tally *t, kvq_backend_kind backend) {
+  const char *how = lost ? " as a lost device" : "";
+  kvq_status st = setup(s, f);
+  if (st != KVQ_OK) {
+    failure(t, "point %llu: the setup failed: %s", (unsigned long long)k, kvq_context_last_error(f->ctx));
+    teardown(f);
+    return;
+  }
+  unsigned char *before = NULL, *after = NULL;
+  size_t before_size = 0, after_size = 0;
+  if (s->has_cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK)
+    failure(t, "point %llu: saving before the call failed", (unsigned long long)k);
+  kvq_fault_arm(k, lost);
+  st = s->call(f);
+  const int fired = kvq_fault_fired();
+  const kvq_fault_kind kind = kvq_fault_fired_kind();
+  kvq_fault_arm(0, 0);
+  const char *message = kvq_context_last_error(f->ctx);
+  if (!fired) {
+    /* The CUDA backend's device-time spans (an event recorded per call, events created as its ring
+     * turns) make a call pass a point or two fewer in some runs than in the counted one: the last two
+     * points may go unreached there, and are reported. */
+    if (backend == KVQ_BACKEND_CUDA && k + 2 > t->counted) {
+      printf("#   point %llu of %llu not reached in this run (CUDA's timing events vary)\n", (unsigned long long)k,
+             (unsigned long long)t->counted);
+      t->unreached++;
+    } else {
+      failure(t, "point %llu was not reached: the call passes fewer points than counted", (unsigned long long)k);
+    }
+    free(before);
+    teardown(f);
+    return;
+  }
+  if (st == KVQ_OK)
+    failure(t, "point %llu (%s) failed%s, yet the call returned KVQ_OK", (unsigned long long)k, kind_names[kind], how);
+  else if (!message || !message[0])
+    failure(t, "point %llu (%s) failed%s: %s without a message", (unsigned long long)k, kind_names[kind], how,
+            kvq_status_string(st));
+  else if (lost && st != KVQ_ERROR_DEVICE_LOST)
+    failure(t, "point %llu (%s) failed as a lost device: %s (%s), not KVQ_ERROR_DEVICE_LOST", (unsigned long long)k,
+            kind_names[kind], kvq_status_string(st), message);
+  if (!lost) {
+    if (s->has_cache) {
+      if (saved_bytes(f->cache, &after, &after_size) != KVQ_OK)
+        failure(t, "point %llu (%s): saving after the failed call failed: %s", (unsigned long long)k, kind_names[kind],
+                kvq_context_last_error(f->ctx));
+      else if (before && (after_size != before_size || memcmp(before, after, before_size)))
+        failure(t, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k,
+                kind_names[kind], kvq_status_string(st), message);
+    }
+    st = s->call(f);
+    if (st != KVQ_OK)
+      failure(t, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
+              kvq_status_string(st), kvq_context_last_error(f->ctx));
+  }
+  free(before);
+  free(after);
+  teardown(f);
+  if (lost) { /* a lost device's context is only good for destroying */
+    kvq_context_destroy(f->ctx);
+    f->ctx = NULL;
+    if (kvq_fault_live_blocks() != 0)
+      failure(t, "point %llu (%s) failed as a lost device: %lld host blocks remain after destroying the context",
+              (unsigned long long)k, kind_names[kind], (long long)kvq_fault_live_blocks());
+    if (context_on(backend, &f->ctx) != KVQ_OK) failure(t, "a new context after a lost device");
+  }
+}
+
+/* Whether point k may be failed as a lost device: submissions and waits are where a device reports
+ * its loss (a failed wait is always one: the work may still be running). Vulkan only: the CUDA backend
+ * keeps a lost device's memory on purpose (a runtime's context may hold it; backends/cuda/host/memory.cuh),
+ * which on the emulated backend is host memory that LeakSanitizer would report, so on CUDA the wait
+ * points are counted but not failed. */
+static int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
+
+static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_context **ctx, tally *t) {
+  fixture *f = calloc(1, sizeof *f);
+  if (!f) {
+    failure(t, "out of memory");
+    return;
+  }
+  f->ctx = *ctx;
+  /* 1. warm-up, three times: the CUDA backend creates the events of its ring of 16 device-time spans
+   * as it first turns (a span per call; about six per round), and the counted run must not be the
+   * one that creates the last of them */
+  kvq_status st = KVQ_OK;
+  for (int round = 0; round < 3 && st == KVQ_OK; round++) {
+    st = setup(s, f);
+    if (st == KVQ_OK) st = s->call(f);
+    teardown(f);
+  }
+  if (st != KVQ_OK) failure(t, "the scenario fails without a fault: %s", kvq_context_last_error(f->ctx));
+  /* 2. count */
+  st = setup(s, f);
+  kvq_fault_arm(0, 0);
+  if (st == KVQ_OK) st = s->call(f);
+  const uint64_t n = kvq_fault_count(), failed_plain = kvq_fault_eligible();
+  uint64_t failed_lost = 0;
+  for (uint64_t k = 1; k <= n && k <= KVQ_FAULT_TRACE; k++) {
+    t->by_kind[kvq_fault_kind_at(k)]++;
+    failed_lost += may_be_lost(kvq_fault_kind_at(k));
+  }
+  teardown(f);
+  if (st != KVQ_OK) failure(t, "the counting run failed: %s", kvq_context_last_error(f->ctx));
+  if (n > KVQ_FAULT_TRACE) failure(t, "%llu points: more than the trace holds", (unsigned long long)n);
+  /* 3. and 4. */
+  t->counted = failed_plain;
+  for (uint64_t k = 1; !t->failures && !t->unreached && k <= failed_plain; k++) {
+    fail_point(s, f, k, 0, t, backend);
+    t->points += !t->unreached;
+  }
+  for (uint64_t k = 1; !t->failures && backend == KVQ_BACKEND_VULKAN && k <= failed_lost; k++) {
+    t->lost++;
+    fail_point(s, f, k, 1, t, backend);
+    if (!f->ctx) break;
+    /* the new context warmed up again, as step 1 */
+    fixture warm = {.ctx = f->ctx};
+    st = setup(s, &warm);
+    if (st == KVQ_OK) st = s->call(&warm);
+    teardown(&warm);
+    if (st != KVQ_OK) failure(t, "the scenario on a new context after a lost device: %s", kvq_context_last_error(f->ctx));
+  }
+  /* A context may keep what it grew (arrays of retired buffers, scratch) from one call to the next, so
+   * kvq's blocks are counted with none: every block a failed call took must be free once the context
+   * is destroyed. (LeakSanitizer's check at exit covers the test's whole run; its recoverable check
+   * after each point cannot be used here: lavapipe's threads hold blocks it then reports.) */
+  kvq_context_destroy(f->ctx);
+  f->ctx = NULL;
+  if (kvq_fault_live_blocks() != 0)
+    failure(t, "%lld host blocks of kvq's remain once the context is destroyed", (long long)kvq_fault_live_blocks());
+  if (context_on(backend, &f->ctx) != KVQ_OK) failure(t, "a new context");
+  *ctx = f->ctx;
+  free(f);
+}
+
+int main(void) {
+  fill_inputs();
+  kvq_backend_info infos[4];
+  size_t count = 0;
+  if (kvq_backends_list(infos, 4, &count) != KVQ_OK || count > 4) {
+    printf("1..1\nnot ok 1 - kvq_backends_list\n");
+    return 1;
+  }
+  printf("1..%zu\n", count * SCENARIOS + 1);
+  int number = 0, failed = 0;
+  uint64_t total = 0, total_lost = 0;
+  for (size_t b = 0; b < count; b++) {
+    kvq_context *ctx = NULL;
+    char why[300] = "";
+    if (infos[b].availability != KVQ_AVAILABLE)
+      snprintf(why, sizeof why, "%s unavailable here: %s", infos[b].name, infos[b].reason);
+    else if (context_on(infos[b].kind, &ctx) != KVQ_OK)
+      snprintf(why, sizeof why, "%s: no context", infos[b].name);
+    for (size_t i = 0; i < SCENARIOS; i++) {
+      number++;
+      if (why[0]) {
+        /* an available backend without a context is a failure, an unavailable one a visible skip */
+        if (infos[b].availability == KVQ_AVAILABLE) {
+          printf("not ok %d - %s %s: %s\n", number, infos[b].name, scenarios[i].name, why);
+          failed++;
+        } else {
+          printf("ok %d - %s %s # SKIP %s\n", number, infos[b].name, scenarios[i].name, why);
+        }
+        continue;
+      }
+      tally t = {0};
+      run_scenario(&scenarios[i], infos[b].kind, &ctx, &t);
+      total += t.points;
+      total_lost += t.lost;
+      char kinds[300] = "";
+      size_t at = 0;
+      for (int k = 0; k < KVQ_FAULT_KINDS; k++)
+        if (t.by_kind[k] && at < sizeof kinds)
+          at += (size_t)snprintf(kinds + at, sizeof kinds - at, "%s%s %llu", at ? ", " : "", kind_names[k],
+                                 (unsigned long long)t.by_kind[k]);
+      if (t.failures) failed++;
+      uint64_t points = 0; /* every point the call passes, each failed once or more, or not at all */
+      for (int k = 0; k < KVQ_FAULT_KINDS; k++) points += t.by_kind[k];
+      const uint64_t not_failed = infos[b].kind == KVQ_BACKEND_VULKAN ? 0 : t.by_kind[KVQ_FAULT_WAIT];
+      const char *todo = known_defect(infos[b].kind, scenarios[i].name);
+      printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not failed, %llu not "
+             "reached%s%s%s%s\n",
+             t.failures ? "not ok" : "ok", number, infos[b].name, scenarios[i].name, (unsigned long long)points, kinds,
+             (unsigned long long)t.points, (unsigned long long)t.lost, (unsigned long long)not_failed,
+             (unsigned long long)t.unreached, t.failures ? ": " : "", t.failures ? t.first : "",
+             todo ? " # TODO known defect: " : "", todo ? todo : "");
+      if (t.failures && todo) failed--; /* counted below; an expected failure, listed */
+      fflush(stdout);
+      if (!ctx) {
+        snprintf(why, sizeof why, "%s: no context after a lost device", infos[b].name);
+      }
+    }
+    kvq_context_destroy(ctx);
+  }
+  number++;
+  printf("%s %d - every context destroyed, kvq holds %lld host blocks (0 expected); %llu failure points covered, "
+         "%llu more as a lost device\n",
+         kvq_fault_live_blocks() == 0 ? "ok" : "not ok", number, (long long)kvq_fault_live_blocks(),
+         (unsigned long long)total, (unsigned long long)total_lost);
+  if (kvq_fault_live_blocks() != 0) failed++;
+  return failed ? 1 : 0;
+}
