@@ -64,16 +64,14 @@ void main() {
         vec2 scale_min = kvq_affine_params(token, c0);
         for (uint c = c0; c < c0 + run; c++) {
           float k = kvq_affine_decode(scale_min, token, c);
-          for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++)
-            if (g < heads) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
+          for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
         }
       }
     } else
 #endif
     for (uint c = 0u; c < d; c++) {
       float k = paged ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
-      for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) // constant bound: unrolled, logit in registers
-        if (g < heads) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
+      for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c]) * k;
     }
   }
   const float minus_inf = uintBitsToFloat(0xff800000u);
