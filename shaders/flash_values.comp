@@ -15,6 +15,31 @@ shared float prob[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_SPLIT];
 // computed once per token here instead of once per channel (page-table lookup, page position).
 shared uvec3 token_at[KVQ_FLASH_SPLIT];
 
+#ifndef KVQ_SUMS_ROTATED
+// Channels per invocation of the value sum: a power of two dividing every head_dim (a multiple of
+// 16, core/layout.h). 8 fp32 partial sums per head stay in registers at 8 heads per pass.
+#define KVQ_FLASH_VALUE_RUN 8u
+
+// Channels c0 .. c0 + KVQ_FLASH_VALUE_RUN - 1 of the token whose handle token_at holds: decoded from
+// its page (paged) or read from the window. Where the method's channels share a scale and minimum in
+// groups of at least a run (KVQ_DECODES_AFFINE; groups are powers of two, so a run never straddles
+// one), those are read and converted once per run.
+void kvq_value_run(uvec3 token, bool paged, uint c0, out float v[KVQ_FLASH_VALUE_RUN]) {
+  if (!paged) {
+    for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_window_at(token.x + c0 + j);
+    return;
+  }
+#ifdef KVQ_DECODES_AFFINE
+  if (kvq_affine_run() >= KVQ_FLASH_VALUE_RUN) {
+    vec2 scale_min = kvq_affine_params(token, c0);
+    for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_affine_decode(scale_min, token, c0 + j);
+    return;
+  }
+#endif
+  for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_decode_token(token, c0 + j);
+}
+#endif
+
 void main() {
   uint unit;
   if (!kvq_locate(KVQ_PLAN_FLASH, unit)) return; // uniform over the workgroup
@@ -33,13 +58,13 @@ void main() {
     token_at[lane] = t < quantized ? kvq_token(kvq_slot_block(t, kvh), t & (pc.page_size - 1u)) : uvec3(kvq_window_first(t, kvh), 0u, 0u);
   }
   barrier();
+#ifdef KVQ_SUMS_ROTATED
   for (uint c = lane; c < d; c += KVQ_FLASH_SPLIT) {
     float acc[KVQ_FLASH_HEADS_PER_PASS];
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
     for (uint i = 0u; i < count; i++) {
       uint t = first + i;
       uvec3 token = token_at[i];
-#ifdef KVQ_SUMS_ROTATED
       if (t == quantized) { // the page part is complete: the window tokens sum apart
         for (uint g = 0u; g < heads; g++) {
           dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
@@ -48,12 +73,8 @@ void main() {
       }
       // (a rotated method's handle is the default (block, slot): method.glsl refuses KVQ_DECODES_BY_TOKEN with it)
       float v = t < quantized ? kvq_decode_rotated(token.x, token.y, c) : kvq_window_at(token.x + c);
-#else
-      float v = t < quantized ? kvq_decode_token(token, c) : kvq_window_at(token.x + c);
-#endif
       for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
     }
-#ifdef KVQ_SUMS_ROTATED
     // acc holds the window part where the split reached the window (the page part was stored at
     // t == quantized), else the page part, and the other part of the split is 0
     bool windowed = first + count > quantized;
@@ -64,9 +85,29 @@ void main() {
           floatBitsToUint(acc[g]);
       if (!windowed) dst[kvq_flash_window(rows, n, row_head, split, c)] = 0u;
     }
-#else
-    for (uint g = 0u; g < heads; g++)
-      dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
-#endif
   }
+#else
+  // One run of KVQ_FLASH_VALUE_RUN channels per invocation (d is a multiple of 16, core/layout.h):
+  // the token's handle and probabilities are read once per run instead of once per channel, and
+  // kvq_value_run decodes the run from one read of what its channels share.
+  for (uint c0 = lane * KVQ_FLASH_VALUE_RUN; c0 < d; c0 += KVQ_FLASH_SPLIT * KVQ_FLASH_VALUE_RUN) {
+    float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_VALUE_RUN];
+    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g][j] = 0.0;
+    for (uint i = 0u; i < count; i++) {
+      float v[KVQ_FLASH_VALUE_RUN];
+      kvq_value_run(token_at[i], first + i < quantized, c0, v);
+      // constant bounds, so that the loops unroll and acc stays in registers; heads is uniform
+      for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) {
+        if (g < heads) {
+          float p = prob[g][i];
+          for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g][j] += p * v[j];
+        }
+      }
+    }
+    for (uint g = 0u; g < heads; g++)
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++)
+        dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c0 + j)] = floatBitsToUint(acc[g][j]);
+  }
+#endif
 }
