@@ -78,8 +78,11 @@ struct kvq_use_model {
 /* printf into a caller's message buffer (NULL or size 0: nothing). */
 void use_message(char *message, size_t size, const char *format, ...);
 
-/* weights.c */
-kvq_status use_weights_read(const char *dir, const cJSON *manifest, use_weights *w, char *message, size_t size);
+/* weights.c. use_weights_layout reads the manifest's weightsManifest: every tensor's name, shape,
+ * type and place, each group's shard count and names checked; w->data stays NULL (w is zeroed on
+ * failure). use_weights_load then reads the shards of dir into w->data; on failure it frees w. */
+kvq_status use_weights_layout(const cJSON *manifest, use_weights *w, char *message, size_t size);
+kvq_status use_weights_load(const char *dir, const cJSON *manifest, use_weights *w, char *message, size_t size);
 void use_weights_free(use_weights *w);
 /* The data of a tensor of exactly this shape and type, or NULL with the message saying why. */
 const void *use_weights_get(const use_weights *w, const char *name, int is_int, uint32_t rank, const int64_t *shape,
@@ -88,7 +91,19 @@ const void *use_weights_get(const use_weights *w, const char *name, int is_int, 
 /* wiring.c: checks the graph's nodes the forward pass depends on (KVQ_ERROR_BAD_FORMAT). */
 kvq_status use_wiring_check(const cJSON *manifest, char *message, size_t size);
 
-/* vocab.c / tokenizer.c */
+/* load.c: model.json's text (`bytes` long, no NUL needed) parsed, its wiring checked
+ * (use_wiring_check) and its weights laid out (use_weights_layout). On KVQ_OK the caller owns
+ * *manifest (cJSON_Delete) and w (use_weights_free); on failure *manifest is NULL, w zeroed, and
+ * the message says why. The loader's first step, and the manifest fuzz target's entry point
+ * (tests/fuzz/fuzz_model_manifest.c): bytes in, no file read. */
+kvq_status use_manifest_read(const char *text, size_t bytes, cJSON **manifest, use_weights *w, char *message,
+                             size_t size);
+
+/* vocab.c / tokenizer.c. use_vocab_parse reads vocab.json's text (`bytes` long; `path` prefixes
+ * its messages); vocab is zeroed on failure, else the caller frees it (use_vocab_free).
+ * use_vocab_read reads the file, then parses it. */
+kvq_status use_vocab_parse(const char *text, size_t bytes, const char *path, use_vocab *vocab, char *message,
+                           size_t size);
 kvq_status use_vocab_read(const char *path, use_vocab *vocab, char *message, size_t size);
 void use_vocab_free(use_vocab *vocab);
 int32_t use_vocab_find(const use_vocab *vocab, const char *bytes, size_t len);

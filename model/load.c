@@ -124,6 +124,25 @@ static kvq_status read_layers(kvq_use_model *m, char *message, size_t size) {
   return KVQ_OK;
 }
 
+kvq_status use_manifest_read(const char *text, size_t bytes, cJSON **manifest, use_weights *w, char *message,
+                             size_t size) {
+  *manifest = NULL;
+  memset(w, 0, sizeof *w);
+  cJSON *json = cJSON_ParseWithLength(text, bytes);
+  if (!json) {
+    use_message(message, size, "model.json: not valid JSON");
+    return KVQ_ERROR_BAD_FORMAT;
+  }
+  kvq_status status = use_wiring_check(json, message, size);
+  if (status == KVQ_OK) status = use_weights_layout(json, w, message, size);
+  if (status != KVQ_OK) {
+    cJSON_Delete(json);
+    return status;
+  }
+  *manifest = json;
+  return KVQ_OK;
+}
+
 kvq_status kvq_use_load(const char *dir, kvq_use_model **out, char *message, size_t size) {
   use_message(message, size, "%s", "");
   if (!out) return KVQ_ERROR_INVALID_ARGUMENT;
@@ -143,15 +162,11 @@ kvq_status kvq_use_load(const char *dir, kvq_use_model **out, char *message, siz
   size_t bytes;
   kvq_status status = use_read_file(path, &text, &bytes, message, size);
   if (status != KVQ_OK) goto fail;
-  cJSON *manifest = cJSON_ParseWithLength(text, bytes);
+  cJSON *manifest;
+  status = use_manifest_read(text, bytes, &manifest, &m->weights, message, size);
   free(text);
-  if (!manifest) {
-    use_message(message, size, "%s: not valid JSON", path);
-    status = KVQ_ERROR_BAD_FORMAT;
-    goto fail;
-  }
-  status = use_wiring_check(manifest, message, size);
-  if (status == KVQ_OK) status = use_weights_read(dir, manifest, &m->weights, message, size);
+  if (status != KVQ_OK) goto fail;
+  status = use_weights_load(dir, manifest, &m->weights, message, size);
   cJSON_Delete(manifest);
   if (status != KVQ_OK) goto fail;
   status = read_layers(m, message, size);

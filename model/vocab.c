@@ -36,8 +36,16 @@ kvq_status use_vocab_read(const char *path, use_vocab *v, char *message, size_t 
   size_t bytes;
   kvq_status status = use_read_file(path, &text, &bytes, message, size);
   if (status != KVQ_OK) return status;
-  cJSON *root = cJSON_ParseWithLength(text, bytes);
+  status = use_vocab_parse(text, bytes, path, v, message, size);
   free(text);
+  return status;
+}
+
+kvq_status use_vocab_parse(const char *text, size_t bytes, const char *path, use_vocab *v, char *message,
+                           size_t size) {
+  memset(v, 0, sizeof *v);
+  kvq_status status = KVQ_OK;
+  cJSON *root = cJSON_ParseWithLength(text, bytes);
   if (!cJSON_IsArray(root) || cJSON_GetArraySize(root) < 2) {
     use_message(message, size, "%s: not a JSON array of [piece, score] pairs", path);
     cJSON_Delete(root);

@@ -91,7 +91,14 @@ static kvq_status read_shard(const char *dir, const char *file, void *dest, size
  * last is full, so each shard's size follows from the group's total. */
 #define USE_SHARD_BYTES ((size_t)4 << 20)
 
-kvq_status use_weights_read(const char *dir, const cJSON *manifest, use_weights *w, char *message, size_t size) {
+/* The bytes of each group, from its tensors' counts (the layout's tensors in manifest order). */
+static size_t group_bytes_at(const cJSON *group, const use_weights *w, size_t *tensor) {
+  size_t bytes = 0;
+  for (int i = 0; i < cJSON_GetArraySize(get_array(group, "weights")); i++) bytes += w->tensors[(*tensor)++].count * 4;
+  return bytes;
+}
+
+kvq_status use_weights_layout(const cJSON *manifest, use_weights *w, char *message, size_t size) {
   memset(w, 0, sizeof *w);
   const cJSON *groups = get_array(manifest, "weightsManifest");
   if (!groups) {
@@ -129,17 +136,10 @@ kvq_status use_weights_read(const char *dir, const cJSON *manifest, use_weights 
     }
   }
   w->words = words;
-  w->data = malloc(words ? words * 4 : 1);
-  if (!w->data) {
-    use_message(message, size, "out of memory for %zu weight bytes", words * 4);
-    status = KVQ_ERROR_OUT_OF_MEMORY;
-    goto fail;
-  }
-  /* the groups' bytes follow each other in the manifest's order */
-  size_t group_start = 0, tensor = 0;
+  /* every group lists as many shards as its bytes fill, each a plain file name */
+  size_t tensor = 0;
   cJSON_ArrayForEach(group, groups) {
-    size_t group_bytes = 0;
-    for (int i = 0; i < cJSON_GetArraySize(get_array(group, "weights")); i++) group_bytes += w->tensors[tensor++].count * 4;
+    size_t group_bytes = group_bytes_at(group, w, &tensor);
     const cJSON *paths = get_array(group, "paths");
     size_t shards = (size_t)cJSON_GetArraySize(paths);
     size_t needed = (group_bytes + USE_SHARD_BYTES - 1) / USE_SHARD_BYTES;
@@ -149,7 +149,6 @@ kvq_status use_weights_read(const char *dir, const cJSON *manifest, use_weights 
       status = KVQ_ERROR_BAD_FORMAT;
       goto fail;
     }
-    size_t done = 0;
     const cJSON *path;
     cJSON_ArrayForEach(path, paths) {
       if (!cJSON_IsString(path) || strchr(path->valuestring, '/')) {
@@ -157,6 +156,31 @@ kvq_status use_weights_read(const char *dir, const cJSON *manifest, use_weights 
         status = KVQ_ERROR_BAD_FORMAT;
         goto fail;
       }
+    }
+  }
+  return KVQ_OK;
+fail:
+  use_weights_free(w);
+  return status;
+}
+
+kvq_status use_weights_load(const char *dir, const cJSON *manifest, use_weights *w, char *message, size_t size) {
+  const cJSON *groups = get_array(manifest, "weightsManifest");
+  kvq_status status = KVQ_OK;
+  w->data = malloc(w->words ? w->words * 4 : 1);
+  if (!w->data) {
+    use_message(message, size, "out of memory for %zu weight bytes", w->words * 4);
+    status = KVQ_ERROR_OUT_OF_MEMORY;
+    goto fail;
+  }
+  /* the groups' bytes follow each other in the manifest's order */
+  size_t group_start = 0, tensor = 0;
+  const cJSON *group;
+  cJSON_ArrayForEach(group, groups) {
+    size_t group_bytes = group_bytes_at(group, w, &tensor);
+    size_t done = 0;
+    const cJSON *path;
+    cJSON_ArrayForEach(path, get_array(group, "paths")) {
       size_t bytes = group_bytes - done < USE_SHARD_BYTES ? group_bytes - done : USE_SHARD_BYTES;
       status = read_shard(dir, path->valuestring, (unsigned char *)w->data + group_start + done, bytes, message, size);
       if (status != KVQ_OK) goto fail;

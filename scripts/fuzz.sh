@@ -4,10 +4,11 @@
 # libFuzzer runtime (Debian 12: clang-14 and libclang-rt-14-dev); CI does not: it replays the corpora
 # with the ordinary test build (tests/fuzz/meson.build).
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer options]
-# TARGET: cache_load, cache_load_sum, resave, codebooks_load, npy or config. The seeds are its
-# committed corpus (tests/fuzz/corpus, and the golden caches for the cache targets); what the run
-# adds goes to build-fuzz/corpus-TARGET, crashes to build-fuzz/artifacts-TARGET, and the run's log,
-# whose last lines give executions, coverage and corpus size, to build-fuzz/fuzz-TARGET.log.
+# TARGET: cache_load, cache_load_sum, resave, codebooks_load, npy, config or model_manifest. The
+# seeds are its committed corpus (tests/fuzz/corpus, and the golden caches for the cache targets);
+# what the run adds goes to build-fuzz/corpus-TARGET, crashes to build-fuzz/artifacts-TARGET, and
+# the run's log, whose last lines give executions, coverage and corpus size, to
+# build-fuzz/fuzz-TARGET.log.
 set -eu
 if [ $# -lt 2 ]; then
   echo "usage: $0 TARGET SECONDS [libFuzzer options]" >&2
@@ -20,7 +21,7 @@ seconds=$2
 shift 2
 case $target in
   cache_load | cache_load_sum | resave) seeds="caches $target" ;;
-  codebooks_load | npy | config) seeds=$target ;;
+  codebooks_load | npy | config | model_manifest) seeds=$target ;;
   *) echo "$0: unknown target $target" >&2; exit 2 ;;
 esac
 if [ ! -f "$build/build.ninja" ]; then
