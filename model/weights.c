@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -61,30 +62,56 @@ static int read_entry(const cJSON *entry, use_tensor *t, char *message, size_t s
   return 0;
 }
 
-/* Reads a shard of exactly `bytes` bytes into dest. */
-static kvq_status read_shard(const char *dir, const char *file, void *dest, size_t bytes, char *message, size_t size) {
-  char path[4096];
-  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path) {
+/* A shard's path in dir; KVQ_ERROR_IO when it does not fit. */
+static kvq_status shard_path(const char *dir, const char *file, char *path, size_t path_size, char *message,
+                             size_t size) {
+  if ((size_t)snprintf(path, path_size, "%s/%s", dir, file) >= path_size) {
     use_message(message, size, "%s/%s: path too long", dir, file);
     return KVQ_ERROR_IO;
   }
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    use_message(message, size, "%s: %s (scripts/fetch-model.sh fetches the model)", path, strerror(errno));
-    return KVQ_ERROR_IO;
-  }
-  size_t got = fread(dest, 1, bytes, f);
-  int extra = got == bytes ? fgetc(f) : EOF;
-  fclose(f);
+  return KVQ_OK;
+}
+
+/* A shard of `got` bytes where the manifest says `bytes`: KVQ_OK when equal, else why not. */
+static kvq_status shard_length(const char *path, size_t got, size_t bytes, char *message, size_t size) {
   if (got < bytes) {
     use_message(message, size, "%s: %zu bytes, the manifest says %zu (truncated)", path, got, bytes);
     return KVQ_ERROR_TRUNCATED;
   }
-  if (extra != EOF) {
+  if (got > bytes) {
     use_message(message, size, "%s: longer than the %zu bytes the manifest says", path, bytes);
     return KVQ_ERROR_BAD_FORMAT;
   }
   return KVQ_OK;
+}
+
+static kvq_status shard_missing(const char *path, char *message, size_t size) {
+  use_message(message, size, "%s: %s (scripts/fetch-model.sh fetches the model)", path, strerror(errno));
+  return KVQ_ERROR_IO;
+}
+
+/* Reads a shard of exactly `bytes` bytes into dest. */
+static kvq_status read_shard(const char *dir, const char *file, void *dest, size_t bytes, char *message, size_t size) {
+  char path[4096];
+  kvq_status status = shard_path(dir, file, path, sizeof path, message, size);
+  if (status != KVQ_OK) return status;
+  FILE *f = fopen(path, "rb");
+  if (!f) return shard_missing(path, message, size);
+  size_t got = fread(dest, 1, bytes, f);
+  int extra = got == bytes ? fgetc(f) : EOF;
+  fclose(f);
+  return shard_length(path, extra != EOF ? bytes + 1 : got, bytes, message, size);
+}
+
+/* Checks that a shard exists with exactly `bytes` bytes, before any buffer is allocated for it: a
+ * small manifest listing shards that are not there cannot make the loader reserve their bytes. */
+static kvq_status stat_shard(const char *dir, const char *file, size_t bytes, char *message, size_t size) {
+  char path[4096];
+  kvq_status status = shard_path(dir, file, path, sizeof path, message, size);
+  if (status != KVQ_OK) return status;
+  struct stat st;
+  if (stat(path, &st) != 0) return shard_missing(path, message, size);
+  return shard_length(path, st.st_size < 0 ? 0 : (size_t)st.st_size, bytes, message, size);
 }
 
 /* Shards split a group's bytes at 4 MiB boundaries (tfjs's weight groups): every shard but the
@@ -167,6 +194,19 @@ fail:
 kvq_status use_weights_load(const char *dir, const cJSON *manifest, use_weights *w, char *message, size_t size) {
   const cJSON *groups = get_array(manifest, "weightsManifest");
   kvq_status status = KVQ_OK;
+  /* every shard's size first (the layout says how many bytes each must hold), then the buffer */
+  size_t tensor = 0;
+  const cJSON *group;
+  cJSON_ArrayForEach(group, groups) {
+    size_t group_bytes = group_bytes_at(group, w, &tensor), done = 0;
+    const cJSON *path;
+    cJSON_ArrayForEach(path, get_array(group, "paths")) {
+      size_t bytes = group_bytes - done < USE_SHARD_BYTES ? group_bytes - done : USE_SHARD_BYTES;
+      status = stat_shard(dir, path->valuestring, bytes, message, size);
+      if (status != KVQ_OK) goto fail;
+      done += bytes;
+    }
+  }
   w->data = malloc(w->words ? w->words * 4 : 1);
   if (!w->data) {
     use_message(message, size, "out of memory for %zu weight bytes", w->words * 4);
@@ -174,8 +214,8 @@ kvq_status use_weights_load(const char *dir, const cJSON *manifest, use_weights 
     goto fail;
   }
   /* the groups' bytes follow each other in the manifest's order */
-  size_t group_start = 0, tensor = 0;
-  const cJSON *group;
+  size_t group_start = 0;
+  tensor = 0;
   cJSON_ArrayForEach(group, groups) {
     size_t group_bytes = group_bytes_at(group, w, &tensor);
     size_t done = 0;
