@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "demo_run.h"
+#include "method_spec.h"
 #include "model_input.h"
 #include "plot.h"
 #include "progress.h"
@@ -213,6 +214,20 @@ int kvq_cmd_demo(int argc, char **argv) {
   if (threads == 0) {
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     threads = cpus > 0 ? (uint32_t)(cpus < 64 ? cpus : 64) : 1;
+  }
+  /* every method name is checked at both head_dims before anything runs */
+  for (const char *at = methods;;) {
+    const size_t len = strcspn(at, ",");
+    kvq_method_config keys, values;
+    for (uint32_t d = 64; d <= 128; d *= 2)
+      if (len == 0 || memchr(at, '@', len) || kvq_parse_layer_spec(at, len, d, &keys, &values) != 0) {
+        fprintf(stderr, "kvq demo: \"%.*s\" in --methods is not a method name kvq demo runs (%s)\n", (int)len, at,
+                memchr(at, '@', len) ? "token policies evict nothing within a sentence: kvq demo --help"
+                                     : "docs/EVAL.md, \"Method names\"");
+        return 2;
+      }
+    if (!at[len]) break;
+    at += len + 1;
   }
   char error[2048] = "";
   kvq_use_model *model = NULL;

@@ -14,7 +14,8 @@ int model_input_load(kvq_use_model **out, char *error, size_t size) {
     return -1;
   }
   if (kvq_use_load(dir, out, message, sizeof message) != KVQ_OK) {
-    snprintf(error, size, "the model in %s: %s (run scripts/fetch-model.sh to fetch it)", dir, message);
+    /* kvq_use_load's message names the file and says how to fetch the model */
+    snprintf(error, size, "the model in %s: %s", dir, message);
     return -1;
   }
   return 0;

@@ -14,7 +14,7 @@
 #include "use.h"
 
 /* Loads the model from kvq_use_default_dir(). Returns 0, or -1 with a message in `error` (the folder,
- * kvq_use_load's reason and "run scripts/fetch-model.sh"); *out is NULL then. */
+ * kvq_use_load's reason, which names scripts/fetch-model.sh); *out is NULL then. */
 int model_input_load(kvq_use_model **out, char *error, size_t error_size);
 
 /*
