@@ -40,10 +40,6 @@ kvq_status kvq_use_kvq_create(const kvq_use_kvq_options *options, uint32_t max_t
       say(message, size, "cannot read the method name \"%s\"%s (docs/EVAL.md, \"Method names\")", spec, "");
       return KVQ_ERROR_INVALID_ARGUMENT;
     }
-    if (kvq_method_learns(&layers[l].keys) || kvq_method_learns(&layers[l].values)) {
-      say(message, size, "\"%s\" learns codebooks%s, which this callback does not do yet", spec, "");
-      return KVQ_ERROR_INVALID_ARGUMENT;
-    }
   }
   kvq_cache_config config = {
       .layer_count = KVQ_USE_LAYERS,
@@ -88,6 +84,12 @@ void kvq_use_kvq_destroy(kvq_use_kvq *s) {
 const char *kvq_use_kvq_last_error(const kvq_use_kvq *s) { return s ? s->error : ""; }
 
 kvq_cache *kvq_use_kvq_cache(kvq_use_kvq *s) { return s ? s->cache : NULL; }
+
+kvq_status kvq_use_kvq_sequence(const kvq_use_kvq *s, uint32_t *sequence) {
+  if (!s || !sequence || !s->has_sequence) return KVQ_ERROR_INVALID_ARGUMENT;
+  *sequence = s->sequence;
+  return KVQ_OK;
+}
 
 static kvq_status fail(kvq_use_kvq *s, const char *what, kvq_status status) {
   snprintf(s->error, sizeof s->error, "%s: %s: %s", what, kvq_status_string(status), kvq_context_last_error(s->context));

@@ -120,7 +120,10 @@ typedef struct kvq_use_kvq_options {
   kvq_backend_kind backend;                /* as kvq --backend: cpu, vulkan, cuda or auto */
   /* Per layer, the key and value methods as `kvq eval` names them (docs/EVAL.md, "Method names"):
    * "KEYS/VALUES" or one name for both, e.g. "exact-f32", "qjl-m256-k8/uniform-b2-g32"; parsed at
-   * the layer's head_dim. Methods that learn codebooks (CQ, online PolarQuant) are refused. */
+   * the layer's head_dim. Methods that learn codebooks (CQ, online PolarQuant) need them before the
+   * first sentence: kvq_codebooks_learn (or kvq_codebooks_load) on kvq_use_kvq_cache(state), layer
+   * by layer, from the K/V of calibration text (kvq_use_layer_qkv); without them the first
+   * sentence fails with KVQ_ERROR_NO_CODEBOOK. */
   const char *methods[KVQ_USE_LAYERS];
   kvq_policy_config policy;                /* zeroed: KEEP_ALL (docs/MODEL.md on what a policy does here) */
   uint64_t seed;                           /* the cache's seed (random matrices) */
@@ -131,8 +134,7 @@ typedef struct kvq_use_kvq kvq_use_kvq;
 /*
  * A kvq context on the chosen backend and one cache holding both layers (head_dim 64 and 128; fp32
  * input, 16-token pages, no full-precision window: every token is compressed), for sentences of up
- * to `max_tokens` tokens. KVQ_ERROR_INVALID_ARGUMENT for a method name that does not parse or
- * learns codebooks; kvq's own status when the backend or the configuration is refused; message says
+ * to `max_tokens` tokens. KVQ_ERROR_INVALID_ARGUMENT for a method name that does not parse; kvq's own status when the backend or the configuration is refused; message says
  * why. The caller owns *out (kvq_use_kvq_destroy).
  */
 kvq_status kvq_use_kvq_create(const kvq_use_kvq_options *options, uint32_t max_tokens, kvq_use_kvq **out,
@@ -152,8 +154,13 @@ kvq_status kvq_use_kvq_attention(void *user, uint32_t layer, uint32_t tokens, ui
 /* The message of the last failed kvq call ("" if none); valid until the next call. */
 const char *kvq_use_kvq_last_error(const kvq_use_kvq *state);
 
-/* The cache, for memory accounting (kvq_cache_memory); owned by the state. */
+/* The cache, for memory accounting (kvq_cache_memory) and for learning or loading codebooks
+ * (before the first sentence); owned by the state. */
 kvq_cache *kvq_use_kvq_cache(kvq_use_kvq *state);
+
+/* The sequence of the current sentence (valid from its layer 0 until the next sentence's), e.g. for
+ * kvq_scores on it from inside a wrapping callback. KVQ_ERROR_INVALID_ARGUMENT before any sentence. */
+kvq_status kvq_use_kvq_sequence(const kvq_use_kvq *state, uint32_t *sequence);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
 # TAP test: every command README.md lists works as a newcomer types it, from a fresh build.
 # The source tree is copied to a scratch directory (no build directories, no .git) and, there:
 #   1. the main command (between the main-command markers) runs as written: install-deps, a fresh
-#      `meson setup build-main`, the build, and `kvq eval`;
+#      `meson setup build-main`, the build, and `kvq demo` (its table, down to the last default row);
 #   2. each command of "Other useful commands" runs as written against that fresh build-main
 #      (stand-in K.npy, V.npy and Q.npy are written first; `meson install` gets DESTDIR so that the
 #      test never writes outside its scratch directory);
@@ -33,7 +33,8 @@ block() { sed -n "/<!-- $1 -->/,/<!-- \/$1 -->/p" "$work/README.md" | grep -v '^
 # 1. The main command.
 main=$(block main-command)
 start=$(date +%s)
-if [ -n "$main" ] && (cd "$work" && sh -c "$main") > "$log" 2>&1 && grep -q "output-err" "$log"; then
+if [ -n "$main" ] && (cd "$work" && sh -c "$main") > "$log" 2>&1 && grep -q "cos-mean" "$log" &&
+   grep -q "^cq-c4-b8" "$log"; then
   pass "main command, as written, from a fresh build ($(($(date +%s) - start)) s): $main"
 else
   fail "main command failed: $main" "$log"

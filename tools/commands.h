@@ -7,6 +7,8 @@
 int kvq_cmd_info(int argc, char **argv);
 int kvq_cmd_eval(int argc, char **argv);
 int kvq_cmd_golden(int argc, char **argv);
+int kvq_cmd_dump(int argc, char **argv);
+int kvq_cmd_demo(int argc, char **argv);
 
 /* "cpu", "vulkan", "cuda", "auto" -> kind; returns 0, or -1 for an unknown name. */
 int kvq_parse_backend(const char *name, kvq_backend_kind *kind);
