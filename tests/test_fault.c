@@ -251,24 +251,6 @@ static void failure(tally *t, const char *format, ...) {
   t->failures++;
 }
 
-/* Defects this test found that are not fixed yet (docs/RELIABILITY.md, "Fault injection"): their
- * lines say `not ok ... # TODO` (an expected failure in TAP), and once fixed the line passes, which
- * TAP reports as an unexpected pass until the entry is removed here. */
-static const struct {
-  kvq_backend_kind backend;
-  const char *scenario, *why;
-} known_defects[] = {
-    {KVQ_BACKEND_CUDA, "append",
-     "a copy into the full-precision window that fails after the other side's window was written leaves "
-     "that side's ring slots overwritten (the CUDA backend writes at once; the window is written in place)"},
-};
-
-static const char *known_defect(kvq_backend_kind backend, const char *scenario) {
-  for (size_t i = 0; i < sizeof known_defects / sizeof known_defects[0]; i++)
-    if (known_defects[i].backend == backend && !strcmp(known_defects[i].scenario, scenario)) return known_defects[i].why;
-  return NULL;
-}
-
 static kvq_status context_on(kvq_backend_kind kind, kvq_context **ctx) {
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = kind;
@@ -457,14 +439,11 @@ int main(void) {
       uint64_t points = 0; /* every point the call passes, each failed once or more, or not at all */
       for (int k = 0; k < KVQ_FAULT_KINDS; k++) points += t.by_kind[k];
       const uint64_t not_failed = infos[b].kind == KVQ_BACKEND_VULKAN ? 0 : t.by_kind[KVQ_FAULT_WAIT];
-      const char *todo = known_defect(infos[b].kind, scenarios[i].name);
       printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not failed, %llu not "
-             "reached%s%s%s%s\n",
+             "reached%s%s\n",
              t.failures ? "not ok" : "ok", number, infos[b].name, scenarios[i].name, (unsigned long long)points, kinds,
              (unsigned long long)t.points, (unsigned long long)t.lost, (unsigned long long)not_failed,
-             (unsigned long long)t.unreached, t.failures ? ": " : "", t.failures ? t.first : "",
-             todo ? " # TODO known defect: " : "", todo ? todo : "");
-      if (t.failures && todo) failed--; /* counted below; an expected failure, listed */
+             (unsigned long long)t.unreached, t.failures ? ": " : "", t.failures ? t.first : "");
       fflush(stdout);
       if (!ctx) {
         snprintf(why, sizeof why, "%s: no context after a lost device", infos[b].name);
