@@ -536,8 +536,8 @@ static const struct {
      "allocated leaves the first side's window write recorded, and the failed call's recorded work is still "
      "submitted (kvq_call_end)"},
     {"vulkan-runtime", "attention-unfused",
-     "a host allocation (point 24) that fails after the output's write into the runtime's buffer was recorded: "
-     "the failed call still writes the output (not yet traced; likely kvq_call_end submitting what was recorded)"},
+     "the call makes two submissions (launch 4, submit 2): a command buffer of the second that cannot be begun or "
+     "ended (point 27) fails the call after the first has written the runtime's output buffer"},
 };
 
 static const char *known_defect(const char *row, const char *scenario) {
