@@ -367,6 +367,11 @@ enum { KVQ_BACKEND_IF_CLEAR = 1u };
 /* KVQ_BACKEND_CORE_META: its attention jobs take core's packed metadata (kvq_job_attention.meta),
  * which core keeps up to date as page tables change instead of listing every page every call. */
 enum { KVQ_BACKEND_CORE_META = 2u };
+/* KVQ_BACKEND_RECORDS: in a deferred call its buffer operations and jobs are recorded and run only
+ * when submitted (end_deferred, a read, finish); a failed submission runs none of them. Without it
+ * each runs as it is issued (in stream order), so a call that fails part way has done what came
+ * before: core then undoes in-place writes itself (the window, core/append.c). */
+enum { KVQ_BACKEND_RECORDS = 4u };
 
 struct kvq_backend {
   const kvq_backend_ops *ops;

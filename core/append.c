@@ -39,18 +39,24 @@ static kvq_status put_tokens(kvq_cache *cache, const token_source *src, uint64_t
 
 /* Copies `count` packed tokens (from byte `at` of src) to ring slots starting at token position
  * `first`, wrapping (only while the check word is clear, with `if_clear`). */
-static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
-                             uint32_t first, uint32_t count, const token_source *src, uint64_t at, kvq_buffer *if_clear) {
+static kvq_status ring_put(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes, uint32_t first,
+                           uint32_t count, const token_source *src, uint64_t at, kvq_buffer *if_clear) {
   while (count > 0) {
     uint32_t slot = first % cache->ring_capacity;
     uint32_t run = cache->ring_capacity - slot < count ? cache->ring_capacity - slot : count;
     kvq_status st = put_tokens(cache, src, at, ring, ring_offset + slot * token_bytes, run * token_bytes, if_clear);
-    if (st != KVQ_OK) return kvq_fail_backend(cache->ctx, st, "writing the full-precision window");
+    if (st != KVQ_OK) return st;
     first += run;
     count -= run;
     at += run * token_bytes;
   }
   return KVQ_OK;
+}
+
+static kvq_status write_ring(kvq_cache *cache, kvq_buffer *ring, uint64_t ring_offset, uint64_t token_bytes,
+                             uint32_t first, uint32_t count, const token_source *src, uint64_t at, kvq_buffer *if_clear) {
+  const kvq_status st = ring_put(cache, ring, ring_offset, token_bytes, first, count, src, at, if_clear);
+  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(cache->ctx, st, "writing the full-precision window");
 }
 
 /* Copies ring tokens [first, first + count) into `dst` at dst_offset, in order. */
@@ -383,11 +389,31 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
         st = quantize_pages(cache, layer, s, seq, &pending, if_clear, from / P, (to - from) / P, P, cache->staging, 0,
                             (uint64_t)P * token_bytes);
     }
-  /* The tokens that stay in the window go to their ring slots. */
-  const uint32_t keep_from = n > F_new ? n : F_new;
-  for (int s = 0; s < 2 && st == KVQ_OK; s++)
+  /* The tokens that stay in the window go to their ring slots, written in place: a backend that runs
+   * each copy at once (CUDA) has written one side's slots when the other side's copy, or anything
+   * after, fails. The window tokens those writes overwrite (old tokens [kept_from, kept_end): slots
+   * the new tokens [keep_from, n_new) share) are kept in scratch first and copied back on failure,
+   * so a failed append leaves the window as it was. One token at a time (decoding) overwrites none:
+   * the ring holds R + P slots and never more than R + P - 1 tokens. A backend that records the call
+   * (KVQ_BACKEND_RECORDS: Vulkan) needs none of it and must not: its copies are recorded, not run,
+   * and a failed submission runs none of them, the copy into scratch neither (a copy back would then
+   * write stale scratch over the window). */
+  const uint32_t keep_from = n > F_new ? n : F_new, cap = cache->ring_capacity;
+  const uint32_t kept_from = keep_from >= F + cap ? keep_from - cap : F;
+  const uint32_t kept_end = n_new >= n + cap ? n : (n_new > cap ? n_new - cap : 0);
+  const int at_once = !(ctx->backend->features & KVQ_BACKEND_RECORDS);
+  const uint32_t kept = st == KVQ_OK && at_once && kept_end > kept_from ? kept_end - kept_from : 0;
+  kvq_buffer *backup = NULL;
+  int ring_written = 0;
+  if (kept) st = kvq_scratch(cache, KVQ_SCRATCH_WINDOW, 2 * token_bytes * kept, &backup);
+  for (int s = 0; s < 2 && kept && st == KVQ_OK; s++)
+    st = copy_from_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, kept_from, kept, backup,
+                        (uint64_t)s * token_bytes * kept);
+  for (int s = 0; s < 2 && st == KVQ_OK; s++) {
+    ring_written = 1;
     st = write_ring(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, keep_from, n_new - keep_from, &sources[s],
                     (uint64_t)(keep_from - n) * token_bytes, if_clear);
+  }
   /* the one submission: the checks, and whether the device skipped everything recorded behind them */
   if (st == KVQ_OK && behind_checks) st = kvq_device_checks_read(ctx);
   st = pending_wait(cache, &pending, st); /* no submission of its own when the checks read waited */
@@ -398,6 +424,13 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     state->ring_start = F_new;
     state->quantized = quantized_new;
     pending_apply(cache, seq, &pending);
+  } else if (ring_written && kept) {
+    /* the overwritten window tokens back in their slots (status and message stay the failure's;
+     * on a lost device this cannot run, and the context is only good for destroying) */
+    for (int s = 0; s < 2; s++) {
+      const token_source saved = {NULL, backup, (uint64_t)s * token_bytes * kept};
+      (void)ring_put(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, kept_from, kept, &saved, 0, NULL);
+    } /* ordered after the writes on the device, before anything that reads the window */
   }
 done:
   /* refused by the checks, or a host or device failure after the bookkeeping changed */

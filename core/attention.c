@@ -174,6 +174,10 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
   int host_outputs = 0, host_scores = 0;
   for (uint32_t i = 0; upto == STAGE_OUTPUT && i < b->seq_count; i++) host_outputs += !parts[i]->device_output;
   for (uint32_t i = 0; upto != STAGE_OUTPUT && i < b->seq_count; i++) host_scores += !parts[i]->device_scores;
+  /* Host memory first: once a device output's write is recorded, a failure would still let the call's
+   * submission write it (tests/test_fault.c, runtime buffers). */
+  if (accumulating && !(sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1))))
+    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
   if (upto == STAGE_OUTPUT && host_outputs < (int)b->seq_count) {
     /* Device outputs, in place: every one checked (fp32 overflow, the output dtype's range) before
      * any is written, and none written when a check of the call failed (queries included). */
@@ -183,14 +187,20 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
           st = kvq_tensor_scatter_rows(ctx, output, (uint64_t)b->seqs[i].query_first * row_floats * 4, parts[i]->device_output,
                                        part_row0[i], b->seqs[i].query_count,
                                        pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE);
-    if (st != KVQ_OK) return st;
+    if (st != KVQ_OK) {
+      free(sums);
+      return st;
+    }
   }
   /* The outputs and the policy's sums come back with one wait (kvq_read_later): the call's one
    * submission where the backend batches. */
   int later = 0;
   if (upto == STAGE_OUTPUT && host_outputs) {
     host = malloc(b->rows * row_floats * 4 + 4);
-    if (!host) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
+    if (!host) {
+      free(sums);
+      return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
+    }
     st = kvq_read_later(ctx, output, 0, host, b->rows * row_floats * 4, &later);
   } else if (upto != STAGE_OUTPUT) {
     /* Device scores, in place: checked (finite, masked logits aside; the scores' dtype) before any
@@ -200,7 +210,10 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       for (uint32_t i = 0; i < b->seq_count && st == KVQ_OK; i++)
         if (parts[i]->device_scores)
           st = scatter_scores(ctx, scores, &b->seqs[i], parts[i], part_row0[i], L->query_heads, pass ? KVQ_JOB_CONVERT_IF_CLEAR : check);
-    if (st != KVQ_OK) return st;
+    if (st != KVQ_OK) {
+      free(sums);
+      return st;
+    }
     for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
       const kvq_attention_seq *v = &b->seqs[i];
       if (parts[i]->device_scores) continue;
@@ -210,9 +223,7 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     }
   }
   if (st == KVQ_OK && accumulating) {
-    sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1));
-    if (!sums) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
-    else if ((st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, &later)) != KVQ_OK)
+    if ((st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, &later)) != KVQ_OK)
       st = kvq_fail_backend(ctx, st, "reading attention sums");
   } else if (st != KVQ_OK) {
     st = kvq_fail_backend(ctx, st, "reading results");
