@@ -2,6 +2,8 @@
  * variant only (tests/meson.build). */
 #include "fault.h"
 
+#include "fault_alloc.h"
+
 #include <stdlib.h>
 
 /* core/fault_alloc.h renames the allocator in this variant: this file calls the real one. */
@@ -9,11 +11,6 @@
 #undef calloc
 #undef realloc
 #undef free
-
-void *kvq_fault_malloc(size_t size);
-void *kvq_fault_calloc(size_t count, size_t size);
-void *kvq_fault_realloc(void *block, size_t size);
-void kvq_fault_free(void *block);
 
 static uint64_t armed, passed;
 static int lost, fired;
