@@ -134,3 +134,12 @@ char *th_temp_dir(const char *what) {
   return dir;
 }
 
+void th_assert_png(const char *path) {
+  unsigned char head[8] = {0};
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s was not written", path);
+  size_t got = fread(head, 1, sizeof head, f);
+  fclose(f);
+  cr_assert_eq(got, sizeof head, "%s is shorter than a PNG signature", path);
+  cr_assert_eq(memcmp(head, "\x89PNG\r\n\x1a\n", sizeof head), 0, "%s is not a PNG", path);
+}

@@ -58,4 +58,8 @@ void th_append(kvq_context *ctx, kvq_cache *cache, uint32_t seq, uint32_t layer,
  * files in it (no subdirectories). */
 char *th_temp_dir(const char *what);
 
+/* Asserts that the file at path exists and starts with PNG's 8-byte signature (plots written through
+ * gnuplot). */
+void th_assert_png(const char *path);
+
 #endif
