@@ -31,6 +31,15 @@ kvq_context *fuzz_context(void);
  * allows and leaves everything else as it is. */
 void fuzz_fix_checksums(uint8_t *data, size_t size);
 
+/* What the process allocated between fuzz_count_start and fuzz_count_stop, counted through the
+ * sanitizer allocator's hooks (tests/sanitizer_hooks.h): the bytes still held at the stop and the
+ * most held at once. Both 0 in builds without AddressSanitizer, where nothing is counted. */
+typedef struct {
+  int64_t held, peak;
+} fuzz_count;
+void fuzz_count_start(void);
+fuzz_count fuzz_count_stop(void);
+
 /* Aborts with a message: a property the target checks does not hold. */
 _Noreturn void fuzz_fail(const char *fmt, ...);
 

@@ -16,7 +16,6 @@
 #include "core/bytes.h"
 #include "core/savefile.h"
 #include "fuzz.h"
-#include "tests/sanitizer_hooks.h"
 
 /* A refusal allocates at most the message and the copied layer records (196 bytes a layer in the
  * file, 4096 layers at most): 1 MiB is far above it and far below any cache. */
@@ -25,33 +24,6 @@
  * configs (kvq_layer_config, 4096 at most), the per-layer storage records and the backend's buffer
  * objects, a few hundred bytes per layer: 1 MiB covers 4096 layers. */
 #define HELD_SLACK ((int64_t)1 << 20)
-
-#ifdef SANITIZER_HOOKS
-
-static int64_t live, peak;
-static int counting;
-
-static void on_malloc(const volatile void *ptr, size_t size) {
-  (void)ptr;
-  if (!counting) return;
-  live += (int64_t)size;
-  if (live > peak) peak = live;
-}
-static void on_free(const volatile void *ptr) {
-  if (counting && ptr) live -= (int64_t)__sanitizer_get_allocated_size((const void *)ptr);
-}
-static void count_start(void) {
-  static int installed;
-  if (!installed) installed = 1, __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
-  live = peak = 0;
-  counting = 1;
-}
-static void count_stop(void) { counting = 0; }
-#else
-static const int64_t live = 0, peak = 0;
-static void count_start(void) {}
-static void count_stop(void) {}
-#endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvq_reader r = {data, size, 0, 0};
@@ -75,10 +47,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (refuse || bytes <= FUZZ_CACHE_BYTES) {
     kvq_context *ctx = fuzz_context();
     kvq_cache *cache = NULL;
-    count_start();
+    fuzz_count_start();
     const kvq_status created = kvq_cache_create(ctx, &config, &cache);
-    const int64_t held = live, most = peak;
-    count_stop();
+    const fuzz_count counted = fuzz_count_stop();
+    const int64_t held = counted.held, most = counted.peak;
     if (refuse) {
       if (created == KVQ_OK || cache) fuzz_fail("kvq_cache_create accepted a configuration the checks refuse");
       if (most > REFUSE_BYTES) fuzz_fail("a refused configuration allocated %lld bytes", (long long)most);

@@ -1,8 +1,6 @@
 /* The loading check that the cache targets share (tests/fuzz/fuzz_load.h). */
 #include "fuzz_load.h"
 
-#include "tests/sanitizer_hooks.h"
-
 /* The most a load may hold at once: the cache (at most the context's load limit, FUZZ_CACHE_BYTES,
  * as kvq_cache_config_bytes bounds what a cache holds: the config target checks that), the loader's
  * own arrays (a page-owner byte and a valid-token count of 4 bytes per page and layer, at most 5/32
@@ -11,34 +9,14 @@
  * covers them, and is a thousandth of what a configuration the limit refuses would take. */
 #define LOAD_PEAK_BYTES (2 * (int64_t)FUZZ_CACHE_BYTES + ((int64_t)16 << 20))
 
-#ifdef SANITIZER_HOOKS
-static int64_t live, peak;
-static int counting;
-static void on_malloc(const volatile void *ptr, size_t size) {
-  (void)ptr;
-  if (!counting) return;
-  live += (int64_t)size;
-  if (live > peak) peak = live;
-}
-static void on_free(const volatile void *ptr) {
-  if (counting && ptr) live -= (int64_t)__sanitizer_get_allocated_size(ptr);
-}
-#endif
-
 void fuzz_load_and_check(const uint8_t *data, size_t size, kvq_cache **keep) {
   kvq_context *ctx = fuzz_context();
   kvq_cache *cache = (kvq_cache *)1; /* must be overwritten */
-#ifdef SANITIZER_HOOKS
-  static int installed;
-  if (!installed) installed = 1, __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
-  live = peak = 0;
-  counting = 1;
-#endif
+  fuzz_count_start();
   const kvq_status st = kvq_cache_load_from_memory(ctx, data, size, &cache);
-#ifdef SANITIZER_HOOKS
-  counting = 0;
-  if (peak > LOAD_PEAK_BYTES) fuzz_fail("a load (status %d) held %lld bytes at once", (int)st, (long long)peak);
-#endif
+  const fuzz_count counted = fuzz_count_stop();
+  if (counted.peak > LOAD_PEAK_BYTES)
+    fuzz_fail("a load (status %d) held %lld bytes at once", (int)st, (long long)counted.peak);
   if (keep) *keep = NULL;
   if (st == KVQ_OK) {
     if (!cache) fuzz_fail("KVQ_OK without a cache");

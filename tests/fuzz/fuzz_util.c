@@ -9,6 +9,7 @@
 #include "core/bytes.h"
 #include "core/savefile.h"
 #include "core/sha256.h"
+#include "tests/sanitizer_hooks.h"
 
 kvq_context *fuzz_context(void) {
   static kvq_context *ctx;
@@ -67,3 +68,30 @@ void fuzz_fix_checksums(uint8_t *data, size_t size) {
   }
   kvq_sha256_digest(data, (size_t)body_end, data + body_end);
 }
+
+#ifdef SANITIZER_HOOKS
+static int64_t live, peak;
+static int counting;
+static void on_malloc(const volatile void *ptr, size_t size) {
+  (void)ptr;
+  if (!counting) return;
+  live += (int64_t)size;
+  if (live > peak) peak = live;
+}
+static void on_free(const volatile void *ptr) {
+  if (counting && ptr) live -= (int64_t)__sanitizer_get_allocated_size(ptr);
+}
+void fuzz_count_start(void) {
+  static int installed;
+  if (!installed) installed = 1, __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
+  live = peak = 0;
+  counting = 1;
+}
+fuzz_count fuzz_count_stop(void) {
+  counting = 0;
+  return (fuzz_count){live, peak};
+}
+#else
+void fuzz_count_start(void) {}
+fuzz_count fuzz_count_stop(void) { return (fuzz_count){0, 0}; }
+#endif
