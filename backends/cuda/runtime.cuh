@@ -61,6 +61,7 @@ KVQ_CUDA_FAULT_WRAPPER(memset_async, cudaMemsetAsync, KVQ_FAULT_COPY)
 KVQ_CUDA_FAULT_WRAPPER(stream_synchronize, cudaStreamSynchronize, KVQ_FAULT_WAIT)
 KVQ_CUDA_FAULT_WRAPPER(event_synchronize, cudaEventSynchronize, KVQ_FAULT_WAIT)
 KVQ_CUDA_FAULT_WRAPPER(event_create, cudaEventCreate, KVQ_FAULT_OBJECT)
+KVQ_CUDA_FAULT_WRAPPER(stream_create, cudaStreamCreateWithFlags, KVQ_FAULT_OBJECT)
 KVQ_CUDA_FAULT_WRAPPER(event_record, cudaEventRecord, KVQ_FAULT_LAUNCH)
 #undef KVQ_CUDA_FAULT_WRAPPER
 } // namespace kvq_cuda_fault
@@ -71,6 +72,7 @@ KVQ_CUDA_FAULT_WRAPPER(event_record, cudaEventRecord, KVQ_FAULT_LAUNCH)
 #undef cudaEventSynchronize
 #undef cudaEventCreate
 #undef cudaEventRecord
+#undef cudaStreamCreateWithFlags
 #define cudaMalloc kvq_cuda_fault::malloc_
 #define cudaMemcpyAsync kvq_cuda_fault::memcpy_async
 #define cudaMemsetAsync kvq_cuda_fault::memset_async
@@ -78,6 +80,7 @@ KVQ_CUDA_FAULT_WRAPPER(event_record, cudaEventRecord, KVQ_FAULT_LAUNCH)
 #define cudaEventSynchronize kvq_cuda_fault::event_synchronize
 #define cudaEventCreate kvq_cuda_fault::event_create
 #define cudaEventRecord kvq_cuda_fault::event_record
+#define cudaStreamCreateWithFlags kvq_cuda_fault::stream_create
 #define KVQ_CUDA_LAUNCH(...) KVQ_CUDA_FAULT(KVQ_FAULT_LAUNCH, KVQ_CUDA_LAUNCH_CALL(__VA_ARGS__))
 // Host blocks: the C++ host code's std::calloc and vector reserves (C code's allocations are counted
 // by core/fault_alloc.h).

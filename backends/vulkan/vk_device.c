@@ -136,6 +136,7 @@ static void keep_layer_loaded(void) {
 /* The messenger that sees validation messages after instance creation (the one chained to
  * VkInstanceCreateInfo sees those of creation and destruction only). Without it, messages after
  * creation would go unnoticed: the backend still starts, as before, but validation is weaker. */
+/* Not a failure point (core/fault.h), as its failure fails nothing. */
 static void create_messenger(vk_backend *b, const VkDebugUtilsMessengerCreateInfoEXT *info) {
   if (!b->vki.create_messenger || !b->vki.destroy_messenger ||
       b->vki.create_messenger(b->instance, info, NULL, &b->messenger) != VK_SUCCESS)
@@ -185,7 +186,7 @@ static kvq_status create_instance(vk_backend *b, kvq_availability *availability,
                                .ppEnabledLayerNames = &layer,
                                .enabledExtensionCount = validate ? 2 : 0,
                                .ppEnabledExtensionNames = extensions};
-  VkResult r = vulkan->create_instance(&info, NULL, &b->instance);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, vulkan->create_instance(&info, NULL, &b->instance));
   if (r != VK_SUCCESS) {
     *availability = r == VK_ERROR_INCOMPATIBLE_DRIVER ? KVQ_UNAVAILABLE_NO_DEVICE : KVQ_UNAVAILABLE_ERROR;
     snprintf(why, why_size, "vulkan: vkCreateInstance failed (VkResult %d)", (int)r);
@@ -302,7 +303,7 @@ static kvq_status create_device(vk_backend *b, char *why, size_t why_size) {
                                    .queueCount = 1,
                                    .pQueuePriorities = &priority};
   VkDeviceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
-  VkResult r = b->vki.create_device(b->physical, &info, NULL, &b->device);
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vki.create_device(b->physical, &info, NULL, &b->device));
   if (r != VK_SUCCESS) {
     snprintf(why, why_size, "vulkan: vkCreateDevice failed on %s (VkResult %d)", b->properties.deviceName, (int)r);
     return KVQ_ERROR_BACKEND_UNAVAILABLE;
@@ -392,20 +393,22 @@ static kvq_status create_submission(vk_backend *b) {
   VkResult r;
   b->fence_timeout_ns = fence_timeout_ns();
   VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = b->queue_family};
-  if ((r = b->vk.vkCreateCommandPool(b->device, &pool, NULL, &b->command_pool)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateCommandPool(b->device, &pool, NULL, &b->command_pool))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreateCommandPool");
   VkCommandBufferAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
                                        .commandPool = b->command_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                                        .commandBufferCount = 1};
-  if ((r = b->vk.vkAllocateCommandBuffers(b->device, &alloc, &b->cmd)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkAllocateCommandBuffers(b->device, &alloc, &b->cmd))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkAllocateCommandBuffers");
   VkFenceCreateInfo fence = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  if ((r = b->vk.vkCreateFence(b->device, &fence, NULL, &b->fence)) != VK_SUCCESS) return kvq_vk_fail(b, r, "vkCreateFence");
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateFence(b->device, &fence, NULL, &b->fence))) != VK_SUCCESS)
+    return kvq_vk_fail(b, r, "vkCreateFence");
   VkQueueFamilyProperties families[32];
   const uint32_t count = queue_families(b, b->physical, families);
   if (b->queue_family < count && families[b->queue_family].timestampValidBits > 0 && b->properties.limits.timestampPeriod > 0) {
     VkQueryPoolCreateInfo q = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
+    /* not a failure point (core/fault.h): without the pool the context starts, without device time */
     if (b->vk.vkCreateQueryPool(b->device, &q, NULL, &b->timestamps) == VK_SUCCESS)
       b->timestamp_period = b->properties.limits.timestampPeriod;
   }

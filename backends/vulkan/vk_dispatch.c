@@ -39,7 +39,7 @@ kvq_status kvq_vk_pipelines_init(vk_backend *b) {
   VkDescriptorSetLayoutCreateInfo set = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
                                          .bindingCount = KVQ_VK_BINDINGS,
                                          .pBindings = bindings};
-  if ((r = b->vk.vkCreateDescriptorSetLayout(b->device, &set, NULL, &b->set_layout)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateDescriptorSetLayout(b->device, &set, NULL, &b->set_layout))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreateDescriptorSetLayout");
   VkPushConstantRange range = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = sizeof(kvq_push)};
   VkPipelineLayoutCreateInfo layout = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
@@ -47,17 +47,17 @@ kvq_status kvq_vk_pipelines_init(vk_backend *b) {
                                        .pSetLayouts = &b->set_layout,
                                        .pushConstantRangeCount = 1,
                                        .pPushConstantRanges = &range};
-  if ((r = b->vk.vkCreatePipelineLayout(b->device, &layout, NULL, &b->pipeline_layout)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreatePipelineLayout(b->device, &layout, NULL, &b->pipeline_layout))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreatePipelineLayout");
   VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = KVQ_VK_SETS_PER_BATCH * KVQ_VK_BINDINGS};
   VkDescriptorPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
                                      .maxSets = KVQ_VK_SETS_PER_BATCH,
                                      .poolSizeCount = 1,
                                      .pPoolSizes = &size};
-  if ((r = b->vk.vkCreateDescriptorPool(b->device, &pool, NULL, &b->descriptor_pool)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateDescriptorPool(b->device, &pool, NULL, &b->descriptor_pool))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreateDescriptorPool");
   VkPipelineCacheCreateInfo cache = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  if ((r = b->vk.vkCreatePipelineCache(b->device, &cache, NULL, &b->pipeline_cache)) != VK_SUCCESS)
+  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreatePipelineCache(b->device, &cache, NULL, &b->pipeline_cache))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreatePipelineCache");
   return KVQ_OK;
 }
