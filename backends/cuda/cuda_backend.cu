@@ -265,6 +265,12 @@ extern "C" void kvq_cuda_emu_contexts(kvq_cuda_emu_context_counts *out) {
   out->calls_outside_context = kvq_cuda_emu_rt::calls_outside_context;
   out->last_pushed = kvq_cuda_emu_rt::context_last_pushed;
 }
+extern "C" size_t kvq_cuda_emu_device_objects(void) { return kvq_cuda_emu_rt::device_objects(); }
+extern "C" size_t kvq_cuda_emu_device_reset(void) {
+  size_t freed = 0;
+  kvq_cuda_emu_rt::cudaDeviceReset(&freed);
+  return freed;
+}
 #endif
 
 extern "C" kvq_status KVQ_CUDA_ENTRY(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

@@ -31,6 +31,14 @@ typedef struct kvq_cuda_emu_context_counts {
 } kvq_cuda_emu_context_counts;
 void kvq_cuda_emu_contexts(kvq_cuda_emu_context_counts *out);
 
+/* The emulated device's memory allocations and events that exist now (all contexts'), and its
+ * cudaDeviceReset: frees them all and returns how many it freed. A lost device's memory is kept by
+ * the CUDA backend (a runtime recovers it by resetting the device), so a test that loses the
+ * emulated device resets it once no context is left on it. KVQ_HAVE_CUDA_EMULATOR only; not
+ * thread-safe with contexts in use. */
+size_t kvq_cuda_emu_device_objects(void);
+size_t kvq_cuda_emu_device_reset(void);
+
 #ifdef __cplusplus
 }
 #endif

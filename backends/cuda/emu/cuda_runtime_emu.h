@@ -4,6 +4,8 @@
 // (docs/CUDA.md, "The emulated backend"): there is no GPU behind it.
 //
 //   - device memory is host heap memory (operator new, so AddressSanitizer sees every access past it);
+//     with the events, it is listed so that cudaDeviceReset frees what a context still holds, as
+//     CUDA's does (below, "Device objects");
 //   - there is one device; streams are tokens: every operation completes before it returns, in the
 //     caller's order, which is one valid schedule of CUDA's in-order streams;
 //   - events hold the host's steady clock at cudaEventRecord: since the work enqueued before a record
@@ -29,9 +31,12 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <unistd.h>
@@ -58,6 +63,30 @@ inline cudaError_t enter() {
   if (!context_stack.empty() && context_stack.back()) calls_in_context++;
   else calls_outside_context++;
   return sticky;
+}
+
+// Device objects: the device memory and events that exist now, so that cudaDeviceReset can free them
+// as CUDA's frees a context's (a runtime's recovery from a lost device: the CUDA backend keeps a lost
+// device's memory, backends/cuda/host/memory.cuh) and the tests can count them
+// (kvq_cuda_emu_device_objects). The addresses are kept masked: LeakSanitizer must not take the list
+// for a reference, so that memory nobody frees or resets is still reported as leaked at exit.
+// Shared by every thread (contexts on several threads), hence the lock.
+struct object_list {
+  std::mutex lock;
+  std::unordered_map<std::uintptr_t, bool> live; // masked address -> is an event
+};
+inline object_list &objects() {
+  static object_list list;
+  return list;
+}
+constexpr std::uintptr_t address_mask = static_cast<std::uintptr_t>(0xa5a5a5a5a5a5a5a5ull);
+inline void object_made(void *p, bool is_event) {
+  std::lock_guard<std::mutex> hold(objects().lock);
+  objects().live[reinterpret_cast<std::uintptr_t>(p) ^ address_mask] = is_event;
+}
+inline void object_gone(void *p) {
+  std::lock_guard<std::mutex> hold(objects().lock);
+  objects().live.erase(reinterpret_cast<std::uintptr_t>(p) ^ address_mask);
 }
 } // namespace kvq_cuda_emu_rt
 
@@ -133,9 +162,11 @@ inline cudaError_t cudaMalloc(void **p, size_t bytes) {
   *p = nullptr;
   if (const cudaError_t e = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(e);
   *p = ::operator new(bytes ? bytes : 1, std::nothrow);
+  if (*p) object_made(*p, false);
   return *p ? cudaSuccess : kvq_cuda_emu_rt::note(cudaErrorMemoryAllocation);
 }
 inline cudaError_t cudaFree(void *p) {
+  if (p) object_gone(p);
   ::operator delete(p);
   return cudaSuccess;
 }
@@ -205,11 +236,13 @@ inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
   if (const cudaError_t err = kvq_cuda_emu_rt::enter()) return kvq_cuda_emu_rt::note(err);
   event *p = new (std::nothrow) event{};
   if (!p) return kvq_cuda_emu_rt::note(cudaErrorMemoryAllocation);
+  object_made(p, true);
   *e = reinterpret_cast<cudaEvent_t>(p);
   return cudaSuccess;
 }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
+  object_gone(e);
   delete event_of(e);
   return cudaSuccess;
 }
@@ -231,6 +264,28 @@ inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_
     return kvq_cuda_emu_rt::note(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(event_of(end)->at - event_of(start)->at).count();
   return cudaSuccess;
+}
+// As CUDA's for the one device: every device allocation and event goes, the sticky error with them.
+// Returns how many objects it freed through *freed (kvq's own extension, for the tests).
+inline cudaError_t cudaDeviceReset(size_t *freed = nullptr) {
+  std::unordered_map<std::uintptr_t, bool> live;
+  {
+    std::lock_guard<std::mutex> hold(objects().lock);
+    live.swap(objects().live);
+  }
+  for (const auto &o : live) {
+    void *p = reinterpret_cast<void *>(o.first ^ address_mask);
+    if (o.second) delete event_of(reinterpret_cast<cudaEvent_t>(p));
+    else ::operator delete(p);
+  }
+  if (freed) *freed = live.size();
+  sticky = last = cudaSuccess;
+  return cudaSuccess;
+}
+// How many device allocations and events exist now.
+inline size_t device_objects() {
+  std::lock_guard<std::mutex> hold(objects().lock);
+  return objects().live.size();
 }
 } // namespace kvq_cuda_emu_rt
 
