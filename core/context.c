@@ -157,8 +157,15 @@ kvq_status kvq_call_end(kvq_context *ctx, kvq_status status) { return call_end(c
 kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status) { return call_end(ctx, status, 1); }
 
 kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what) {
-  if (ctx->async && !always) return KVQ_OK;
-  const kvq_status st = ctx->backend->ops->finish(ctx->backend);
+  kvq_backend *be = ctx->backend;
+  kvq_status st = KVQ_OK;
+  if (ctx->async && !always) {
+    /* submitted, not waited for; what the call records after this is deferred again */
+    if (be->ops->end_deferred) st = be->ops->end_deferred(be, 0);
+    if (be->ops->defer) be->ops->defer(be);
+  } else {
+    st = be->ops->finish(be);
+  }
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, what);
 }
 

@@ -73,8 +73,10 @@ kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status);
 /* In a synchronous call (or with `always`), submits the work the call recorded so far and waits for
  * it, so that the call changes the cache's host state only once its device work succeeded: a failed
  * submission or wait then leaves the cache as it was (tests/test_fault.c). No extra submission: the
- * call's kvq_call_end finds nothing left to submit. Asynchronous calls keep their work in flight
- * (kvq_context_wait reports its failures). `what`: the message's words for the work. */
+ * call's kvq_call_end finds nothing left to submit. An asynchronous call's work is submitted here
+ * without a wait (and the call goes on deferring): its submission, which can fail, comes before the
+ * bookkeeping too, and the work stays in flight (kvq_context_wait reports its failures;
+ * tests/test_fault_more.c). `what`: the message's words for the work. */
 kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what);
 
 /* Words of attention metadata the last attention job of the context packed or compared in core
