@@ -438,6 +438,9 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
   /* The policy statistics count only a call that succeeded: with device checks, once they are read
    * (the sums were read back already, so this adds no wait). */
   if (st == KVQ_OK && kvq_policy_tracks(&cache->config.policy)) st = kvq_device_checks_read(ctx);
+  /* the call's work submitted (and, synchronously, done) before its outputs and statistics change:
+   * the end of the call (kvq_call_end) then has nothing left that can fail */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_attention");
   /* A device output that cannot be written (a device error) stops the loop: the statistics of the
    * sequences not answered stay as they were. */
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
@@ -495,6 +498,8 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
         for (uint32_t j = 0; j < n; j++) item.scores[r * n + j] = item.scores[r * width + kept[j]];
     st = check_finite_results(ctx, item.scores, rows * n, kind == KVQ_SCORES_LOGITS, "kvq_scores");
     if (st == KVQ_OK) st = check_fits(ctx, item.scores, rows * n, scores->dtype, "kvq_scores");
+    /* the call's work done before the output is written (kvq_attention) */
+    if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_scores");
     if (st == KVQ_OK) st = kvq_tensor_write(ctx, scores, item.scores);
   }
   free(q);
@@ -683,6 +688,8 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
   free(slots);
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
+  /* the call's work done before the outputs are written (kvq_attention) */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_dequantize");
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
     if (outs[s]) st = kvq_tensor_write(ctx, outs[s], buffers[s]);
   free(buffers[0]);
