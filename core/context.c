@@ -164,6 +164,9 @@ kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what) {
     if (be->ops->end_deferred) st = be->ops->end_deferred(be, 0);
     if (be->ops->defer) be->ops->defer(be);
   } else {
+    /* checks of device tensors recorded so far: read now, their read being the call's one submission
+     * and wait (a read after the finish would be a second) */
+    if (ctx->checks_recorded && (st = kvq_device_checks_read(ctx)) != KVQ_OK) return st;
     st = be->ops->finish(be);
   }
   return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, what);
