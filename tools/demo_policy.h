@@ -11,7 +11,10 @@
 
 #include "kvq/kvq.h"
 
-/* Tokens each layer of a sentence keeps under a policy, unless --budget says otherwise. */
+/* Tokens each layer of a sentence keeps under a policy, unless --budget says otherwise. The least
+ * budget, 20 (4 sinks and the 16 newest), leaves H2O and Q-Hitter no heavy hitter, so that they
+ * would keep what StreamingLLM keeps; 24 gives them 4, and keeps 68% of the tokens of the demo's
+ * 400 verses (docs/EVAL.md, "kvq demo"). */
 #define DEMO_DEFAULT_BUDGET 24
 
 /*
