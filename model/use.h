@@ -125,7 +125,11 @@ typedef struct kvq_use_kvq_options {
    * by layer, from the K/V of calibration text (kvq_use_layer_qkv); without them the first
    * sentence fails with KVQ_ERROR_NO_CODEBOOK. */
   const char *methods[KVQ_USE_LAYERS];
-  kvq_policy_config policy;                /* zeroed: KEEP_ALL (docs/MODEL.md on what a policy does here) */
+  /* Zeroed: KEEP_ALL. Any other policy evicts within each layer of a sentence: every query attends
+   * once so that the policy sees the scores, the policy keeps sinks + recent + heavy tokens, and
+   * the layer's output is every query's attention over those (kvq_use_kvq_attention;
+   * kvq_use_kvq_policy makes one from a token budget; docs/MODEL.md, "Token policies"). */
+  kvq_policy_config policy;
   uint64_t seed;                           /* the cache's seed (random matrices) */
 } kvq_use_kvq_options;
 
@@ -143,10 +147,15 @@ kvq_status kvq_use_kvq_create(const kvq_use_kvq_options *options, uint32_t max_t
 void kvq_use_kvq_destroy(kvq_use_kvq *state);
 
 /*
- * The kvq callback (user: a kvq_use_kvq). Layer 0 starts a new sequence (the previous sentence's
- * is freed); each layer appends its keys and values, quantizes them all (kvq_flush), and runs
- * kvq_attention with every query over every kept token (KVQ_MASK_NONE). On an error,
- * kvq_use_kvq_last_error says what kvq said.
+ * The kvq callback (user: a kvq_use_kvq). Layer 0 starts a new sentence (the previous sentence's
+ * sequences are freed). Without a policy, the sentence is one sequence: each layer appends its keys
+ * and values, quantizes them all (kvq_flush), and runs kvq_attention with every query over every
+ * token (KVQ_MASK_NONE). With a policy, each layer has a sequence of its own (its other layer holds
+ * zeros, since kvq decides for all layers of a sequence at once, when they hold the same tokens):
+ * the layer's tokens are appended and quantized, every query attends once (H2O and Q-Hitter
+ * accumulate those scores; StreamingLLM needs none), kvq_sequence_apply_policy evicts, and the
+ * output is every query's attention over the kept tokens. A layer given twice in a sentence under a
+ * policy is KVQ_ERROR_INVALID_ARGUMENT. On an error, kvq_use_kvq_last_error says what kvq said.
  */
 kvq_status kvq_use_kvq_attention(void *user, uint32_t layer, uint32_t tokens, uint32_t heads, uint32_t head_dim,
                                  const float *q, const float *k, const float *v, float *out);
@@ -158,9 +167,23 @@ const char *kvq_use_kvq_last_error(const kvq_use_kvq *state);
  * (before the first sentence); owned by the state. */
 kvq_cache *kvq_use_kvq_cache(kvq_use_kvq *state);
 
-/* The sequence of the current sentence (valid from its layer 0 until the next sentence's), e.g. for
- * kvq_scores on it from inside a wrapping callback. KVQ_ERROR_INVALID_ARGUMENT before any sentence. */
+/* The sequence the last kvq_use_kvq_attention call attended over (valid until the next sentence's
+ * layer 0): the sentence's, or with a policy that layer's own. For kvq_scores,
+ * kvq_sequence_positions or kvq_sequence_info_get on the layer just computed, from inside a
+ * wrapping callback. KVQ_ERROR_INVALID_ARGUMENT before any sentence. */
 kvq_status kvq_use_kvq_sequence(const kvq_use_kvq *state, uint32_t *sequence);
+
+/*
+ * A policy for kvq_use_kvq_options that keeps `budget` tokens of each layer of a sentence (all of
+ * a shorter sentence's): the 4 first tokens (StreamingLLM's sinks) and the 16 newest (one page, the
+ * least kvq allows) always; H2O and Q-Hitter (lambda: its balance, 0..1; ignored by the others)
+ * keep the rest of the budget as heavy hitters, StreamingLLM as a longer recent window. KEEP_ALL
+ * gives the zeroed config (budget ignored). KVQ_ERROR_OUT_OF_RANGE, with the message saying the
+ * range, for a budget below 20 or above 2^31 - 1 or a lambda outside 0..1; KVQ_ERROR_INVALID_ARGUMENT
+ * for an unknown kind or a NULL policy. *policy is written only on success. Thread-safe.
+ */
+kvq_status kvq_use_kvq_policy(kvq_policy_kind kind, float lambda, uint32_t budget, kvq_policy_config *policy,
+                              char *message, size_t message_size);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,7 @@ block() { sed -n "/<!-- $1 -->/,/<!-- \/$1 -->/p" "$work/README.md" | grep -v '^
 main=$(block main-command)
 start=$(date +%s)
 if [ -n "$main" ] && (cd "$work" && sh -c "$main") > "$log" 2>&1 && grep -q "cos-mean" "$log" &&
-   grep -q "^cq-c4-b8" "$log"; then
+   grep -q "^uniform-b4@qhitter" "$log"; then
   pass "main command, as written, from a fresh build ($(($(date +%s) - start)) s): $main"
 else
   fail "main command failed: $main" "$log"

@@ -63,10 +63,10 @@ fi
 # kvq demo, small: the table, the exact fp32 row (storage as the reference's, only rounding apart:
 # cosine printed 1.000000 to 6 decimals needs |1 - cos| < 5e-7; fp32 attention agrees with the
 # plain reference to ~1e-6 relative, so the embedding's cosine is 1 - O(1e-12)) keeps every
-# nearest neighbour, and the plot is written when gnuplot is there.
-if "$kvq" demo --sentences 12 --calibration 4 --methods exact-f32,uniform-b2 --threads 2 --quiet \
-     --plot "$scratch/demo.png" > "$log" 2>&1; then
-  pass "kvq demo --sentences 12 --methods exact-f32,uniform-b2 exits 0"
+# nearest neighbour, a policy row, and the plot is written when gnuplot is there.
+if "$kvq" demo --sentences 12 --calibration 4 --methods exact-f32,uniform-b2,exact-f32@streaming --budget 20 \
+     --threads 2 --quiet --plot "$scratch/demo.png" > "$log" 2>&1; then
+  pass "kvq demo --sentences 12 --methods exact-f32,uniform-b2,exact-f32@streaming --budget 20 exits 0"
 else
   fail "kvq demo --sentences 12 failed" "$log"
 fi
@@ -95,13 +95,30 @@ else
   n=$((n + 1))
   echo "ok $n # SKIP gnuplot is not installed (scripts/install-deps.sh installs gnuplot-nox)"
 fi
-# A policy is refused with the reason.
-if "$kvq" demo --sentences 4 --methods uniform-b2@h2o --quiet > "$log" 2>&1; then
-  fail "kvq demo ran a token policy" "$log"
-elif grep -q "evict nothing within a sentence" "$log"; then
-  pass "kvq demo refuses a token policy and says why"
+# The policy row keeps 20 tokens of each layer of a sentence, so its bits per number (fp32's 32
+# times the kept share) lie below 32 (the first 12 verses have more than 20 pieces; Genesis 1:2 has
+# 35) and above 32 x 20 / 128 = 5 (no sentence keeps fewer than 20 of at most 128); its embeddings
+# are unit vectors, so the cosine lies in (-1, 1] (eviction moves them: no tighter bound is derived).
+if awk '$1 == "exact-f32@streaming" && $3 < 32 && $3 > 5 && $4 > -1 && $4 <= 1 { found = 1 } END { exit !found }' "$log" &&
+   grep -q "exact-f32@streaming .*% of the tokens kept" "$log"; then
+  pass "the exact-f32@streaming row counts the kept tokens only and says what share it kept"
 else
-  fail "kvq demo refused a token policy without the reason" "$log"
+  fail "the exact-f32@streaming row is missing or wrong" "$log"
+fi
+# A budget below the 4 sinks and 16 newest tokens, and an unknown policy, are refused with the reason.
+if "$kvq" demo --sentences 4 --methods uniform-b2@h2o --budget 19 --quiet > "$log" 2>&1; then
+  fail "kvq demo ran a budget of 19" "$log"
+elif grep -q "token budget of 19: from 20" "$log"; then
+  pass "kvq demo refuses a budget of 19 and says why"
+else
+  fail "kvq demo refused a budget of 19 without the reason" "$log"
+fi
+if "$kvq" demo --sentences 4 --methods uniform-b2@lru --quiet > "$log" 2>&1; then
+  fail "kvq demo ran an unknown policy" "$log"
+elif grep -q '"lru": not a policy kvq demo knows' "$log"; then
+  pass "kvq demo refuses an unknown policy and says why"
+else
+  fail "kvq demo refused an unknown policy without the reason" "$log"
 fi
 echo "1..$n"
 [ "$failures" -eq 0 ]

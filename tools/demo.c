@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "demo_policy.h"
 #include "demo_run.h"
 #include "method_spec.h"
 #include "model_input.h"
@@ -21,14 +22,16 @@
 #include "progress.h"
 
 /* Every kind of method kvq has, each at a low and a high bit width where it has both; one name for
- * keys and values unless values cannot use it (QJL is for keys only). */
+ * keys and values unless values cannot use it (QJL is for keys only). Then each token policy on
+ * 4-bit storage, whose own error is small, so that the rows show what eviction costs. */
 static const char *default_methods =
     "exact-f16,exact-bf16,"
     "qjl-m256-k8/uniform-b4,qjl-m256-k8/uniform-b2,"
     "uniform-b4,uniform-b2,"
     "kivi-b4/uniform-b4,kivi-b2/uniform-b2,"
     "polar-b4222,polar-b4222-hadamard-online,"
-    "cq-c2-b8-i25,cq-c4-b8-i25";
+    "cq-c2-b8-i25,cq-c4-b8-i25,"
+    "uniform-b4@streaming,uniform-b4@h2o,uniform-b4@qhitter";
 
 /* 400 sentences: about 3 minutes for the default methods on an idle 2-core x86-64 (docs/EVAL.md). */
 enum { DEFAULT_SENTENCES = 400, DEFAULT_CALIBRATION = 64 };
@@ -36,14 +39,15 @@ enum { DEFAULT_SENTENCES = 400, DEFAULT_CALIBRATION = 64 };
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvq demo [--sentences N] [--methods LIST] [--backend NAME] [--plot FILE.png]\n"
-          "                [--calibration C] [--threads T] [--quiet]\n"
+          "                [--calibration C] [--budget B] [--threads T] [--quiet]\n"
           "\n"
           "The Universal Sentence Encoder-lite (scripts/fetch-model.sh fetches it) embeds the first N\n"
           "sentences of the King James Bible with exact attention, then with the attention of both\n"
           "layers computed by kvq over each method's compressed cache (every token compressed), and\n"
           "prints per method:\n"
-          "  B/token     kvq's page bytes per token, both layers, keys and values\n"
-          "  bits        bits per stored number (side data and padding included)\n"
+          "  B/token     kvq's page bytes per token, both layers, keys and values (policy rows: per\n"
+          "              token of the sentences, times the share of tokens kept)\n"
+          "  bits        bits per stored number (side data and padding included; policy rows: likewise)\n"
           "  cos-mean, cos-worst   cosine of each sentence's embedding to its exact embedding\n"
           "  nn-same%%    sentences whose nearest neighbour among the N (by the method's embeddings)\n"
           "              is the one exact embeddings give\n"
@@ -52,18 +56,21 @@ static void usage(FILE *f) {
           "  seconds     wall time of the row (codebook learning included)\n"
           "\n"
           "  --sentences N    sentences to embed (default %d: about 3 minutes on an idle 2-core machine)\n"
-          "  --methods LIST   comma-separated kvq eval method names, the same for both layers (docs/EVAL.md)\n"
+          "  --methods LIST   comma-separated kvq eval method names, the same for both layers (docs/EVAL.md),\n"
+          "                   each optionally METHOD@POLICY: streaming, h2o, qhitter or qhitter-l<lambda>\n"
           "                   default: %s\n"
           "  --backend NAME   cpu (default), vulkan, cuda or auto\n"
           "  --plot FILE.png  quality (1 - mean cosine) against bits per number (default demo.png; \"\" for none)\n"
           "  --calibration C  sentences after the N whose K/V teach CQ and online PolarQuant their codebooks\n"
           "                   (default %d)\n"
+          "  --budget B       policy rows: tokens each layer of a sentence keeps (default %d, at least 20):\n"
+          "                   the 4 first and the 16 newest, the rest heavy hitters (StreamingLLM: newest)\n"
           "  --threads T      worker threads, each with its own kvq context (default: the CPUs online)\n"
           "  --quiet          no progress line on stderr\n"
           "\n"
-          "Token policies (METHOD@POLICY) evict nothing here: a sentence is a single step of at most 128\n"
-          "tokens. Measure them on a long context of real K/V: kvq dump --tokens 4096, then kvq eval.\n",
-          DEFAULT_SENTENCES, default_methods, DEFAULT_CALIBRATION);
+          "A policy row attends once to score the tokens, evicts all but the budget in that layer, and\n"
+          "attends again over the kept tokens (docs/MODEL.md, \"Token policies\").\n",
+          DEFAULT_SENTENCES, default_methods, DEFAULT_CALIBRATION, DEMO_DEFAULT_BUDGET);
 }
 
 static int parse_u32(const char *s, uint32_t *out) {
@@ -95,6 +102,7 @@ typedef struct job {
   const kvq_use_model *model;
   const demo_sentences *sentences;
   const char *method;
+  uint32_t budget;
   kvq_backend_kind backend;
   const demo_calibration *calibration;
   uint32_t threads;
@@ -107,8 +115,8 @@ typedef struct job {
 
 static void *run_job(void *arg) {
   job *j = arg;
-  j->status = demo_run(j->model, j->sentences, j->method, j->backend, j->calibration, j->threads, &j->done, &j->row,
-                       j->error, sizeof j->error);
+  j->status = demo_run(j->model, j->sentences, j->method, j->budget, j->backend, j->calibration, j->threads,
+                       &j->done, &j->row, j->error, sizeof j->error);
   __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
   return NULL;
 }
@@ -180,6 +188,7 @@ typedef struct result {
 
 int kvq_cmd_demo(int argc, char **argv) {
   uint32_t sentences_wanted = DEFAULT_SENTENCES, calibration_wanted = DEFAULT_CALIBRATION, threads = 0;
+  uint32_t budget = DEMO_DEFAULT_BUDGET;
   const char *methods = default_methods, *plot_path = "demo.png";
   kvq_backend_kind backend = KVQ_BACKEND_CPU;
   int quiet = 0;
@@ -196,6 +205,7 @@ int kvq_cmd_demo(int argc, char **argv) {
     int bad = !value;
     if (!strcmp(a, "--sentences")) bad = bad || parse_u32(value, &sentences_wanted) || sentences_wanted < 2;
     else if (!strcmp(a, "--calibration")) bad = bad || parse_u32(value, &calibration_wanted) || calibration_wanted < 1;
+    else if (!strcmp(a, "--budget")) bad = bad || parse_u32(value, &budget);
     else if (!strcmp(a, "--threads")) bad = bad || parse_u32(value, &threads) || threads < 1 || threads > 256;
     else if (!strcmp(a, "--methods")) methods = value;
     else if (!strcmp(a, "--plot")) plot_path = value;
@@ -215,15 +225,21 @@ int kvq_cmd_demo(int argc, char **argv) {
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     threads = cpus > 0 ? (uint32_t)(cpus < 64 ? cpus : 64) : 1;
   }
-  /* every method name is checked at both head_dims before anything runs */
+  /* every row name is checked, its method at both head_dims and its policy with the budget, before
+   * anything runs */
   for (const char *at = methods;;) {
     const size_t len = strcspn(at, ",");
     kvq_method_config keys, values;
+    kvq_policy_config policy;
+    char method[128], why[512];
+    if (demo_policy_parse(at, len, budget, method, sizeof method, &policy, why, sizeof why) != 0) {
+      fprintf(stderr, "kvq demo: --methods: %s (--budget: kvq demo --help)\n", why);
+      return 2;
+    }
     for (uint32_t d = 64; d <= 128; d *= 2)
-      if (len == 0 || memchr(at, '@', len) || kvq_parse_layer_spec(at, len, d, &keys, &values) != 0) {
-        fprintf(stderr, "kvq demo: \"%.*s\" in --methods is not a method name kvq demo runs (%s)\n", (int)len, at,
-                memchr(at, '@', len) ? "token policies evict nothing within a sentence: kvq demo --help"
-                                     : "docs/EVAL.md, \"Method names\"");
+      if (kvq_parse_layer_spec(method, strlen(method), d, &keys, &values) != 0) {
+        fprintf(stderr, "kvq demo: \"%.*s\" in --methods is not a method name kvq demo runs (docs/EVAL.md, \"Method "
+                "names\")\n", (int)len, at);
         return 2;
       }
     if (!at[len]) break;
@@ -299,13 +315,6 @@ int kvq_cmd_demo(int argc, char **argv) {
     memcpy(results[m].name, at, len);
     results[m].name[len] = 0;
     at += len + (at[len] == ',');
-    if (strchr(results[m].name, '@')) {
-      progress_finish(p);
-      p = NULL;
-      fprintf(stderr, "kvq demo: %s: token policies evict nothing within a sentence (kvq demo --help)\n",
-              results[m].name);
-      goto done;
-    }
     if (strstr(results[m].name, "cq-") || strstr(results[m].name, "-online")) need_calibration = 1;
     progress_row(p, m + 1, results[m].name, len);
     if (need_calibration && !calibration.tokens[0] &&
@@ -315,7 +324,7 @@ int kvq_cmd_demo(int argc, char **argv) {
       fprintf(stderr, "kvq demo: %s\n", error);
       goto done;
     }
-    job j = {.model = model, .sentences = &measured, .method = results[m].name, .backend = backend,
+    job j = {.model = model, .sentences = &measured, .method = results[m].name, .budget = budget, .backend = backend,
              .calibration = &calibration, .threads = threads};
     if (run_row(&j, p) != 0) {
       progress_finish(p);
@@ -356,7 +365,15 @@ int kvq_cmd_demo(int argc, char **argv) {
     printf("%-30s %8.1f %6.3f %9.6f %9.6f %8.1f %9.5f %8.1f\n", r->name, r->row.bytes_per_token,
            r->row.bits_per_number, r->cos_mean, r->cos_worst, r->nn_same, r->row.score_error, r->row.seconds);
   }
-  printf("\nToken policies evict nothing within a sentence: see kvq dump and kvq eval (docs/EVAL.md).\n");
+  int policy_rows = 0;
+  for (uint32_t m = 0; m < rows; m++)
+    if (strchr(results[m].name, '@')) {
+      if (!policy_rows++)
+        printf("\nPolicy rows keep %u tokens of each layer of a sentence (4 first, 16 newest, the rest heavy hitters;\n"
+               "StreamingLLM: newest), all of a shorter one; B/token and bits count the kept tokens only:\n",
+               budget);
+      printf("  %-30s %5.1f%% of the tokens kept\n", results[m].name, 100.0 * results[m].row.kept_share);
+    }
   fflush(stdout);
   status = 0;
   if (plot_path && *plot_path) {

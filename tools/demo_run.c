@@ -1,6 +1,7 @@
 /* A row of kvq demo (demo_run.h): threads over the sentences, kvq or the reference for attention. */
 #include "demo_run.h"
 
+#include "demo_policy.h"
 #include "method_spec.h"
 
 #include <math.h>
@@ -31,11 +32,13 @@ typedef struct worker {
   uint64_t score_count;
   float *probabilities;
   size_t probabilities_capacity;
+  uint64_t kept, tokens; /* over sentences and layers: the tokens attention covered, of those appended */
   int failed;
   char error[1024];
 } worker;
 
-/* kvq's attention, then its attention probabilities on the same queries against exact ones. */
+/* kvq's attention, then its attention probabilities on the same queries against exact ones (under
+ * a policy over the kept tokens: an evicted token's probability counts as 0). */
 static kvq_status scored_attention(void *user, uint32_t layer, uint32_t tokens, uint32_t heads, uint32_t head_dim,
                                    const float *q, const float *k, const float *v, float *out) {
   worker *w = user;
@@ -48,9 +51,13 @@ static kvq_status scored_attention(void *user, uint32_t layer, uint32_t tokens, 
     w->probabilities = grown;
     w->probabilities_capacity = n;
   }
-  uint32_t sequence;
-  if ((status = kvq_use_kvq_sequence(w->state, &sequence)) != KVQ_OK) return status;
-  const int64_t q_shape[3] = {tokens, heads, head_dim}, s_shape[3] = {tokens, heads, tokens};
+  uint32_t sequence, positions[128]; /* tokens <= kvq_use_max_tokens (128) */
+  size_t kept;
+  if ((status = kvq_use_kvq_sequence(w->state, &sequence)) != KVQ_OK ||
+      (status = kvq_sequence_positions(kvq_use_kvq_cache(w->state), sequence, layer, positions, 128, &kept)) != KVQ_OK)
+    return status;
+  w->kept += kept, w->tokens += tokens;
+  const int64_t q_shape[3] = {tokens, heads, head_dim}, s_shape[3] = {tokens, heads, (int64_t)kept};
   kvq_tensor queries = kvq_tensor_host((void *)(uintptr_t)q, KVQ_DTYPE_F32, 3, q_shape);
   kvq_tensor scores = kvq_tensor_host(w->probabilities, KVQ_DTYPE_F32, 3, s_shape);
   status = kvq_scores(kvq_use_kvq_cache(w->state), sequence, layer, &queries, KVQ_MASK_NONE, KVQ_SCORES_PROBABILITIES,
@@ -70,8 +77,11 @@ static kvq_status scored_attention(void *user, uint32_t layer, uint32_t tokens, 
         if (logits[j] > top) top = logits[j];
       }
       for (uint32_t j = 0; j < tokens; j++) sum += (logits[j] = exp(logits[j] - top));
-      const float *row = w->probabilities + ((size_t)t * heads + h) * tokens;
-      for (uint32_t j = 0; j < tokens; j++) worst = fmax(worst, fabs(row[j] - logits[j] / sum));
+      const float *row = w->probabilities + ((size_t)t * heads + h) * kept;
+      for (uint32_t j = 0, c = 0; j < tokens; j++) {
+        const double got = c < kept && positions[c] == j ? row[c++] : 0.0;
+        worst = fmax(worst, fabs(got - logits[j] / sum));
+      }
       w->score_sum += worst;
       w->score_count++;
     }
@@ -125,11 +135,16 @@ static int learn(kvq_use_kvq *state, const demo_calibration *cal, char *error, s
   return 0;
 }
 
-int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const char *method,
+int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const char *row_name, uint32_t budget,
              kvq_backend_kind backend, const demo_calibration *calibration, uint32_t threads, volatile uint32_t *done,
              demo_row *row, char *error, size_t size) {
   *row = (demo_row){0};
   if (size) error[0] = 0;
+  char name[128];
+  kvq_policy_config policy = {0};
+  if (row_name && demo_policy_parse(row_name, strlen(row_name), budget, name, sizeof name, &policy, error, size) != 0)
+    return -1;
+  const char *method = row_name ? name : NULL;
   int learns = 0; /* does either layer's method learn codebooks? */
   for (uint32_t l = 0; method && l < KVQ_USE_LAYERS; l++) {
     kvq_method_config keys, values;
@@ -153,7 +168,7 @@ int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const 
   pthread_mutex_init(&sh.lock, NULL);
   for (uint32_t t = 0; t < threads && !failed && method; t++) {
     workers[t].sh = &sh;
-    kvq_use_kvq_options options = {.backend = backend, .methods = {method, method}, .seed = 1};
+    kvq_use_kvq_options options = {.backend = backend, .methods = {method, method}, .policy = policy, .seed = 1};
     char message[512];
     if (kvq_use_kvq_create(&options, sh.max_tokens, &workers[t].state, message, sizeof message) != KVQ_OK) {
       snprintf(error, size, "%s", message);
@@ -190,7 +205,7 @@ int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const 
     }
   for (uint32_t t = 0; t < started; t++) pthread_join(ids[t], NULL);
   double score_sum = 0;
-  uint64_t score_count = 0;
+  uint64_t score_count = 0, kept = 0, appended = 0;
   for (uint32_t t = 0; t < threads && workers; t++) {
     if (workers[t].failed && !failed) {
       snprintf(error, size, "%s", workers[t].error);
@@ -198,12 +213,15 @@ int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const 
     }
     score_sum += workers[t].score_sum;
     score_count += workers[t].score_count;
+    kept += workers[t].kept, appended += workers[t].tokens;
   }
   if (!failed && method) {
     kvq_memory_report report;
     kvq_cache_memory(kvq_use_kvq_cache(workers[0].state), &report);
-    row->bytes_per_token = (double)report.page_bytes / 16.0; /* model/attention_kvq.c's pages of 16 tokens */
-    row->bits_per_number = report.bits_per_number;
+    /* per token of the sentences: a policy's rows count the kept tokens only */
+    row->kept_share = appended ? (double)kept / appended : 1.0;
+    row->bytes_per_token = (double)report.page_bytes / 16.0 * row->kept_share; /* model/attention_kvq.c's pages of 16 */
+    row->bits_per_number = report.bits_per_number * row->kept_share;
   }
   for (uint32_t t = 0; t < threads && workers; t++) {
     kvq_use_kvq_destroy(workers[t].state);

@@ -27,20 +27,23 @@ typedef struct demo_calibration {
 
 typedef struct demo_row {
   float *embeddings;         /* [count][KVQ_USE_EMBEDDING_DIM], owned (demo_row_free) */
-  double bytes_per_token;    /* kvq's pages, both layers, keys and values (0 for the reference) */
-  double bits_per_number;    /* keys and values, side data and padding included */
+  double bytes_per_token;    /* kvq's pages, both layers, keys and values (0 for the reference); a
+                                policy's rows: times kept_share */
+  double bits_per_number;    /* keys and values, side data and padding included; times kept_share */
+  double kept_share;         /* of the tokens appended, those attention covered (1 without a policy) */
   double score_error;        /* mean over (token, head, layer) of max_j |p^_j - p_j| */
   double seconds;            /* wall time of the row, codebook learning included */
   double learn_seconds;      /* of which learning codebooks */
 } demo_row;
 
 /*
- * Embeds every sentence. `method`: NULL for the plain C reference, else a kvq eval method name
- * applied to both layers. `threads` workers (>= 1). *done is advanced (atomically) sentence by
+ * Embeds every sentence. `row_name`: NULL for the plain C reference, else a kvq eval method name
+ * applied to both layers, or METHOD@POLICY with the policy keeping `budget` tokens of each layer of
+ * a sentence (demo_policy.h). `threads` workers (>= 1). *done is advanced (atomically) sentence by
  * sentence so that another thread can show progress. Returns 0, or -1 with a message in `error`
  * and *row empty.
  */
-int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const char *method,
+int demo_run(const kvq_use_model *model, const demo_sentences *sentences, const char *row_name, uint32_t budget,
              kvq_backend_kind backend, const demo_calibration *calibration, uint32_t threads,
              volatile uint32_t *done, demo_row *row, char *error, size_t error_size);
 

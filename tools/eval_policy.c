@@ -17,34 +17,19 @@
 #include <string.h>
 
 #include "eval.h"
+#include "policy_spec.h"
 
 kvq_policy_config eval_policy(const eval_options *o, kvq_policy_kind kind, float lambda) {
-  kvq_policy_config p = kvq_policy_defaults(kind);
   const uint32_t minimum = o->window + o->page_size; /* the window is never evicted */
-  p.sinks = o->sinks;
-  p.recent = o->recent > minimum ? o->recent : minimum;
-  if (kind == KVQ_POLICY_STREAMING && o->budget > o->sinks + p.recent) p.recent = o->budget - o->sinks;
-  p.heavy = kind != KVQ_POLICY_STREAMING && o->budget > p.sinks + p.recent ? o->budget - p.sinks - p.recent : 0;
-  p.heavy_fraction = 0.0f;
-  p.lambda = lambda;
-  return p;
+  return kvq_policy_for_budget(kind, lambda, o->budget, o->sinks, o->recent > minimum ? o->recent : minimum);
 }
 
 /* "streaming", "h2o", "qhitter" or "qhitter-l<lambda>". */
 static int parse_policy(const char *name, size_t len, const eval_options *o, kvq_policy_config *p) {
-  char buf[32];
-  if (len >= sizeof buf) return -1;
-  memcpy(buf, name, len);
-  buf[len] = 0;
-  if (!strcmp(buf, "streaming")) *p = eval_policy(o, KVQ_POLICY_STREAMING, 0.0f);
-  else if (!strcmp(buf, "h2o")) *p = eval_policy(o, KVQ_POLICY_H2O, 0.0f);
-  else if (!strcmp(buf, "qhitter")) *p = eval_policy(o, KVQ_POLICY_QHITTER, o->lambda);
-  else if (!strncmp(buf, "qhitter-l", 9)) {
-    char *end;
-    const double lambda = strtod(buf + 9, &end);
-    if (end == buf + 9 || *end || !(lambda >= 0.0 && lambda <= 1.0)) return -1;
-    *p = eval_policy(o, KVQ_POLICY_QHITTER, (float)lambda);
-  } else return -1;
+  kvq_policy_kind kind;
+  float lambda;
+  if (kvq_parse_policy_name(name, len, o->lambda, &kind, &lambda) != 0) return -1;
+  *p = eval_policy(o, kind, lambda);
   return 0;
 }
 
