@@ -18,12 +18,10 @@
 // entries that the workgroup builds for the tokens of one page, more work per token than the 8
 // lookups it saves; and a nibble table holds for any subgroup size, unlike broadcasting the parts.
 // Loops whose trip count is not constant, for lavapipe's loop limit (docs/VULKAN.md), per
-// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x (parts (<= 2) x 4 heads x
-// (k + 1) + 6), at most 2 x 2 x 32 x 270 = 34560 at m = m_o = 1024, k = 32, 16-token pages and 8
-// heads (36352 with a table per head and 64-row steps; the per-token path before those took 67584),
-// 2 x 1 x 4 x 78 = 624 at m = m_o = 256, k = 8, 32-token pages and 4 heads. (Summing the 4 heads'
-// outlier products in one loop over the list would count a quarter of that, but measured 7% slower
-// per fused call on lavapipe at 4k tokens, GQA 4, with and without outliers.)
+// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x (parts (<= 2) x (k + 1) + 6),
+// at most 2 x 2 x 32 x 72 = 9216 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with
+// a table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 24 =
+// 192 at m = m_o = 256, k = 8, 32-token pages and 4 heads.
 #define KVQ_FLASH_SPLIT_SCORES
 
 #define KVQ_QJL_FLASH_ROWS 128u                                 // sketch rows x sets of one chunk
@@ -65,17 +63,17 @@ void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, b
         uint used = min(rows - c0, chunk); // a multiple of 32: sketch dimensions are
         for (uint i = lane; i < sets * used; i += KVQ_GPU_GROUP_SIZE) { // parts: set i / used, row c0 + i % used
           uint s = i / used, row = c0 + i % used;
-          vec4 part = vec4(0.0);
-          for (uint g = 0u; g < 4u; g++) { // constant trips (unrolled); heads past the pass's stay 0
-            if (h4 + g >= heads) continue;
-            uint q = (row0 + h4 + g) * d;
-            kvq_acc outliers = 0.0;
-            for (uint j = 0u; j < k; j++) { // queries are fp32 here (flash_logits.comp): no KVQ_IN, whose fp16 path loops
-              uint c = kvq_qjl_lists[s * KVQ_MAX_OUTLIERS + j];
-              outliers += kvq_qjl_outlier_product(outer, row, c, uintBitsToFloat(src[q + c]), d);
-            }
-            part[g] = kvq_qjl_query_part_from(outer, row, (row0 + h4 + g) * kvq_prepared_floats(), outliers);
+          // S[row][c] read once for the quad's heads (each head's products those of
+          // kvq_qjl_outlier_product, summed over the list in order); a slot past the pass's heads
+          // reads the last head's query and is not used
+          vec4 outliers = vec4(0.0), part = vec4(0.0);
+          for (uint j = 0u; j < k; j++) { // queries are fp32 here (flash_logits.comp): no KVQ_IN, whose fp16 path loops
+            uint c = kvq_qjl_lists[s * KVQ_MAX_OUTLIERS + j];
+            kvq_acc s_rc = kvq_qjl_sketch(outer, row, c, d);
+            for (uint g = 0u; g < 4u; g++) outliers[g] += s_rc * uintBitsToFloat(src[(row0 + min(h4 + g, heads - 1u)) * d + c]);
           }
+          for (uint g = 0u; g < 4u; g++) // constant trips (unrolled); heads past the pass's stay 0
+            if (h4 + g < heads) part[g] = kvq_qjl_query_part_from(outer, row, (row0 + h4 + g) * kvq_prepared_floats(), outliers[g]);
           kvq_qjl_parts[i] = part;
         }
         barrier();
