@@ -18,17 +18,21 @@ shared uvec3 token_at[KVQ_FLASH_SPLIT];
 #ifndef KVQ_SUMS_ROTATED
 // Channels per invocation of the value sum: a power of two dividing every head_dim (a multiple of
 // 16, core/layout.h). 8 fp32 partial sums per head stay in registers at 8 heads per pass.
-#define KVQ_FLASH_VALUE_RUN 8u
+#define KVQ_FLASH_VALUE_RUN KVQ_DECODE_RUN
 
 // Channels c0 .. c0 + KVQ_FLASH_VALUE_RUN - 1 of the token whose handle token_at holds: decoded from
 // its page (paged) or read from the window. Where the method's channels share a scale and minimum in
 // groups of at least a run (KVQ_DECODES_AFFINE; groups are powers of two, so a run never straddles
-// one), those are read and converted once per run.
+// one), those are read and converted once per run; a method with kvq_decode_run (KVQ_DECODES_RUN)
+// decodes the run itself where it can.
 void kvq_value_run(uvec3 token, bool paged, uint c0, out float v[KVQ_FLASH_VALUE_RUN]) {
   if (!paged) {
     for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_window_at(token.x + c0 + j);
     return;
   }
+#ifdef KVQ_DECODES_RUN
+  if (kvq_decode_run(token, c0, v)) return; // the method's shared words read once per run
+#endif
 #ifdef KVQ_DECODES_AFFINE
   if (kvq_affine_run() >= KVQ_FLASH_VALUE_RUN) {
     vec2 scale_min = kvq_affine_params(token, c0);

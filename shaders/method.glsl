@@ -50,6 +50,17 @@
 //     vec2  kvq_affine_params(uvec3 token, uint c)       (scale, minimum) of the run from channel c
 //     float kvq_affine_decode(vec2 scale_min, uvec3 token, uint c)
 //                                                       channel c of the run, = kvq_decode_token
+//   KVQ_DECODES_RUN   (with or without KVQ_DECODES_BY_TOKEN) the fused value pass decodes
+//                     KVQ_DECODE_RUN consecutive channels of a token in one call, reading what they
+//                     share (a code word, a parameter word) once instead of once per channel:
+//     bool  kvq_decode_run(uvec3 token, uint c0, out float v[KVQ_DECODE_RUN])
+//                                                       channels c0 .. c0 + KVQ_DECODE_RUN - 1 (c0 a
+//                                                       multiple of KVQ_DECODE_RUN), each = kvq_decode_token;
+//                                                       false (v unset) where this cache's parameters
+//                                                       (push constants: uniform) do not allow it
+// Channels of kvq_decode_run: flash_values.comp's run (a power of two dividing every head_dim, which
+// is a multiple of 16, core/layout.h).
+#define KVQ_DECODE_RUN 8u
 #if defined(KVQ_VK_METHOD_EXACT)
 #include "methods/exact.glsl"
 #elif defined(KVQ_VK_METHOD_QJL)

@@ -48,3 +48,21 @@ void kvq_prepare_unit(uint q, uint h, uint e, uint out_at) {
 float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return kvq_cq_score(block, t, p, pc.head_dim, pc.channels, pc.code_bits);
 }
+
+// A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl): one code
+// read and one centroid offset per group the run covers (8 / c groups, or one where c >= 8, the run
+// starting at channel c0 % c of it) instead of one per channel. Same floats as kvq_decode: the same
+// centroid elements.
+#define KVQ_DECODES_RUN
+bool kvq_decode_run(uvec3 token, uint c0, out float v[KVQ_DECODE_RUN]) {
+  uint c = pc.channels, c_log2 = kvq_log2_pow2(c), h = kvq_cq_head(token.x); // c: a power of two (core/config.c)
+  uint at = 0u;
+  for (uint j = 0u; j < KVQ_DECODE_RUN; j++) { // constant trips: unrolled; the branch is uniform
+    uint i = c0 + j;
+    if (j == 0u || (i & (c - 1u)) == 0u)
+      at = kvq_cq_decode_group(token.x, token.y, i >> c_log2, pc.head_dim, c, pc.code_bits, h) + (i & (c - 1u));
+    v[j] = KVQ_CQ_CENTROID(at);
+    at++;
+  }
+  return true;
+}
