@@ -671,7 +671,9 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     if (!buffers[s] || !raw[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
     else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s], raw[s], &in_window[s], &later);
   }
-  /* both sides' tokens with one wait; also after a failure, before the arrays are freed */
+  /* both sides' tokens with one wait; after a failure dropped unread (with the call's recording)
+   * before the arrays are freed */
+  if (st != KVQ_OK) kvq_reads_drop(ctx, &later);
   const kvq_status waited = kvq_reads_wait(ctx, &later);
   if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading dequantized tokens");
   for (int s = 0; s < 2 && st == KVQ_OK; s++)
