@@ -29,7 +29,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 5u
+#define KVQ_BACKEND_ABI_VERSION 6u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -356,6 +356,15 @@ typedef struct kvq_backend_ops {
    * bytes are on the host when it returns, as with buffer_read. */
   kvq_status (*buffer_read_later)(kvq_backend *backend, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes);
 
+  /* Optional (NULL: the backend runs each operation as it is issued, so there is nothing to drop).
+   * For backends with KVQ_BACKEND_RECORDS: drops the work recorded since the last submission without
+   * running any of it, as a failed submission would: buffer_read_later's destinations stay unwritten
+   * (the caller may free them once it returns), buffers destroyed meanwhile are freed, and buffers
+   * created meanwhile are still zero-filled before their first use (buffer_create's contract). Work
+   * submitted earlier in the call (a read, finish, or a resource of the recording running out) is
+   * not undone. Core calls it when a deferred call fails (kvq_call_discard), so that a failed call
+   * does not run what it recorded before it failed. */
+  void (*discard)(kvq_backend *backend);
 } kvq_backend_ops;
 
 /* What a backend can do beyond the table (kvq_backend.features; a backend allocated zero-filled has
@@ -368,7 +377,8 @@ enum { KVQ_BACKEND_IF_CLEAR = 1u };
  * which core keeps up to date as page tables change instead of listing every page every call. */
 enum { KVQ_BACKEND_CORE_META = 2u };
 /* KVQ_BACKEND_RECORDS: in a deferred call its buffer operations and jobs are recorded and run only
- * when submitted (end_deferred, a read, finish); a failed submission runs none of them. Without it
+ * when submitted (end_deferred, a read, finish); a failed submission runs none of them, and a failed
+ * call drops them (discard, which such a backend has). Without it
  * each runs as it is issued (in stream order), so a call that fails part way has done what came
  * before: core then undoes in-place writes itself (the window, core/append.c). */
 enum { KVQ_BACKEND_RECORDS = 4u };

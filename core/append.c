@@ -95,9 +95,14 @@ typedef struct pending_errors {
 } pending_errors;
 
 /* The errors read later reach the host with the call's one submission: waited for here, after the
- * rest of the append is recorded, also when the append failed, before the arrays are freed. `st`:
- * the append's status so far, kept (with its message) when it is a failure. */
+ * rest of the append is recorded. When the append failed (`st`, kept with its message) they are
+ * dropped with the rest of its recording instead, which must not run (kvq_reads_drop), before the
+ * arrays are freed. */
 static kvq_status pending_wait(kvq_cache *cache, pending_errors *p, kvq_status st) {
+  if (st != KVQ_OK) {
+    kvq_reads_drop(cache->ctx, &p->later);
+    return st;
+  }
   const kvq_status waited = kvq_reads_wait(cache->ctx, &p->later);
   if (st != KVQ_OK || waited == KVQ_OK) return st;
   return kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
@@ -321,6 +326,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
    * by kvq_context_wait (kvq.h) and the append takes place. */
   const int behind_checks = in_place && !ctx->async && (ctx->backend->features & KVQ_BACKEND_IF_CLEAR);
   kvq_buffer *if_clear = NULL; /* the check word the append's writes wait on (behind_checks) */
+  int writes_recorded = 0;     /* pages or window writes may be recorded: a failure must not submit them */
   uint8_t *packed[2] = {NULL, NULL};
   token_source sources[2] = {{0}};
   if (!in_place) {
@@ -371,6 +377,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   if ((st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
   const uint32_t free_before = cache->free_count; /* slots above it: freed by the plan's evictions */
   kvq_policy_plan_apply(cache, seq, &plan);
+  writes_recorded = 1; /* device work that changes the cache follows (behind the checks, if any) */
 
   /* From here on only backend (device) failures are possible, and the checks behind which the rest
    * is recorded. Both sides are quantized before either ring is written, so the window still holds
@@ -396,8 +403,9 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
    * so a failed append leaves the window as it was. One token at a time (decoding) overwrites none:
    * the ring holds R + P slots and never more than R + P - 1 tokens. A backend that records the call
    * (KVQ_BACKEND_RECORDS: Vulkan) needs none of it and must not: its copies are recorded, not run,
-   * and a failed submission runs none of them, the copy into scratch neither (a copy back would then
-   * write stale scratch over the window). */
+   * and a failed call runs none of them (its recording is discarded, kvq_call_end; a failed
+   * submission runs nothing), the copy into scratch neither (a copy back would then write stale
+   * scratch over the window). */
   const uint32_t keep_from = n > F_new ? n : F_new, cap = cache->ring_capacity;
   const uint32_t kept_from = keep_from >= F + cap ? keep_from - cap : F;
   const uint32_t kept_end = n_new >= n + cap ? n : (n_new > cap ? n_new - cap : 0);
@@ -436,8 +444,10 @@ done:
   /* refused by the checks, or a host or device failure after the bookkeeping changed */
   if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo);
   /* refused before anything was recorded behind the checks (capacity, host memory): the checks are
-   * still reported first, as a host append reports its token checks before its capacity */
-  if (st != KVQ_OK && behind_checks && ctx->checks_recorded) {
+   * still reported first, as a host append reports its token checks before its capacity (reading them
+   * runs only the gathers and checks). Once writes are recorded, reading them would run the writes
+   * of a failed append: its recording is dropped unread instead (kvq_call_end). */
+  if (st != KVQ_OK && behind_checks && ctx->checks_recorded && !writes_recorded) {
     const kvq_status checked = kvq_device_checks_read(ctx);
     if (checked != KVQ_OK) st = checked;
   }
@@ -495,9 +505,8 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
         first += pages * P;
       }
   }
-  /* Q-Hitter's errors come back with the call's one wait. */
-  const kvq_status waited = kvq_reads_wait(cache->ctx, &pending.later);
-  if (waited != KVQ_OK && st == KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading quantization errors");
+  /* Q-Hitter's errors come back with the call's one wait (dropped with a failed call's recording). */
+  st = pending_wait(cache, &pending, st);
   if (st == KVQ_OK) st = kvq_call_settle(cache->ctx, 0, "kvq_flush: quantizing the windows");
   if (st == KVQ_OK) {
     for (uint32_t l = 0; l < cache->config.layer_count; l++) {

@@ -81,9 +81,11 @@ static kvq_status scatter_scores(kvq_context *ctx, kvq_buffer *scores, const kvq
   return st;
 }
 
-/* Runs the jobs for one batch whose views are built; copies results to the items' host arrays. */
+/* Records the jobs for one batch whose views are built, and the reads of its results: its output rows
+ * into `outputs` (when a part has a host output), the policy's sums into `sums`, both delivered by the
+ * call's wait (*later, kvq_read_later); host scores are read at once. */
 static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch *b, attend_item *const *parts,
-                            const uint32_t *part_row0) {
+                            const uint32_t *part_row0, float *outputs, float *sums, int *later) {
   kvq_context *ctx = cache->ctx;
   kvq_backend *be = ctx->backend;
   const kvq_layer_storage *ls = &cache->storage[layer];
@@ -168,16 +170,13 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
     if (upto == STAGE_OUTPUT && (st = be->ops->weighted_sum(be, &job)) != KVQ_OK)
       return kvq_fail_backend(ctx, st, "weighted sum");
   }
-  /* Results come back in one read per buffer (one submission on a backend that batches): the rows of
-   * the batch's sequences lie one after the other. */
-  float *host = NULL, *sums = NULL;
-  int host_outputs = 0, host_scores = 0;
+  /* Results come back with the call's one wait (attend): the batch's output rows in one read (its
+   * sequences' rows lie one after the other, as in the call's `outputs`), the policy's sums in another
+   * (kvq_read_later). Device outputs and scores are written in place here, recorded before that wait:
+   * a backend that records (Vulkan) submits nothing of the call before its last step that can fail,
+   * so a failed call writes none of them (its recording is dropped, kvq_reads_drop, kvq_call_end). */
+  int host_outputs = 0;
   for (uint32_t i = 0; upto == STAGE_OUTPUT && i < b->seq_count; i++) host_outputs += !parts[i]->device_output;
-  for (uint32_t i = 0; upto != STAGE_OUTPUT && i < b->seq_count; i++) host_scores += !parts[i]->device_scores;
-  /* Host memory first: once a device output's write is recorded, a failure would still let the call's
-   * submission write it (tests/test_fault.c, runtime buffers). */
-  if (accumulating && !(sums = malloc(sizeof(float) * (b->accumulate_floats ? b->accumulate_floats : 1))))
-    return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention sums");
   if (upto == STAGE_OUTPUT && host_outputs < (int)b->seq_count) {
     /* Device outputs, in place: every one checked (fp32 overflow, the output dtype's range) before
      * any is written, and none written when a check of the call failed (queries included). */
@@ -187,21 +186,10 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
           st = kvq_tensor_scatter_rows(ctx, output, (uint64_t)b->seqs[i].query_first * row_floats * 4, parts[i]->device_output,
                                        part_row0[i], b->seqs[i].query_count,
                                        pass ? KVQ_JOB_CONVERT_IF_CLEAR : KVQ_JOB_CONVERT_FITS | KVQ_JOB_CONVERT_NO_WRITE);
-    if (st != KVQ_OK) {
-      free(sums);
-      return st;
-    }
+    if (st != KVQ_OK) return st;
   }
-  /* The outputs and the policy's sums come back with one wait (kvq_read_later): the call's one
-   * submission where the backend batches. */
-  int later = 0;
   if (upto == STAGE_OUTPUT && host_outputs) {
-    host = malloc(b->rows * row_floats * 4 + 4);
-    if (!host) {
-      free(sums);
-      return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory reading attention outputs");
-    }
-    st = kvq_read_later(ctx, output, 0, host, b->rows * row_floats * 4, &later);
+    st = kvq_read_later(ctx, output, 0, outputs, b->rows * row_floats * 4, later);
   } else if (upto != STAGE_OUTPUT) {
     /* Device scores, in place: checked (finite, masked logits aside; the scores' dtype) before any
      * is written, as outputs are. */
@@ -210,10 +198,8 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
       for (uint32_t i = 0; i < b->seq_count && st == KVQ_OK; i++)
         if (parts[i]->device_scores)
           st = scatter_scores(ctx, scores, &b->seqs[i], parts[i], part_row0[i], L->query_heads, pass ? KVQ_JOB_CONVERT_IF_CLEAR : check);
-    if (st != KVQ_OK) {
-      free(sums);
-      return st;
-    }
+    if (st != KVQ_OK) return st;
+    /* host scores: a wait per read (a scores call writes nothing in place then) */
     for (uint32_t i = 0; st == KVQ_OK && i < b->seq_count; i++) {
       const kvq_attention_seq *v = &b->seqs[i];
       if (parts[i]->device_scores) continue;
@@ -222,54 +208,68 @@ static kvq_status run_batch(kvq_cache *cache, uint32_t layer, stage upto, batch 
                                 (uint64_t)v->query_count * L->query_heads * n * 4);
     }
   }
-  if (st == KVQ_OK && accumulating) {
-    if ((st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, &later)) != KVQ_OK)
-      st = kvq_fail_backend(ctx, st, "reading attention sums");
-  } else if (st != KVQ_OK) {
-    st = kvq_fail_backend(ctx, st, "reading results");
-  }
-  /* waited for also after a failure: host and sums are the reads' destinations until then */
-  const kvq_status waited = kvq_reads_wait(ctx, &later);
-  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading results");
-  for (uint32_t i = 0; st == KVQ_OK && host && i < b->seq_count; i++)
-    if (!parts[i]->device_output) memcpy(parts[i]->output + (uint64_t)part_row0[i] * row_floats, host + (uint64_t)b->seqs[i].query_first * row_floats,
-           (uint64_t)b->seqs[i].query_count * row_floats * 4);
-  for (uint32_t i = 0; st == KVQ_OK && sums && i < b->seq_count; i++) {
-    const uint64_t n = (uint64_t)b->seqs[i].quantized + b->seqs[i].window;
-    for (uint64_t t = 0; t < n; t++) parts[i]->sums[t] += sums[b->seqs[i].accumulate_offset + t]; /* parts of one item add up */
-  }
-  free(host);
-  free(sums);
-  if (st != KVQ_OK) return st;
-  /* host results were read (a wait); device outputs and scores stay in flight until the call ends */
-  if ((host_outputs || host_scores || accumulating) && (st = be->ops->finish(be)) != KVQ_OK)
-    return kvq_fail_backend(ctx, st, "finishing");
+  if (st != KVQ_OK) return kvq_fail_backend(ctx, st, "reading results");
+  if (accumulating && (st = kvq_read_later(ctx, accumulate, 0, sums, b->accumulate_floats * 4, later)) != KVQ_OK)
+    return kvq_fail_backend(ctx, st, "reading attention sums");
   return KVQ_OK;
 }
 
-/* Splits the items into batches within the score budget and runs them. */
-static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_item *items, size_t count) {
+/* What the call's batches read back, delivered by its one wait (attend). */
+typedef struct call_results {
+  float *outputs;  /* every query row of the call, in the items' order (NULL: no host output) */
+  float *sums;     /* the policy's sums of every part, in the parts' order (NULL: not accumulating) */
+  size_t parts;    /* parts of the batches recorded so far */
+  uint64_t rows, sums_at; /* their rows, and their floats of sums */
+  int later;       /* reads recorded for the wait (kvq_read_later) */
+} call_results;
+
+/* Records the batch being built (its parts follow the r->parts recorded before it) and starts the next. */
+static kvq_status record_batch(kvq_cache *cache, uint32_t layer, stage upto, batch *b, attend_item **parts,
+                               const uint32_t *part_row0, call_results *r) {
+  const uint64_t row_floats = (uint64_t)cache->layers[layer].query_heads * cache->layers[layer].head_dim;
+  const kvq_status st = run_batch(cache, layer, upto, b, parts + r->parts, part_row0 + r->parts,
+                                  r->outputs ? r->outputs + r->rows * row_floats : NULL,
+                                  r->sums ? r->sums + r->sums_at : NULL, &r->later);
+  r->parts += b->seq_count;
+  r->rows += b->rows;
+  r->sums_at += b->accumulate_floats;
+  b->seq_count = b->slot_count = b->rows = 0;
+  b->score_floats = b->accumulate_floats = b->budget_floats = 0;
+  return st;
+}
+
+/* Splits the items into batches within the score budget and runs them. `outputs` (NULL for scores, or
+ * when no item has a host output): room for every query row of the items, in order, where the items'
+ * host outputs point. */
+static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_item *items, size_t count, float *outputs) {
   const kvq_layer_config *L = &cache->layers[layer];
   const uint32_t words = cache->alive_words;
+  const int accumulating = upto == STAGE_OUTPUT && kvq_policy_tracks(&cache->config.policy);
   /* with core's packed metadata (KVQ_BACKEND_CORE_META) the batch lists no pages */
   const int list_pages = !(cache->ctx->backend->features & KVQ_BACKEND_CORE_META);
   size_t total_pages = 0, parts_max = 0;
+  uint64_t sums_floats = 0;
   for (size_t i = 0; i < count; i++) {
     const uint64_t floats_per_row = budget_per_row(cache, layer, row_width(&items[i]));
     const uint64_t rows_per_part = floats_per_row ? SCORE_BUDGET / floats_per_row : items[i].rows;
     const uint64_t parts_of_item = rows_per_part ? (items[i].rows + rows_per_part - 1) / rows_per_part : items[i].rows;
     if (list_pages) total_pages += items[i].view.pages * (size_t)parts_of_item; /* a split item lists its pages per part */
     parts_max += (size_t)parts_of_item;
+    sums_floats += parts_of_item * row_width(&items[i]);
   }
   batch b = {0};
+  call_results r = {.outputs = outputs};
   b.seqs = malloc(sizeof *b.seqs * (parts_max ? parts_max : 1));
   b.slots = malloc(sizeof *b.slots * (total_pages ? total_pages : 1));
   b.index = malloc(sizeof *b.index * (total_pages ? total_pages : 1));
   b.alive = malloc(sizeof *b.alive * (total_pages ? total_pages : 1) * words);
-  attend_item **parts = malloc(sizeof *parts * (parts_max ? parts_max : 1));
-  uint32_t *part_row0 = malloc(sizeof *part_row0 * (parts_max ? parts_max : 1));
+  /* every part of the call, in order: a batch's parts follow those of the batches before it */
+  attend_item **parts = calloc(parts_max ? parts_max : 1, sizeof *parts);
+  uint32_t *part_row0 = calloc(parts_max ? parts_max : 1, sizeof *part_row0);
+  /* host memory first: nothing recorded can then be left behind by a failed allocation */
+  if (accumulating) r.sums = malloc(sizeof(float) * (sums_floats ? sums_floats : 1));
   kvq_status st = KVQ_OK;
-  if (!b.seqs || !b.slots || !b.index || !b.alive || !parts || !part_row0) {
+  if (!b.seqs || !b.slots || !b.index || !b.alive || !parts || !part_row0 || (accumulating && !r.sums)) {
     st = kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory planning attention");
     goto done;
   }
@@ -281,12 +281,9 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
     if (rows_per_part == 0) rows_per_part = 1; /* one row always fits: n <= 2^31 tokens */
     for (uint32_t row0 = 0; row0 < it->rows && st == KVQ_OK; row0 += rows_per_part) {
       uint32_t rows = it->rows - row0 < rows_per_part ? it->rows - row0 : rows_per_part;
-      if (b.seq_count > 0 && b.budget_floats + rows * floats_per_row > SCORE_BUDGET) {
-        st = run_batch(cache, layer, upto, &b, parts, part_row0);
-        b.seq_count = b.slot_count = b.rows = 0;
-        b.score_floats = b.accumulate_floats = b.budget_floats = 0;
-        if (st != KVQ_OK) break;
-      }
+      if (b.seq_count > 0 && b.budget_floats + rows * floats_per_row > SCORE_BUDGET &&
+          (st = record_batch(cache, layer, upto, &b, parts, part_row0, &r)) != KVQ_OK)
+        break;
       const uint32_t pages = it->view.pages;
       b.seqs[b.seq_count] = (kvq_attention_seq){
           .page_first = b.slot_count,
@@ -307,8 +304,8 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
         memcpy(b.index + b.slot_count, it->seq->page_index, sizeof(uint32_t) * pages);
         memcpy(b.alive + (size_t)b.slot_count * words, it->seq->alive, sizeof(uint32_t) * pages * words);
       }
-      parts[b.seq_count] = it;
-      part_row0[b.seq_count] = row0;
+      parts[r.parts + b.seq_count] = it;
+      part_row0[r.parts + b.seq_count] = row0;
       b.seq_count++;
       b.slot_count += pages;
       b.rows += rows;
@@ -317,14 +314,34 @@ static kvq_status attend(kvq_cache *cache, uint32_t layer, stage upto, attend_it
       b.accumulate_floats += n;
     }
   }
-  if (st == KVQ_OK && b.seq_count > 0) st = run_batch(cache, layer, upto, &b, parts, part_row0);
+  if (st == KVQ_OK && b.seq_count > 0) st = record_batch(cache, layer, upto, &b, parts, part_row0, &r);
+  /* The call's one wait: every batch's reads, and, with the policy, the device checks its statistics
+   * wait on (kvq_attention), read with them. A failed call drops its reads with its recording
+   * instead, device outputs' writes included: nothing of it runs. */
+  if (st == KVQ_OK && accumulating) st = kvq_device_checks_read(cache->ctx);
 done:
+  if (st != KVQ_OK) kvq_reads_drop(cache->ctx, &r.later);
+  const kvq_status waited = kvq_reads_wait(cache->ctx, &r.later);
+  if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(cache->ctx, waited, "reading results");
+  /* Results on the host: the call's work finished before the caller's host arrays or the statistics
+   * change (a backend that times its work, CUDA, ends the span here; nothing is left to submit where
+   * the reads waited) */
+  int host_results = outputs || accumulating;
+  for (size_t i = 0; i < count; i++) host_results |= upto != STAGE_OUTPUT && !items[i].device_scores;
+  if (st == KVQ_OK && host_results) st = kvq_call_settle(cache->ctx, 1, "finishing");
+  uint64_t at = 0;
+  for (size_t p = 0; st == KVQ_OK && r.sums && p < r.parts; p++) { /* the parts of one item add up */
+    const uint64_t n = row_width(parts[p]);
+    for (uint64_t t = 0; t < n; t++) parts[p]->sums[t] += r.sums[at + t];
+    at += n;
+  }
   free(b.seqs);
   free(b.slots);
   free(b.index);
   free(b.alive);
   free(parts);
   free(part_row0);
+  free(r.sums);
   return st;
 }
 
@@ -412,35 +429,40 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
   for (size_t i = 0; i < count && st == KVQ_OK; i++) working = kvq_size_mul_add(items[i].rows, 2 * row_floats * 4, working);
   if (st == KVQ_OK) st = kvq_call_fits(ctx, working, "kvq_attention");
   ctx->checks_what = "kvq_attention";
+  /* Host outputs are read back into one array of every request's rows, in order (the rows of the
+   * call's batches follow each other so: one read per batch), where each item's output points. */
+  uint64_t total_rows = 0;
+  int host_outputs = 0;
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     /* device tensors are read and written in place (and checked there) where the backend can */
     if (kvq_tensor_on_device(ctx, &requests[i].queries)) items[i].device_queries = &requests[i].queries;
     if (kvq_tensor_on_device(ctx, &requests[i].output)) items[i].device_output = &requests[i].output;
+    host_outputs |= !items[i].device_output;
+    total_rows += items[i].rows;
+  }
+  float *outputs = st == KVQ_OK && host_outputs ? malloc(total_rows * row_floats * 4 + 4) : NULL;
+  if (st == KVQ_OK && host_outputs && !outputs) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0, row = 0; i < count && st == KVQ_OK; row += items[i].rows, i++) {
     float *q = items[i].device_queries ? NULL : malloc(items[i].rows * row_floats * 4);
-    items[i].output = items[i].device_output ? NULL : malloc(items[i].rows * row_floats * 4);
+    items[i].output = items[i].device_output ? NULL : outputs + row * row_floats;
     items[i].queries = q;
     if (kvq_policy_tracks(&cache->config.policy)) items[i].sums = calloc(row_width(&items[i]) + 1, sizeof(double));
-    if ((!q && !items[i].device_queries) || (!items[i].output && !items[i].device_output) ||
-        (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
+    if ((!q && !items[i].device_queries) || (kvq_policy_tracks(&cache->config.policy) && !items[i].sums)) {
       st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
     } else if (q) {
       st = kvq_tensor_read(ctx, &requests[i].queries, q, KVQ_DTYPE_F32);
       if (st == KVQ_OK) st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
     }
   }
-  if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count);
+  /* with the policy, attend reads the device checks too: its statistics count only a call that
+   * succeeded */
+  if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count, outputs);
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     if (!items[i].output) continue; /* checked on the device */
     st = check_finite_results(ctx, items[i].output, items[i].rows * row_floats, 0, "kvq_attention");
     if (st == KVQ_OK)
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
-  /* The policy statistics count only a call that succeeded: with device checks, once they are read
-   * (the sums were read back already, so this adds no wait). */
-  if (st == KVQ_OK && kvq_policy_tracks(&cache->config.policy)) st = kvq_device_checks_read(ctx);
-  /* the call's work submitted (and, synchronously, done) before its outputs and statistics change:
-   * the end of the call (kvq_call_end) then has nothing left that can fail */
-  if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_attention");
   /* A device output that cannot be written (a device error) stops the loop: the statistics of the
    * sequences not answered stay as they were. */
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
@@ -448,9 +470,9 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
       kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);
-    free(items[i].output);
     free(items[i].sums);
   }
+  free(outputs);
   free(items);
   return st;
 }
@@ -491,7 +513,7 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     st = kvq_tensor_read(ctx, queries, q, KVQ_DTYPE_F32);
     if (st == KVQ_OK) st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
-  if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1);
+  if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1, NULL);
   if (st == KVQ_OK && !device_scores) {
     if (n != width) /* evicted tokens' slots leave the rows: kept tokens only, in order */
       for (uint64_t r = 0; r < rows; r++)
@@ -676,7 +698,9 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     if (!buffers[s] || !raw[s]) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
     else st = dequantize_side(cache, seq, layer, s, &view, slots + first, (uint32_t)count, buffers[s], raw[s], &in_window[s], &later);
   }
-  /* both sides' tokens with one wait; also after a failure, before the arrays are freed */
+  /* both sides' tokens with one wait; after a failure dropped unread (with the call's recording)
+   * before the arrays are freed */
+  if (st != KVQ_OK) kvq_reads_drop(ctx, &later);
   const kvq_status waited = kvq_reads_wait(ctx, &later);
   if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "reading dequantized tokens");
   for (int s = 0; s < 2 && st == KVQ_OK; s++)

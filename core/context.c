@@ -135,9 +135,31 @@ void kvq_call_begin(kvq_context *ctx) {
   if (ctx->backend->ops->defer) ctx->backend->ops->defer(ctx->backend);
 }
 
-/* Ends a call: submits what it recorded, waiting for it unless `wait` is 0. */
+void kvq_reads_drop(kvq_context *ctx, int *later) {
+  if (!*later) return;
+  *later = 0;
+  kvq_call_discard(ctx);
+  /* a backend without discard delivered or runs the reads in order: wait before dst goes */
+  if (!ctx->backend->ops->discard) (void)ctx->backend->ops->finish(ctx->backend);
+}
+
+void kvq_call_discard(kvq_context *ctx) {
+  kvq_backend *be = ctx->backend;
+  if (!be->ops->discard) return;
+  be->ops->discard(be);
+  /* The call's checks never ran (or ran in an earlier submission of the call, their bits then still
+   * in the word): not read, and the word zeroed before its next use. With checks pending from
+   * asynchronous calls the word holds their bits, which kvq_context_wait must still report, and this
+   * call recorded no fill (the word was clean when the first of them started). */
+  if (ctx->checks_recorded && !ctx->checks_pending) ctx->checks_dirty = 1;
+  ctx->checks_recorded = 0;
+}
+
+/* Ends a call: submits what it recorded, waiting for it unless `wait` is 0; a failed call's recording
+ * is dropped instead (kvq_call_discard). */
 static kvq_status call_end(kvq_context *ctx, kvq_status status, int wait) {
   kvq_backend *be = ctx->backend;
+  if (status != KVQ_OK) kvq_call_discard(ctx);
   /* checks of device tensors: read now (the call's one submission and wait), or when waited for */
   if (ctx->checks_recorded && wait) {
     const kvq_status checked = kvq_device_checks_read(ctx);

@@ -64,7 +64,10 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
 /* Bracket a public call whose device work the backend may record into one submission (kvq_append,
  * kvq_flush, kvq_attention, kvq_scores, kvq_dequantize): kvq_call_end submits it, waiting for it
  * unless the context is asynchronous (kvq_context_set_async), and returns `status` (or the
- * submission's failure when `status` is KVQ_OK). */
+ * submission's failure when `status` is KVQ_OK). When `status` is a failure the call's recording is
+ * discarded instead (kvq_call_discard): a failed call runs none of the work it recorded since its
+ * last submission, so it must not have submitted a change to the cache or to an output before
+ * every step that can fail succeeded (tests/test_fault.c). */
 void kvq_call_begin(kvq_context *ctx);
 kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
 /* The same for calls that are synchronous in every mode (creating and loading caches, loading
@@ -78,6 +81,12 @@ kvq_status kvq_call_end_waiting(kvq_context *ctx, kvq_status status);
  * bookkeeping too, and the work stays in flight (kvq_context_wait reports its failures;
  * tests/test_fault_more.c). `what`: the message's words for the work. */
 kvq_status kvq_call_settle(kvq_context *ctx, int always, const char *what);
+/* Drops what a failing call recorded since its last submission (the backend's discard, on a backend
+ * that records: KVQ_BACKEND_RECORDS); a backend that runs each operation as issued has nothing to
+ * drop. What core counted for the recording is put back: device checks it recorded are not read
+ * (their word is zeroed before its next use, since the fill this call may have recorded never ran).
+ * Harmless to call twice. */
+void kvq_call_discard(kvq_context *ctx);
 
 /* Words of attention metadata the last attention job of the context packed or compared in core
  * (core/gpu_meta.c): O(sequences + page-table entries that changed), not O(listed pages). For tests;
@@ -98,10 +107,13 @@ kvq_status kvq_fail_backend(kvq_context *ctx, kvq_status status, const char *wha
 
 /* A read whose bytes the call needs only after kvq_reads_wait: the backend's buffer_read_later where
  * it has one (then *later is set, and the bytes come with the call's one submission), else
- * buffer_read, the bytes at once. dst must live until kvq_reads_wait, which a call that set *later
- * runs also when it fails. Both return the backend's status (the caller says what failed). */
+ * buffer_read, the bytes at once. dst must live until kvq_reads_wait, or, in a call that failed,
+ * kvq_reads_drop. Both return the backend's status (the caller says what failed). */
 kvq_status kvq_read_later(kvq_context *ctx, kvq_buffer *buffer, uint64_t offset, void *dst, uint64_t bytes, int *later);
 kvq_status kvq_reads_wait(kvq_context *ctx, int *later);
+/* A failed call's reads: the call's recording is discarded with them (kvq_call_discard), so their
+ * destinations stay unwritten and may be freed; nothing else the call recorded runs either. */
+void kvq_reads_drop(kvq_context *ctx, int *later);
 void kvq_clear_error(kvq_context *ctx);
 
 enum { KVQ_SIDE_KEYS = 0, KVQ_SIDE_VALUES = 1 };

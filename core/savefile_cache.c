@@ -114,6 +114,7 @@ static kvq_status write_contents(kvq_cache *cache, kvq_writer *w, int *later) {
   }
   kvq_section_end(w, at);
 
+  if (st != KVQ_OK) kvq_reads_drop(ctx, later); /* a failed save's reads never land */
   const kvq_status waited = kvq_reads_wait(ctx, later); /* the image complete before its checksum */
   if (st == KVQ_OK && waited != KVQ_OK) st = kvq_fail_backend(ctx, waited, "saving: reading the pool");
   kvq_file_end(w, file_bytes_at);

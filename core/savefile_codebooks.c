@@ -137,11 +137,16 @@ static kvq_status codebooks_load_call(kvq_cache *cache, const void *buffer, size
       if (!fresh) continue;
       const uint64_t floats = kvq_side_fixed_floats(&cache->storage[l].side[s].layout, 1);
       st = be->ops->buffer_write(be, cache->storage[l].side[s].fixed[1], 0, fresh, floats * 4);
-      if (st != KVQ_OK) {
-        st = kvq_fail_backend(ctx, st, "uploading codebooks");
-        break;
-      }
-      memcpy(cache->storage[l].fixed_host[s][1], fresh, floats * 4);
+      if (st != KVQ_OK) st = kvq_fail_backend(ctx, st, "uploading codebooks");
+    }
+  /* every upload done before the host copies and flags say so: a failed call, whose recorded uploads
+   * are dropped (kvq_call_end), changes nothing */
+  if (st == KVQ_OK) st = kvq_call_settle(ctx, 1, "kvq_codebooks_load: uploading codebooks");
+  for (uint32_t l = 0; l < L && st == KVQ_OK; l++)
+    for (int s = 0; s < 2; s++) {
+      const float *fresh = dest[(l * 2 + s) * KVQ_SIDE_FIXED + 1];
+      if (!fresh) continue;
+      memcpy(cache->storage[l].fixed_host[s][1], fresh, kvq_side_fixed_floats(&cache->storage[l].side[s].layout, 1) * 4);
       cache->storage[l].learned[s] = ready[l * 2 + s];
     }
   for (size_t i = 0; dest && i < (size_t)L * 2 * KVQ_SIDE_FIXED; i++) free(dest[i]);

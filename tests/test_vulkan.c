@@ -1154,6 +1154,51 @@ static uint8_t *ra_saved(kvq_context *ctx, kvq_cache *cache, size_t *size) {
   KVQ_CHECK(ctx, kvq_cache_save_to_memory(cache, image, (size_t)bytes, size));
   return image;
 }
+/*
+ * Attention of device queries into a device output on an H2O cache is one submission, which carries
+ * the output's in-place write, the policy's sums and the check word (docs/VULKAN.md). It was two: the
+ * wait for the sums ran the output's write before the check word's read, so a failure of that read
+ * left the output written (tests/test_fault.c, point 27 of the runtime rows). The output is the host
+ * path's, bit for bit, on the same cache (the same jobs on the same fp32 values).
+ */
+Test(vulkan, device_attention_with_h2o_is_one_submission) {
+  require_vulkan();
+  runtime_device r;
+  kvq_context *ctx = runtime_with_context(&r);
+  enum { NQ = 3, N = 50 };
+  kvq_layer_config layer = th_layer(RA_HQ, RA_HKV, RA_D, th_kivi(2, 16), th_uniform(4, 16));
+  kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, RA_P, 16, 8, 1, 7);
+  config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+  config.policy.heavy_fraction = 0.0f, config.policy.heavy = 4;
+  uint32_t seq;
+  kvq_cache *cache = cache_with_sequence(ctx, &config, &seq);
+  static float k[N * RA_HKV * RA_D], v[N * RA_HKV * RA_D], q[NQ * RA_HQ * RA_D], host_out[NQ * RA_HQ * RA_D];
+  for (uint32_t t = 0; t < N; t++)
+    for (uint32_t i = 0; i < RA_HKV * RA_D; i++) k[t * RA_HKV * RA_D + i] = ra_value(t, i, 0), v[t * RA_HKV * RA_D + i] = ra_value(t, i, 1);
+  for (uint32_t i = 0; i < NQ * RA_HQ * RA_D; i++) q[i] = ra_value(N + i / (RA_HQ * RA_D), i, 2);
+  const int64_t kshape[3] = {N, RA_HKV, RA_D}, qshape[3] = {NQ, RA_HQ, RA_D};
+  const kvq_tensor kt = kvq_tensor_host(k, KVQ_DTYPE_F32, 3, kshape), vt = kvq_tensor_host(v, KVQ_DTYPE_F32, 3, kshape);
+  KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+  runtime_buffer qb = runtime_buffer_make(&r, q, sizeof q), ob = runtime_buffer_make(&r, NULL, sizeof host_out);
+  const kvq_attention_request host_req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL,
+                                          .queries = kvq_tensor_host(q, KVQ_DTYPE_F32, 3, qshape),
+                                          .output = kvq_tensor_host(host_out, KVQ_DTYPE_F32, 3, qshape)};
+  const kvq_attention_request dev_req = {.sequence = seq, .mask = KVQ_MASK_CAUSAL,
+                                         .queries = device_tensor(&qb, 0, KVQ_DTYPE_F32, qshape, NULL),
+                                         .output = device_tensor(&ob, 0, KVQ_DTYPE_F32, qshape, NULL)};
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &host_req, 1));
+  (void)counted(ctx);
+  KVQ_CHECK(ctx, kvq_attention(cache, 0, &dev_req, 1));
+  const kvq_backend_stats s = counted(ctx);
+  cr_assert_eq(s.submissions, 1u, "attention of device tensors under H2O: %llu submissions", (unsigned long long)s.submissions);
+  cr_assert_eq(memcmp(ob.mapped, host_out, sizeof host_out), 0, "the device output is not the host path's");
+  kvq_cache_destroy(cache);
+  kvq_context_destroy(ctx);
+  runtime_buffer *all[] = {&qb, &ob};
+  runtime_buffers_free(&r, all, 2);
+  runtime_stop(&r);
+}
+
 Test(vulkan, refused_device_append_changes_nothing_in_one_submission, .timeout = 300) {
   require_vulkan();
   runtime_device r;

@@ -154,6 +154,7 @@ const kvq_backend_ops cuda_ops = {
     KVQ_CUDA_IN_CONTEXT(cuda_convert),
     KVQ_CUDA_IN_CONTEXT(cuda_check_tokens),
     nullptr, // buffer_read_later: a read synchronizes the stream, which submits nothing of its own
+    nullptr, // discard: each operation runs as it is issued, nothing is recorded to drop
 };
 
 // Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no

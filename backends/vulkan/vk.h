@@ -79,6 +79,8 @@ struct kvq_buffer {
   int imported;          /* the caller's VkBuffer: never destroyed by kvq */
   uint64_t size;
   void *mapped; /* host-visible buffers only (staging, metadata) */
+  int unfilled;             /* on vk_backend.unfilled: its zero fill has not been submitted yet */
+  kvq_buffer *next_unfilled;
 };
 
 typedef struct vk_backend {
@@ -119,6 +121,11 @@ typedef struct vk_backend {
     uint64_t at, bytes;
   } *later;
   uint32_t later_count, later_capacity;
+  /* Buffers from buffer_create whose zero fill is recorded but not yet submitted. A recording that
+   * is discarded (a failed call) or fails to submit drops their fills, so the next recording records
+   * them again first (kvq_vk_begin): a buffer a failed call created and core keeps (the check word, a
+   * cache's zeros) is still zero when used. Emptied by a submission; a freed buffer leaves it. */
+  kvq_buffer *unfilled; /* a list through kvq_buffer.next_unfilled */
   uint32_t sets_used;  /* descriptor sets allocated since the last reset */
   /* The descriptor set bound last in this submission and its buffers: dispatches with the same
    * buffers (a job's steps) reuse it. VK_NULL_HANDLE after a submit. */
@@ -218,6 +225,13 @@ kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, uint64_t *offset);
 void kvq_vk_transfer_barrier(vk_backend *b);
 void kvq_vk_defer(kvq_backend *backend);
 kvq_status kvq_vk_end_deferred(kvq_backend *backend, int wait);
+/* Drops the recording (a failed deferred call, backends/backend.h: discard): nothing of it runs. */
+void kvq_vk_discard(kvq_backend *backend);
+/* Records the zero fill of a buffer from buffer_create into the recording (which is begun) and keeps
+ * the buffer on b->unfilled until a submission takes the fill. */
+void kvq_vk_fill(vk_backend *b, kvq_buffer *buffer);
+/* The buffer leaves b->unfilled (it is being freed). */
+void kvq_vk_fill_forget(vk_backend *b, kvq_buffer *buffer);
 kvq_status kvq_vk_finish(kvq_backend *backend);
 kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns);
 void kvq_vk_stats(kvq_backend *backend, kvq_backend_stats *out, int reset);

@@ -467,6 +467,7 @@ static const kvq_backend_ops vk_ops = {
     .convert = kvq_vk_convert,
     .check_tokens = kvq_vk_check_tokens,
     .buffer_read_later = kvq_vk_buffer_read_later,
+    .discard = kvq_vk_discard,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,

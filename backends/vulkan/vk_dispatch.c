@@ -130,6 +130,36 @@ void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer) {
   kvq_vk_buffer_free(b, buffer);
 }
 
+void kvq_vk_fill(vk_backend *b, kvq_buffer *buffer) {
+  b->vk.vkCmdFillBuffer(b->cmd, buffer->buffer, 0, VK_WHOLE_SIZE, 0);
+  kvq_vk_transfer_barrier(b);
+  if (buffer->unfilled) return;
+  buffer->unfilled = 1;
+  buffer->next_unfilled = b->unfilled;
+  b->unfilled = buffer;
+}
+
+void kvq_vk_fill_forget(vk_backend *b, kvq_buffer *buffer) {
+  if (!buffer->unfilled) return;
+  for (kvq_buffer **at = &b->unfilled; *at; at = &(*at)->next_unfilled)
+    if (*at == buffer) {
+      *at = buffer->next_unfilled;
+      break;
+    }
+  buffer->unfilled = 0;
+  buffer->next_unfilled = NULL;
+}
+
+/* A submission took every recorded zero fill (the fence orders them before later work). */
+static void fills_submitted(vk_backend *b) {
+  while (b->unfilled) {
+    kvq_buffer *u = b->unfilled;
+    b->unfilled = u->next_unfilled;
+    u->unfilled = 0;
+    u->next_unfilled = NULL;
+  }
+}
+
 /* Once a submission is done (or failed to start): its command buffer, descriptor sets and the
  * buffers retired while it was recorded or in flight are released. */
 static void release_submission(vk_backend *b) {
@@ -191,6 +221,9 @@ kvq_status kvq_vk_begin(vk_backend *b) {
   }
   /* what earlier submissions wrote is visible to this one (a fence wait alone orders the host only) */
   barrier(b, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+  /* the zero fills of buffers created while a recording that never ran was recorded */
+  for (kvq_buffer *u = b->unfilled; u; u = u->next_unfilled) b->vk.vkCmdFillBuffer(b->cmd, u->buffer, 0, VK_WHOLE_SIZE, 0);
+  if (b->unfilled) kvq_vk_transfer_barrier(b);
   return KVQ_OK;
 }
 
@@ -212,11 +245,12 @@ kvq_status kvq_vk_submit_nowait(vk_backend *b) {
     r = KVQ_VK_TRY(KVQ_FAULT_SUBMIT, b->vk.vkQueueSubmit(b->queue, 1, &submit, b->fence));
     b->stats.submissions++;
   }
-  if (r != VK_SUCCESS) { /* nothing is in flight: the pools start over */
+  if (r != VK_SUCCESS) { /* nothing is in flight: the pools start over (the zero fills wait on b->unfilled) */
     release_submission(b);
     return kvq_vk_fail(b, r, what);
   }
   b->in_flight = 1;
+  fills_submitted(b);
   return KVQ_OK;
 }
 
@@ -238,6 +272,18 @@ kvq_status kvq_vk_end_deferred(kvq_backend *backend, int wait) {
   vk_backend *b = (vk_backend *)backend;
   b->deferring = 0;
   return wait ? kvq_vk_submit(b) : kvq_vk_submit_nowait(b);
+}
+
+/* What the recording holds is dropped as a failed submission drops it (release_submission): the
+ * command buffer back to its initial state, its descriptor sets and retired buffers released, its
+ * later reads forgotten, the zero fills it held left on b->unfilled for the next recording. Host
+ * writes it made into the metadata, resident and staging buffers need no undoing: the next recording
+ * starts their rings over, and the resident buffer holds the image its serial names (vk.h). */
+void kvq_vk_discard(kvq_backend *backend) {
+  vk_backend *b = (vk_backend *)backend;
+  if (!b->recording) return;
+  b->recording = 0;
+  release_submission(b);
 }
 
 kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, uint64_t *offset) {

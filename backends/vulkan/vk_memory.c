@@ -35,6 +35,7 @@ kvq_status kvq_vk_check_range(vk_backend *b, const kvq_buffer *buffer, uint64_t 
 
 void kvq_vk_buffer_free(vk_backend *b, kvq_buffer *buffer) {
   if (!buffer) return;
+  kvq_vk_fill_forget(b, buffer);
   if (buffer->mapped) b->vk.vkUnmapMemory(b->device, buffer->memory);
   if (buffer->buffer && !buffer->imported) b->vk.vkDestroyBuffer(b->device, buffer->buffer, NULL);
   if (buffer->memory) b->vk.vkFreeMemory(b->device, buffer->memory, NULL);
@@ -94,10 +95,10 @@ kvq_status kvq_vk_buffer_create(kvq_backend *backend, uint64_t bytes, kvq_buffer
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_buffer_make(b, bytes, 0, out);
   if (st != KVQ_OK) return st;
-  /* zero-filled by contract: the whole (rounded) buffer, so shaders never read garbage words */
+  /* zero-filled by contract: the whole (rounded) buffer, so shaders never read garbage words (recorded
+   * again by a later recording when this one does not run: b->unfilled) */
   if ((st = kvq_vk_begin(b)) == KVQ_OK) {
-    b->vk.vkCmdFillBuffer(b->cmd, (*out)->buffer, 0, VK_WHOLE_SIZE, 0);
-    kvq_vk_transfer_barrier(b);
+    kvq_vk_fill(b, *out);
     st = kvq_vk_done(b, KVQ_OK);
   }
   if (st != KVQ_OK) {
