@@ -3,7 +3,7 @@
 // Fused decode attention, pass 2 of 3 (shaders/flash.glsl): the split's probability-weighted sum of
 // values for every query head of the pass, each value decoded once; invocations share the channels.
 // Value methods that sum in a rotated space (KVQ_SUMS_ROTATED) sum the split's page tokens there
-// (kvq_decode_rotated: no rotation per token) into the split output and its window tokens apart
+// (kvq_decode_rotated_run: no rotation per token) into the split output and its window tokens apart
 // (kvq_flash_window), since only the page part is rotated back, once per output row after the combine.
 #include "shaders/common.glsl"
 #include "shaders/method.glsl"
@@ -44,6 +44,33 @@ void kvq_value_run(uvec3 token, bool paged, uint c0, out float v[KVQ_FLASH_VALUE
 }
 #endif
 
+#ifdef KVQ_SUMS_ROTATED
+// The rotated path's run sums (main): acc[g][j] is head g's sum of run coordinate j. Constant loop
+// bounds, so that the loops unroll and acc stays in registers; heads is uniform.
+void rotated_zero(out float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN]) {
+  for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+    for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) acc[g][j] = 0.0;
+}
+void rotated_add(uint i, uint heads, float v[KVQ_ROTATED_RUN], inout float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN]) {
+  for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) {
+    if (g < heads) {
+      float p = prob[g][i];
+      for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) acc[g][j] += p * v[j];
+    }
+  }
+}
+// The split's page part (window false: kvq_flash_out) or window part of heads row_head0 .. + heads - 1.
+void rotated_store(bool window, uint rows, uint n, uint row_head0, uint heads, uint split, uint c0,
+                   float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN]) {
+  for (uint g = 0u; g < heads; g++)
+    for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) {
+      uint c = c0 + j;
+      dst[window ? kvq_flash_window(rows, n, row_head0 + g, split, c) : kvq_flash_out(rows, n, row_head0 + g, split, c)] =
+          floatBitsToUint(acc[g][j]);
+    }
+}
+#endif
+
 void main() {
   uint unit;
   if (!kvq_locate(KVQ_PLAN_FLASH, unit)) return; // uniform over the workgroup
@@ -63,32 +90,26 @@ void main() {
   }
   barrier();
 #ifdef KVQ_SUMS_ROTATED
-  for (uint c = lane; c < d; c += KVQ_FLASH_SPLIT) {
-    float acc[KVQ_FLASH_HEADS_PER_PASS];
-    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc[g] = 0.0;
-    for (uint i = 0u; i < count; i++) {
-      uint t = first + i;
-      uvec3 token = token_at[i];
-      if (t == quantized) { // the page part is complete: the window tokens sum apart
-        for (uint g = 0u; g < heads; g++) {
-          dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c)] = floatBitsToUint(acc[g]);
-          acc[g] = 0.0;
-        }
-      }
-      // (a rotated method's handle is the default (block, slot): method.glsl refuses KVQ_DECODES_BY_TOKEN with it)
-      float v = t < quantized ? kvq_decode_rotated(token.x, token.y, c) : kvq_window_at(token.x + c);
-      for (uint g = 0u; g < heads; g++) acc[g] += prob[g][i] * v;
+  // Runs of KVQ_ROTATED_RUN rotated coordinates per invocation, as the plain path below: each page
+  // token's run decoded once for the heads (kvq_decode_rotated_run: each of its codes read once,
+  // not L times per coordinate), its probabilities read once per run. The split's page tokens come
+  // first (i < paged), then its window tokens, in loops of their own (no branch per token); each
+  // part is stored apart (a part without tokens stores zeros).
+  uint paged = quantized > first ? min(count, quantized - first) : 0u;
+  for (uint c0 = lane * KVQ_ROTATED_RUN; c0 < d; c0 += KVQ_FLASH_SPLIT * KVQ_ROTATED_RUN) {
+    float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN], v[KVQ_ROTATED_RUN];
+    rotated_zero(acc);
+    for (uint i = 0u; i < paged; i++) {
+      kvq_decode_rotated_run(token_at[i].x, token_at[i].y, c0, v);
+      rotated_add(i, heads, v, acc);
     }
-    // acc holds the window part where the split reached the window (the page part was stored at
-    // t == quantized), else the page part, and the other part of the split is 0
-    bool windowed = first + count > quantized;
-    for (uint g = 0u; g < heads; g++) {
-      uint row_head = r * pc.query_heads + h0 + g;
-      if (first >= quantized) dst[kvq_flash_out(rows, n, row_head, split, c)] = 0u; // no page token
-      dst[windowed ? kvq_flash_window(rows, n, row_head, split, c) : kvq_flash_out(rows, n, row_head, split, c)] =
-          floatBitsToUint(acc[g]);
-      if (!windowed) dst[kvq_flash_window(rows, n, row_head, split, c)] = 0u;
+    rotated_store(false, rows, n, r * pc.query_heads + h0, heads, split, c0, acc);
+    rotated_zero(acc);
+    for (uint i = paged; i < count; i++) {
+      for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) v[j] = kvq_window_at(token_at[i].x + c0 + j);
+      rotated_add(i, heads, v, acc);
     }
+    rotated_store(true, rows, n, r * pc.query_heads + h0, heads, split, c0, acc);
   }
 #else
   // One run of KVQ_FLASH_VALUE_RUN channels per invocation (d is a multiple of 16, core/layout.h):

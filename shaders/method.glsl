@@ -34,6 +34,10 @@
 //                                                       prepared queries at p + g * kvq_prepared_floats()
 //   KVQ_SUMS_ROTATED  values are summed in a rotated space and rotated back once per output row:
 //     float kvq_decode_rotated(uint block, uint t, uint i)  coordinate i of token t in that space
+//     KVQ_ROTATED_RUN and void kvq_decode_rotated_run(uint block, uint t, uint c0, out float v[KVQ_ROTATED_RUN])
+//                                                       coordinates c0 .. c0 + KVQ_ROTATED_RUN - 1 (c0 a
+//                                                       multiple of it, which divides every head_dim),
+//                                                       = kvq_decode_rotated's (the fused value pass)
 //     void  kvq_rotate_back(uint s, out float x[KVQ_MAX_HEAD_DIM])
 //                                                       the sum at element s of dst, rotated back
 //   KVQ_TOKEN_ERROR   float kvq_token_error(uint block, uint t, uint x)

@@ -108,6 +108,45 @@ Test(polar, token_and_coordinate_decodings_agree_bit_for_bit) {
   cr_assert(compared == 2 * 5 * 16 * 64);
 }
 
+/* kvq_polar_decode_run (the Vulkan value pass's decoding of KVQ_POLAR_RUN coordinates) against the
+ * whole token, bit for bit, for every level count from 1 (several radii in a run) through 3 (one
+ * radius, every level inside the run) to 6 (three levels above the run), mixed code widths
+ * (3 bits: codes straddle no word but words hold 10), every run of every token. */
+Test(polar, run_and_token_decodings_agree_bit_for_bit) {
+  const uint32_t configs[][6] = {{4, 0, 0, 0, 0, 0}, {2, 3, 0, 0, 0, 0}, {3, 2, 2, 0, 0, 0},
+                                 {4, 2, 2, 2, 0, 0}, {3, 3, 1, 2, 2, 0}, {2, 2, 2, 2, 2, 2}};
+  const uint32_t d = 64, P = 16;
+  kvq_rng rng;
+  kvq_rng_init(&rng, 6, 0, KVQ_PURPOSE_TEST);
+  float x[16 * 64], token[KVQ_MAX_HEAD_DIM], run[KVQ_POLAR_RUN];
+  uint32_t compared = 0;
+  for (uint32_t k = 0; k < 6; k++) {
+    polar_fixture f;
+    fixture_init(&f, d, P, k + 1, configs[k], KVQ_ROTATION_HADAMARD);
+    const kvq_side_layout *s = &f.side.layout;
+    const cpu_head head = kvq_cpu_head(&f.side);
+    for (uint32_t i = 0; i < P * d; i++) x[i] = (float)kvq_rng_gaussian(&rng) * (i % 5 == 0 ? 8.0f : 1.0f);
+    memset(f.block, 0, s->head_bytes);
+    kvq_cpu_polar.encode(&head, x, d, P, f.block);
+    const kvq_io io = kvq_cpu_io(&head, f.block, NULL, NULL);
+    for (uint32_t t = 0; t < P; t++) {
+      kvq_polar_decode_token(&io, 0, t, P, d, s->levels, s->level_bits, 0, token);
+      for (uint32_t c0 = 0; c0 < d; c0 += KVQ_POLAR_RUN) {
+        for (uint32_t j = 0; j < KVQ_POLAR_RUN; j++) run[j] = NAN; /* every entry must be written */
+        kvq_polar_decode_run(&io, 0, t, c0, P, d, s->levels, s->level_bits, 0, run);
+        for (uint32_t j = 0; j < KVQ_POLAR_RUN; j++) {
+          cr_assert(kvq_f32_to_bits(run[j]) == kvq_f32_to_bits(token[c0 + j]),
+                    "levels %u, token %u, coordinate %u: %a by run, %a by token", k + 1, t, c0 + j, (double)run[j],
+                    (double)token[c0 + j]);
+          compared++;
+        }
+      }
+    }
+    fixture_free(&f);
+  }
+  cr_assert(compared == 6 * 16 * 64);
+}
+
 Test(polar, rotations_are_orthogonal_and_invertible) {
   const kvq_rotation rotations[] = {KVQ_ROTATION_DENSE, KVQ_ROTATION_HADAMARD};
   const uint32_t bits[4] = {4, 2, 2, 2};

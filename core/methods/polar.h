@@ -306,6 +306,57 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
   }
 }
 
+/* Rotated coordinates c0 .. c0 + KVQ_POLAR_RUN - 1 of token t (c0 a multiple of KVQ_POLAR_RUN, which
+ * divides every head_dim), for a GPU thread that sums a run of a value's coordinates (the Vulkan fused
+ * value pass): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
+ * order and the same floats bit for bit (tests/test_polar.c). The run is a sub-block of 2^3
+ * coordinates: the levels above 3 each split a sub-block that holds the whole run, so they give one
+ * factor for the run (one code and one table read a level); the levels from min(L, 3) down split
+ * sub-blocks inside the run as the whole-token decoding does; for L < 3 the run holds several
+ * radii. Each code the run needs is read once, against L per coordinate in kvq_polar_decode_coord.
+ * The loops over the levels inside the run and over the run have constant bounds, so that a GPU
+ * compiler unrolls them and y stays in registers. */
+#define KVQ_POLAR_RUN 8u
+#define KVQ_POLAR_RUN_LEVELS 3u /* KVQ_POLAR_RUN = 2^KVQ_POLAR_RUN_LEVELS */
+KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c0, kvq_u32 P, kvq_u32 d, kvq_u32 L,
+                                        kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_POLAR_RUN]) {
+  kvq_u32 codes = block, table = tables;
+  for (kvq_u32 l = 1u; l < L; l++) {
+    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
+    table += 4u << kvq_polar_level_bits(bits, l);
+  }
+  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u + 2u * t * (d >> L);
+  kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS, span = 1u << inner;
+  /* The radius of every block that starts in the run (one block, or KVQ_POLAR_RUN >> L of them). */
+  for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k++) {
+    y[k] = 0.0f;
+    if ((k & (span - 1u)) == 0u) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * ((c0 + k) >> L)));
+  }
+  /* Levels L .. 4: the half of the level's sub-block that holds the run. */
+  for (kvq_u32 l = L; l > inner; l--) {
+    kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), kvq_polar_level_bits(bits, l));
+    y[0] = KVQ_FMUL(y[0], KVQ_POLAR_TABLE(table + 2u * code + ((c0 >> (l - 1u)) & 1u)));
+    codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
+    table -= 4u << kvq_polar_level_bits(bits, l - 1u);
+  }
+  /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in
+   * kvq_polar_decode_token (the first half overwrites the sub-block's own entry). */
+  for (kvq_u32 l = KVQ_POLAR_RUN_LEVELS; l >= 1u; l--) {
+    if (l > inner) continue;
+    kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u); /* coordinates in a half */
+    for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u * width) {
+      kvq_f32 r = y[k];
+      kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + ((c0 + k) >> l), b);
+      y[k + width] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
+      y[k] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
+    }
+    if (l > 1u) {
+      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
+      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
+    }
+  }
+}
+
 /* Channel c of the unrotated token t (one GPU thread's DEQUANTIZE): (R^T y)_c = sum_i R[i][c] y_i,
  * or signs_c * scale * sum_i H[c][i] y_i with H's entries (-1)^popcount(i & c). */
 KVQ_SHARED_FN kvq_u32 kvq_polar_parity(kvq_u32 u) {

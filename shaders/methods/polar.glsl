@@ -3,7 +3,8 @@
 // too. Work unit: KVQ_POLAR_GROUP_TOKENS tokens, encoded by a whole workgroup. As on the CPU, keys
 // are scored in the rotated space against the prepared query R q, and values are summed there and
 // rotated back once per output row; a thread decodes one rotated coordinate
-// (kvq_polar_decode_coord), which gives the CPU's floats bit for bit. Tokens are read once into
+// (kvq_polar_decode_coord) or, in the fused value pass, a run of 8 (kvq_polar_decode_run), which give
+// the CPU's floats bit for bit. Tokens are read once into
 // arrays (applying R per channel of every token would pass the loop limit, docs/VULKAN.md).
 #extension GL_EXT_control_flow_attributes : require
 #include "core/methods/polar.h"
@@ -38,8 +39,9 @@ uint polar_tables(uint block) {
 // - levels: an invocation decides the codes of one 32-bit word of codes (32 / bits codes, kept in
 //   order) with the level's codebook (up to POLAR_K entries) loaded once into registers, and stores
 //   the word with one atomicOr, instead of reading two table floats per candidate per angle and an
-//   atomicOr per code; larger codebooks read the table as the CPU does (kvq_polar_nearest,
-//   kvq_polar_boundaries_passed).
+//   atomicOr per code; the search evaluates 4 register slots for codebooks of up to 4 entries (2-bit
+//   levels) and POLAR_K for larger ones (polar_level); larger codebooks than POLAR_K read the table
+//   as the CPU does (kvq_polar_nearest, kvq_polar_boundaries_passed).
 // Shared memory, polar_s: 16 KiB at T = 8, what every Vulkan device offers. Region 0 (T arrays of
 // KVQ_MAX_HEAD_DIM floats) takes the rotated tokens, region 1 (before it, as large) first the dense
 // rotation's inputs, then, once the rotation is done, the two regions take turns to hold a level's
@@ -64,6 +66,66 @@ void polar_sync() {
 // Where token k's entries start in region `which` (0 or 1) of polar_s: arithmetic, not a choice
 // between two arrays, so that reading an entry is one load.
 uint polar_at(uint which, uint k) { return which == 0u ? (POLAR_T + k) * POLAR_A : k * POLAR_A; }
+
+// Level l's codes of the unit where `run` (uniform; false: nothing), for the angles [lo, hi) of the
+// level's code array (code i is angle i % angles of token i / angles; the unit's tokens start at t0):
+// angle a of token k reads entries 2a, 2a + 1 of region `from` and writes entry a of the other
+// region; its code is kvq_polar_encode_angle's (kvq_polar_nearest's rule at level 1, `nearest`:
+// candidates in increasing order, strictly greater wins, so ties keep the lower index;
+// kvq_polar_boundaries_passed's count above), stored where kvq_io_put_code stores it (code i at word
+// i / (32 / b), bit (i % (32 / b)) b). An invocation takes the whole words of [lo, hi) in turn; words at
+// its ends are shared with the neighbouring units, hence the atomicOr into the zeroed page. The
+// level's centroids (level 1: cos, sin) or boundaries (above: cos^2, sin^2) go into registers when
+// `slots` (a constant at every call: 4 or POLAR_K) holds its 2^b of them, and the search runs over
+// those slots only (constant trip counts, [[unroll]]: the arrays stay registers); slots 0: the
+// table's own search, as the CPU (kvq_polar_nearest, kvq_polar_boundaries_passed).
+void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo, uint hi, uint t0, uint angles, uint b,
+                 uint table, uint codes) {
+  uint lane = gl_LocalInvocationID.x, lanes = gl_WorkGroupSize.x, K = 1u << b, cpw = 32u / b;
+  uint first_word = lo / cpw, end_word = run ? (hi - 1u) / cpw + 1u : 0u;
+  float cb0[POLAR_K], cb1[POLAR_K];
+  [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
+    cb0[j] = 0.0;
+    cb1[j] = 0.0;
+  }
+  if (first_word + lane < end_word) {
+    uint at = nearest ? table : table + 2u * K;
+    [[unroll]] for (uint j = 0u; j < slots; j++)
+      if (j < K) {
+        cb0[j] = KVQ_POLAR_TABLE(at + 2u * j);
+        cb1[j] = KVQ_POLAR_TABLE(at + 2u * j + 1u);
+      }
+  }
+  for (uint w = first_word + lane; w < end_word; w += lanes) {
+    uint i = max(w * cpw, lo), end = min(w * cpw + cpw, hi), k = i / angles - t0, a = i % angles, word = 0u;
+    for (; i < end; i++) {
+      float first = polar_s[polar_at(from, k) + 2u * a], second = polar_s[polar_at(from, k) + 2u * a + 1u];
+      uint code = 0u;
+      if (slots == 0u) {
+        code = nearest ? kvq_polar_nearest(first, second, table, K) : kvq_polar_boundaries_passed(first, second, table, K);
+      } else if (nearest) {
+        float best = kvq_polar_pair_dot(first, second, cb0[0], cb1[0]);
+        [[unroll]] for (uint j = 1u; j < slots; j++) {
+          float dot = kvq_polar_pair_dot(first, second, cb0[j], cb1[j]);
+          if (j < K && dot > best) {
+            best = dot;
+            code = j;
+          }
+        }
+      } else {
+        [[unroll]] for (uint j = 0u; j + 1u < slots; j++) code += j + 1u < K ? kvq_polar_past(first, second, cb0[j], cb1[j]) : 0u;
+      }
+      word |= code << ((i - w * cpw) * b);
+      polar_s[polar_at(1u - from, k) + a] = kvq_polar_next_entry(l, first, second);
+      a++;
+      if (a == angles) {
+        a = 0u;
+        k++;
+      }
+    }
+    KVQ_PAGE_OR(codes + w, word);
+  }
+}
 
 void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   uint lane = gl_LocalInvocationID.x, lanes = gl_WorkGroupSize.x, d = pc.head_dim, L = pc.levels;
@@ -128,64 +190,22 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
     }
   }
   polar_sync();
-  // Level by level: angle a of token k reads entries 2a, 2a + 1 of the level below and writes entry
-  // a of the other region; its code is kvq_polar_encode_angle's (kvq_polar_nearest's rule at level
-  // 1: candidates in increasing order, strictly greater wins, so ties keep the lower index;
-  // kvq_polar_boundaries_passed's count above), stored where kvq_io_put_code stores it (code i of
-  // the level at word i / (32 / b), bit (i % (32 / b)) b). Code i of the level is angle i % angles of
-  // token i / angles, so the unit's codes are [t0 angles, (t0 + tokens) angles), and an invocation
-  // takes the whole words of that range in turn; words at its ends are shared with the neighbouring
-  // units, hence the atomicOr into the zeroed page.
+  // Level by level (polar_level), the two regions taking turns as each level's input.
   uint from = 0u;
   for (uint l = 1u; l <= L; l++) {
-    uint b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l), cpw = 32u / b;
+    uint b = kvq_polar_level_bits(bits, l), K = 1u << b, angles = kvq_polar_angles(d, l);
     uint table = kvq_polar_level_table(tables, bits, l), codes = (block + kvq_polar_level_offset(P, d, bits, l)) >> 2u;
-    uint lo = t0 * angles, hi = (t0 + tokens) * angles, first_word = lo / cpw, end_word = (hi - 1u) / cpw + 1u;
-    // The level's centroids (level 1: cos, sin) or boundaries (above: cos^2, sin^2) into registers:
-    // constant trip counts ([[unroll]]), so the loops unroll and the arrays stay registers.
-    bool in_registers = K <= POLAR_K;
-    float cb0[POLAR_K], cb1[POLAR_K];
-    [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
-      cb0[j] = 0.0;
-      cb1[j] = 0.0;
-    }
-    if (in_registers && first_word + lane < end_word) {
-      uint at = l == 1u ? table : table + 2u * K; // kvq_polar_nearest's and kvq_polar_boundaries_passed's
-      [[unroll]] for (uint j = 0u; j < POLAR_K; j++)
-        if (j < K) {
-          cb0[j] = KVQ_POLAR_TABLE(at + 2u * j);
-          cb1[j] = KVQ_POLAR_TABLE(at + 2u * j + 1u);
-        }
-    }
-    for (uint w = first_word + lane; w < end_word; w += lanes) {
-      uint i = max(w * cpw, lo), end = min(w * cpw + cpw, hi), k = i / angles - t0, a = i % angles, word = 0u;
-      for (; i < end; i++) {
-        float first = polar_s[polar_at(from, k) + 2u * a], second = polar_s[polar_at(from, k) + 2u * a + 1u];
-        uint code = 0u;
-        if (!in_registers) {
-          code = l == 1u ? kvq_polar_nearest(first, second, table, K) : kvq_polar_boundaries_passed(first, second, table, K);
-        } else if (l == 1u) {
-          float best = kvq_polar_pair_dot(first, second, cb0[0], cb1[0]);
-          [[unroll]] for (uint j = 1u; j < POLAR_K; j++) {
-            float dot = kvq_polar_pair_dot(first, second, cb0[j], cb1[j]);
-            if (j < K && dot > best) {
-              best = dot;
-              code = j;
-            }
-          }
-        } else {
-          [[unroll]] for (uint j = 0u; j + 1u < POLAR_K; j++) code += j + 1u < K ? kvq_polar_past(first, second, cb0[j], cb1[j]) : 0u;
-        }
-        word |= code << ((i - w * cpw) * b);
-        polar_s[polar_at(1u - from, k) + a] = kvq_polar_next_entry(l, first, second);
-        a++;
-        if (a == angles) {
-          a = 0u;
-          k++;
-        }
-      }
-      KVQ_PAGE_OR(codes + w, word);
-    }
+    uint lo = t0 * angles, hi = (t0 + tokens) * angles;
+    // One call per kind of search, its slots and rule constant at the call, so that each call's
+    // search unrolls to the slots its codebook can fill (4 for 2-bit levels, not POLAR_K). The
+    // conditions are uniform, but llvmpipe runs every side of a branch under a mask: the calls not
+    // taken still run, each for one masked trip of its loops (the work sits inside them).
+    bool small = K <= 4u, large = !small && K <= POLAR_K;
+    polar_level(small && l == 1u, 4u, true, l, from, lo, hi, t0, angles, b, table, codes);
+    polar_level(small && l > 1u, 4u, false, l, from, lo, hi, t0, angles, b, table, codes);
+    polar_level(large && l == 1u, POLAR_K, true, l, from, lo, hi, t0, angles, b, table, codes);
+    polar_level(large && l > 1u, POLAR_K, false, l, from, lo, hi, t0, angles, b, table, codes);
+    polar_level(K > POLAR_K, 0u, l == 1u, l, from, lo, hi, t0, angles, b, table, codes);
     polar_sync();
     from = 1u - from;
   }
@@ -198,6 +218,14 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
 
 float kvq_decode_rotated(uint block, uint t, uint i) {
   return kvq_polar_decode_coord(block, t, i, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block));
+}
+
+// Rotated coordinates c0 .. c0 + 7 of token t for the fused value pass (shaders/flash_values.comp):
+// kvq_polar_decode_run, the same floats as kvq_decode_rotated gives one by one, each code read once
+// for the run instead of L code reads (and divisions) per coordinate.
+#define KVQ_ROTATED_RUN KVQ_POLAR_RUN
+void kvq_decode_rotated_run(uint block, uint t, uint c0, out float v[KVQ_ROTATED_RUN]) {
+  kvq_polar_decode_run(block, t, c0, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), v);
 }
 
 // Channel c of the unrotated token (DEQUANTIZE).
