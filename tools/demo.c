@@ -267,6 +267,12 @@ int kvq_cmd_demo(int argc, char **argv) {
   const demo_sentences calibration_set = {ids + sentences_wanted, counts + sentences_wanted, total - sentences_wanted};
   size_t tokens = 0;
   for (uint32_t s = 0; s < measured.count; s++) tokens += counts[s] < 128 ? counts[s] : 128;
+  /* SentencePiece normalizes text to NFKC first, model/tokenizer.c does not: NFKC leaves ASCII as it
+   * is, so the table says whether the text holds anything else (UTF-8 lead bytes >= 0x80) */
+  size_t non_ascii = 0, text_bytes = 0;
+  for (uint32_t s = 0; s < total; s++)
+    for (const unsigned char *c = (const unsigned char *)text.sentences[s]; *c; c++, text_bytes++)
+      non_ascii += *c >= 0xc0; /* one per character: its UTF-8 lead byte (continuation bytes are 0x80-0xbf) */
   /* the rows: the reference, then each method */
   uint32_t method_count = 1;
   for (const char *c = methods; *c; c++) method_count += *c == ',';
@@ -357,6 +363,12 @@ int kvq_cmd_demo(int argc, char **argv) {
            r->row.bits_per_number, r->cos_mean, r->cos_worst, r->nn_same, r->row.score_error, r->row.seconds);
   }
   printf("\nToken policies evict nothing within a sentence: see kvq dump and kvq eval (docs/EVAL.md).\n");
+  if (non_ascii == 0)
+    printf("Text: %zu bytes, all ASCII, which SentencePiece's NFKC normalization leaves unchanged (docs/MODEL.md).\n",
+           text_bytes);
+  else
+    printf("Text: %zu non-ASCII characters, tokenized without SentencePiece's NFKC normalization (docs/MODEL.md).\n",
+           non_ascii);
   fflush(stdout);
   status = 0;
   if (plot_path && *plot_path) {
