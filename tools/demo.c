@@ -74,21 +74,46 @@ static int parse_u32(const char *s, uint32_t *out) {
   return 0;
 }
 
-/* For each sentence, the index of the most similar other sentence (largest dot product of unit
- * embeddings; ties go to the lower index). */
-static void nearest(const float *e, uint32_t n, uint32_t *out) {
-  for (uint32_t i = 0; i < n; i++) {
-    double best = -INFINITY;
-    uint32_t at = 0;
-    for (uint32_t j = 0; j < n; j++) {
-      if (j == i) continue;
-      double dot = 0;
-      for (uint32_t c = 0; c < KVQ_USE_EMBEDDING_DIM; c++)
-        dot += (double)e[(size_t)i * KVQ_USE_EMBEDDING_DIM + c] * e[(size_t)j * KVQ_USE_EMBEDDING_DIM + c];
-      if (dot > best) best = dot, at = j;
-    }
-    out[i] = at;
+/* The dot product of two embeddings in double, in four partial sums so that the products overlap
+ * instead of waiting on one chain of additions. Symmetric: a * b == b * a in IEEE arithmetic. */
+static double pair_dot(const float *a, const float *b) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (uint32_t c = 0; c < KVQ_USE_EMBEDDING_DIM; c += 4) {
+    s0 += (double)a[c] * b[c];
+    s1 += (double)a[c + 1] * b[c + 1];
+    s2 += (double)a[c + 2] * b[c + 2];
+    s3 += (double)a[c + 3] * b[c + 3];
   }
+  return (s0 + s1) + (s2 + s3);
+}
+
+/* For each sentence, the index of the most similar other sentence (largest dot product of unit
+ * embeddings; ties go to the lower index). Each pair's dot product is computed once and offered to
+ * both sentences, and every sentence sees its candidates in increasing index order, so ties still
+ * go to the lower one; at N = 2000 that halves 4 million dot products per row of the table. */
+static void nearest(const float *e, uint32_t n, uint32_t *out) {
+  const size_t dim = KVQ_USE_EMBEDDING_DIM;
+  double *best = malloc((n ? n : 1) * sizeof *best);
+  for (uint32_t i = 0; i < n; i++) {
+    if (best) best[i] = -INFINITY;
+    out[i] = 0;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (!best) { /* no memory for the pair loop: every pair twice, the same result */
+      double top = -INFINITY;
+      for (uint32_t j = 0; j < n; j++) {
+        const double dot = j == i ? -INFINITY : pair_dot(e + i * dim, e + j * dim);
+        if (dot > top) top = dot, out[i] = j;
+      }
+      continue;
+    }
+    for (uint32_t j = i + 1; j < n; j++) {
+      const double dot = pair_dot(e + i * dim, e + j * dim);
+      if (dot > best[i]) best[i] = dot, out[i] = j;
+      if (dot > best[j]) best[j] = dot, out[j] = i;
+    }
+  }
+  free(best);
 }
 
 typedef struct job {
