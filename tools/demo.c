@@ -30,8 +30,9 @@ static const char *default_methods =
     "polar-b4222,polar-b4222-hadamard-online,"
     "cq-c2-b8-i25,cq-c4-b8-i25";
 
-/* 400 sentences: about 3 minutes for the default methods on an idle 2-core x86-64 (docs/EVAL.md). */
-enum { DEFAULT_SENTENCES = 400, DEFAULT_CALIBRATION = 64 };
+/* 1500 sentences: about 5 minutes for the default methods on an idle 2-core x86-64, estimated from
+ * CPU time measured at 100, 200 and 300 (docs/EVAL.md, "kvq demo"). */
+enum { DEFAULT_SENTENCES = 1500, DEFAULT_CALIBRATION = 64 };
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -51,7 +52,7 @@ static void usage(FILE *f) {
           "              probabilities against exact ones on the same inputs\n"
           "  seconds     wall time of the row (codebook learning included)\n"
           "\n"
-          "  --sentences N    sentences to embed (default %d: about 3 minutes on an idle 2-core machine)\n"
+          "  --sentences N    sentences to embed (default %d: about 5 minutes on an idle 2-core machine)\n"
           "  --methods LIST   comma-separated kvq eval method names, the same for both layers (docs/EVAL.md)\n"
           "                   default: %s\n"
           "  --backend NAME   cpu (default), vulkan, cuda or auto\n"
