@@ -31,7 +31,7 @@ static const char *default_methods =
     "cq-c2-b8-i25,cq-c4-b8-i25";
 
 /* 1500 sentences: about 5 minutes for the default methods on an idle 2-core x86-64, estimated from
- * CPU time measured at 100, 200 and 300 (docs/EVAL.md, "kvq demo"). */
+ * the CPU time measured at 100, 200 and 300 sentences (docs/EVAL.md, "kvq demo"). */
 enum { DEFAULT_SENTENCES = 1500, DEFAULT_CALIBRATION = 64 };
 
 static void usage(FILE *f) {
