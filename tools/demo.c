@@ -33,8 +33,10 @@ static const char *default_methods =
     "cq-c2-b8-i25,cq-c4-b8-i25,"
     "uniform-b4@streaming,uniform-b4@h2o,uniform-b4@qhitter";
 
-/* 400 sentences: about 3 minutes for the default methods on an idle 2-core x86-64 (docs/EVAL.md). */
-enum { DEFAULT_SENTENCES = 400, DEFAULT_CALIBRATION = 64 };
+/* 1500 sentences: about 5 minutes for the default methods on an idle 2-core x86-64, estimated from
+ * the CPU time measured at 100, 200 and 300 sentences, and about 1 more for the three policy rows
+ * (docs/EVAL.md, "kvq demo"). */
+enum { DEFAULT_SENTENCES = 1500, DEFAULT_CALIBRATION = 64 };
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -55,7 +57,7 @@ static void usage(FILE *f) {
           "              probabilities against exact ones on the same inputs\n"
           "  seconds     wall time of the row (codebook learning included)\n"
           "\n"
-          "  --sentences N    sentences to embed (default %d: about 3 minutes on an idle 2-core machine)\n"
+          "  --sentences N    sentences to embed (default %d: about 6 minutes on an idle 2-core machine)\n"
           "  --methods LIST   comma-separated kvq eval method names, the same for both layers (docs/EVAL.md),\n"
           "                   each optionally METHOD@POLICY: streaming, h2o, qhitter or qhitter-l<lambda>\n"
           "                   default: %s\n"
@@ -81,21 +83,46 @@ static int parse_u32(const char *s, uint32_t *out) {
   return 0;
 }
 
-/* For each sentence, the index of the most similar other sentence (largest dot product of unit
- * embeddings; ties go to the lower index). */
-static void nearest(const float *e, uint32_t n, uint32_t *out) {
-  for (uint32_t i = 0; i < n; i++) {
-    double best = -INFINITY;
-    uint32_t at = 0;
-    for (uint32_t j = 0; j < n; j++) {
-      if (j == i) continue;
-      double dot = 0;
-      for (uint32_t c = 0; c < KVQ_USE_EMBEDDING_DIM; c++)
-        dot += (double)e[(size_t)i * KVQ_USE_EMBEDDING_DIM + c] * e[(size_t)j * KVQ_USE_EMBEDDING_DIM + c];
-      if (dot > best) best = dot, at = j;
-    }
-    out[i] = at;
+/* The dot product of two embeddings in double, in four partial sums so that the products overlap
+ * instead of waiting on one chain of additions. Symmetric: a * b == b * a in IEEE arithmetic. */
+static double pair_dot(const float *a, const float *b) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (uint32_t c = 0; c < KVQ_USE_EMBEDDING_DIM; c += 4) {
+    s0 += (double)a[c] * b[c];
+    s1 += (double)a[c + 1] * b[c + 1];
+    s2 += (double)a[c + 2] * b[c + 2];
+    s3 += (double)a[c + 3] * b[c + 3];
   }
+  return (s0 + s1) + (s2 + s3);
+}
+
+/* For each sentence, the index of the most similar other sentence (largest dot product of unit
+ * embeddings; ties go to the lower index). Each pair's dot product is computed once and offered to
+ * both sentences, and every sentence sees its candidates in increasing index order, so ties still
+ * go to the lower one; at N = 2000 that halves 4 million dot products per row of the table. */
+static void nearest(const float *e, uint32_t n, uint32_t *out) {
+  const size_t dim = KVQ_USE_EMBEDDING_DIM;
+  double *best = malloc((n ? n : 1) * sizeof *best);
+  for (uint32_t i = 0; i < n; i++) {
+    if (best) best[i] = -INFINITY;
+    out[i] = 0;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (!best) { /* no memory for the pair loop: every pair twice, the same result */
+      double top = -INFINITY;
+      for (uint32_t j = 0; j < n; j++) {
+        const double dot = j == i ? -INFINITY : pair_dot(e + i * dim, e + j * dim);
+        if (dot > top) top = dot, out[i] = j;
+      }
+      continue;
+    }
+    for (uint32_t j = i + 1; j < n; j++) {
+      const double dot = pair_dot(e + i * dim, e + j * dim);
+      if (dot > best[i]) best[i] = dot, out[i] = j;
+      if (dot > best[j]) best[j] = dot, out[j] = i;
+    }
+  }
+  free(best);
 }
 
 typedef struct job {
@@ -283,6 +310,12 @@ int kvq_cmd_demo(int argc, char **argv) {
   const demo_sentences calibration_set = {ids + sentences_wanted, counts + sentences_wanted, total - sentences_wanted};
   size_t tokens = 0;
   for (uint32_t s = 0; s < measured.count; s++) tokens += counts[s] < 128 ? counts[s] : 128;
+  /* SentencePiece normalizes text to NFKC first, model/tokenizer.c does not: NFKC leaves ASCII as it
+   * is, so the table says whether the text holds anything else (UTF-8 lead bytes >= 0x80) */
+  size_t non_ascii = 0, text_bytes = 0;
+  for (uint32_t s = 0; s < total; s++)
+    for (const unsigned char *c = (const unsigned char *)text.sentences[s]; *c; c++, text_bytes++)
+      non_ascii += *c >= 0xc0; /* one per character: its UTF-8 lead byte (continuation bytes are 0x80-0xbf) */
   /* the rows: the reference, then each method */
   uint32_t method_count = 1;
   for (const char *c = methods; *c; c++) method_count += *c == ',';
@@ -374,6 +407,12 @@ int kvq_cmd_demo(int argc, char **argv) {
                budget);
       printf("  %-30s %5.1f%% of the tokens kept\n", results[m].name, 100.0 * results[m].row.kept_share);
     }
+  if (non_ascii == 0)
+    printf("Text: %zu bytes, all ASCII, which SentencePiece's NFKC normalization leaves unchanged (docs/MODEL.md).\n",
+           text_bytes);
+  else
+    printf("Text: %zu non-ASCII characters, tokenized without SentencePiece's NFKC normalization (docs/MODEL.md).\n",
+           non_ascii);
   fflush(stdout);
   status = 0;
   if (plot_path && *plot_path) {
