@@ -57,7 +57,7 @@ static void usage(FILE *f) {
           "              probabilities against exact ones on the same inputs\n"
           "  seconds     wall time of the row (codebook learning included)\n"
           "\n"
-          "  --sentences N    sentences to embed (default %d: about 7 minutes on an idle 2-core machine)\n"
+          "  --sentences N    sentences to embed (default %d: about 7.5 minutes on an idle 2-core machine)\n"
           "  --methods LIST   comma-separated kvq eval method names, the same for both layers (docs/EVAL.md),\n"
           "                   each optionally METHOD@POLICY: streaming, h2o, qhitter or qhitter-l<lambda>\n"
           "                   default: %s\n"
