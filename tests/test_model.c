@@ -14,20 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "use.h"
+#include "model_tap.h"
 
-static int test_number = 0, failures = 0;
-
-static void check(int ok, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *format, ...) {
-  va_list args;
-  va_start(args, format);
-  printf("%s %d - ", ok ? "ok" : "not ok", ++test_number);
-  vprintf(format, args);
-  printf("\n");
-  va_end(args);
-  if (!ok) failures++;
-}
 
 static double cosine(const float *a, const float *b) {
   double s = 0, na = 0, nb = 0;
@@ -383,20 +371,10 @@ static void test_bad_files(const char *model_dir) {
 }
 
 int main(void) {
-  char dir[4096], probe[4200];
-  struct stat st;
-  if (kvq_use_default_dir(dir, sizeof dir) != KVQ_OK ||
-      (snprintf(probe, sizeof probe, "%s/model.json", dir), stat(probe, &st) != 0)) {
-    printf("1..1\nok 1 # SKIP model not fetched (scripts/fetch-model.sh)\n");
-    return 0;
-  }
-  kvq_use_model *m = NULL;
-  char message[1024];
-  kvq_status status = kvq_use_load(dir, &m, message, sizeof message);
-  if (status != KVQ_OK) {
-    printf("1..1\nnot ok 1 - loading the model from %s: %s\n", dir, message);
-    return 1;
-  }
+  char dir[4096];
+  int exit_code;
+  kvq_use_model *m = model_tap_load(dir, sizeof dir, &exit_code);
+  if (!m) return exit_code;
   test_cosines(m);
   test_tokenizer(m);
   test_kvq_exact(m);
@@ -404,6 +382,5 @@ int main(void) {
   test_compressed(m);
   kvq_use_free(m);
   test_bad_files(dir);
-  printf("1..%d\n", test_number);
-  return failures ? 1 : 0;
+  return model_tap_finish();
 }

@@ -15,22 +15,10 @@
 
 #include "method_spec.h"
 #include "model_bounds.h"
-#include "use.h"
+#include "model_tap.h"
 
 enum { PAGE = 16 /* model/attention_kvq.c's pages */, CAP = 128 * KVQ_USE_HEADS * 128 };
 
-static int test_number = 0, failures = 0;
-
-static void check(int ok, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *format, ...) {
-  va_list args;
-  va_start(args, format);
-  printf("%s %d - ", ok ? "ok" : "not ok", ++test_number);
-  vprintf(format, args);
-  printf("\n");
-  va_end(args);
-  if (!ok) failures++;
-}
 
 static void skip(const char *why) { printf("ok %d # SKIP %s\n", ++test_number, why); }
 
@@ -470,19 +458,10 @@ static void test_vulkan(const kvq_use_model *m, const char *const *specs, size_t
 }
 
 int main(void) {
-  char dir[4096], probe[4200];
-  struct stat st;
-  if (kvq_use_default_dir(dir, sizeof dir) != KVQ_OK ||
-      (snprintf(probe, sizeof probe, "%s/model.json", dir), stat(probe, &st) != 0)) {
-    printf("1..1\nok 1 # SKIP model not fetched (scripts/fetch-model.sh)\n");
-    return 0;
-  }
-  kvq_use_model *m = NULL;
-  char message[1024];
-  if (kvq_use_load(dir, &m, message, sizeof message) != KVQ_OK) {
-    printf("1..1\nnot ok 1 - loading the model from %s: %s\n", dir, message);
-    return 1;
-  }
+  char dir[4096];
+  int exit_code;
+  kvq_use_model *m = model_tap_load(dir, sizeof dir, &exit_code);
+  if (!m) return exit_code;
   /* kvq demo's default methods: every method family at the bit widths the demo uses */
   static const char *const specs[] = {"exact-f16", "exact-bf16", "qjl-m256-k8/uniform-b4", "qjl-m256-k8/uniform-b2",
                                       "uniform-b4", "uniform-b2", "kivi-b4/uniform-b4", "kivi-b2/uniform-b2",
@@ -498,6 +477,5 @@ int main(void) {
   for (int s = 0; s < MEASURED; s++) capture_free(&measured[s]);
   for (int s = 0; s < CALIBRATION; s++) capture_free(&cal[s]);
   kvq_use_free(m);
-  printf("1..%d\n", test_number);
-  return failures ? 1 : 0;
+  return model_tap_finish();
 }
