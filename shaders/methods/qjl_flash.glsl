@@ -2,15 +2,22 @@
 // workgroup scores its split's quantized tokens with the estimator of core/methods/qjl.h through
 // lookup tables of signed sums (kvq_qjl_nibble_entry), instead of each token re-deriving the query's
 // sketch parts (k outlier columns of S and S_o per 4 rows, read from global memory) for each head.
-// Per sketch part, quad of heads of the pass and chunk of sketch rows (KVQ_QJL_FLASH_ROWS / sets,
-// at least 32):
-//   1. the query parts of the chunk's rows for the quad's 4 heads, once per page of the split (the
-//      pages' outlier lists differ; without outliers every page's parts are S q's, so one set), a
-//      row of every head per invocation;
-//   2. their tables, 16 entries per 4 rows, each entry a vec4 of the 4 heads' signed sums;
-//   3. each token adds its rows / 4 table entries (a nibble of its sign words each) to a vec4 sum:
+// First, the pages' outlier lists and the query's values at those channels (a vec4 of the quad's
+// 4 heads per channel) into shared memory. Then per sketch part, quad of heads of the pass and chunk
+// of sketch rows (KVQ_QJL_FLASH_ROWS / sets, at least 32):
+//   1. per group of 4 rows and page of the split (the pages' outlier lists differ; without
+//      outliers every page's parts are S q's, so one set), one invocation computes the 4 rows'
+//      query parts for the quad's 4 heads (S's outlier columns read once for the 4 heads, the list
+//      and the query's values once for the 4 rows) and from them, in registers, the group's table:
+//      16 entries, each a vec4 of the 4 heads' signed sums;
+//   2. each token adds its rows / 4 table entries (a nibble of its sign words each) to a vec4 sum:
 //      one load per nibble for 4 heads, where llvmpipe, which runs each divergent load lane by lane
 //      (docs/VULKAN.md), paid one load per nibble and head with a table per head.
+// Parts in registers, not in shared memory between a pass that computes them row by row and one
+// that builds the tables: with outliers, loading the query's values 4 heads at a time and the parts
+// not at all is most of what took QJL k = 8 from 0.52x to about 0.7x exact fp16's time per fused call
+// on lavapipe (docs/BENCH.md, "QJL outliers"). On a GPU only sets x chunk / 4 invocations (32 of 64)
+// build tables, for a step that is short next to the lookups.
 // Each head's sum takes the same entries in the same order as with a table per head, so the logits
 // are the same floats. Rounding: core/methods/qjl.h says why docs/ACCURACY.md's QJL bound covers the
 // tables' order.
@@ -18,17 +25,94 @@
 // entries that the workgroup builds for the tokens of one page, more work per token than the 8
 // lookups it saves; and a nibble table holds for any subgroup size, unlike broadcasting the parts.
 // Loops whose trip count is not constant, for lavapipe's loop limit (docs/VULKAN.md), per
-// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x (parts (<= 2) x (k + 1) + 6),
-// at most 2 x 2 x 32 x 72 = 9216 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with
-// a table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 24 =
-// 192 at m = m_o = 256, k = 8, 32-token pages and 4 heads.
+// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x ((k + 3) + (chunk / 32 + 1)) (one
+// group per invocation and chunk: sets x chunk / 4 <= 32; the token's sign words of the chunk), at
+// most 2 x 2 x 32 x 40 = 5120 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
+// table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 14 =
+// 112 at m = m_o = 256, k = 8, 32-token pages and 4 heads; and the lists' loop, at most 2 x 3 trips.
 #define KVQ_FLASH_SPLIT_SCORES
 
 #define KVQ_QJL_FLASH_ROWS 128u                                 // sketch rows x sets of one chunk
 #define KVQ_QJL_FLASH_PAGES (KVQ_FLASH_SPLIT / KVQ_MIN_PAGE_SIZE) // pages a split spans at most
 shared uint kvq_qjl_lists[KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];   // 512 bytes
-shared vec4 kvq_qjl_parts[KVQ_QJL_FLASH_ROWS];                        // 2 KiB: [set][row], 4 heads
+// the query's values at the pages' outlier channels, [quad][page][j]: 4 KiB
+shared vec4 kvq_qjl_query[KVQ_FLASH_HEADS_PER_PASS / 4u * KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];
 shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 16u];            // 8 KiB: [set][group][nibble], 4 heads
+
+// One sketch part's terms of the logits (outer = 1: the outlier sketch S_o), added to logit (outer =
+// 0 sets them). Called with a constant outer, so that every choice between the sketches (the matrix,
+// the sign words' and norms' offsets, the part's formula) is made at compile time: llvmpipe runs
+// both sides of a branch on a value it cannot see is constant (QJL k = 8's fused call on lavapipe:
+// 213 to 193 CPU ms, docs/BENCH.md, "QJL outliers").
+void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine, uint block, uint tp, uint set,
+                        uint row0, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
+  uint lane = gl_LocalInvocationID.x, P = pc.page_size, d = pc.head_dim, m = pc.sketch_dim;
+  uint mo = pc.outlier_sketch_dim, k = pc.outliers;
+  float c_d = uintBitsToFloat(pc.constant_bits);
+  uint rows = outer != 0u ? mo : m;
+  uint words = mine ? kvq_qjl_sign_word_at(block, outer, tp, 0u, P, m, mo) : 0u;
+  float norm = mine ? kvq_qjl_norm(block, outer, tp, P, m, mo, k) : 0.0;
+  for (uint h4 = 0u; h4 < heads; h4 += 4u) { // quads of heads
+    vec4 sum = vec4(0.0);
+    for (uint c0 = 0u; c0 < rows; c0 += chunk) {
+      barrier(); // the lists and the query's values are in place; the previous chunk's readers of the tables are done
+      uint used = min(rows - c0, chunk), groups = used / 4u; // used: a multiple of 32, as sketch dimensions are
+      for (uint i = lane; i < sets * groups; i += KVQ_GPU_GROUP_SIZE) { // group i: set i / groups, 4 rows from row
+        uint set_i = i / groups, row = c0 + 4u * (i % groups), q_at = (h4 / 4u * KVQ_QJL_FLASH_PAGES + set_i) * KVQ_MAX_OUTLIERS;
+        // the 4 rows' parts for the quad's heads: S[row][c] read once for the 4 heads, each head's
+        // products those of kvq_qjl_outlier_product summed over the list in order, and the list's
+        // channel and the query there read once for the 4 rows
+        vec4 o0 = vec4(0.0), o1 = vec4(0.0), o2 = vec4(0.0), o3 = vec4(0.0);
+        for (uint j = 0u; j < k; j++) { // queries are fp32 here (flash_logits.comp): no KVQ_IN, whose fp16 path loops
+          uint c = kvq_qjl_lists[set_i * KVQ_MAX_OUTLIERS + j];
+          vec4 qc = kvq_qjl_query[q_at + j];
+          o0 += kvq_qjl_sketch(outer, row, c, d) * qc;
+          o1 += kvq_qjl_sketch(outer, row + 1u, c, d) * qc;
+          o2 += kvq_qjl_sketch(outer, row + 2u, c, d) * qc;
+          o3 += kvq_qjl_sketch(outer, row + 3u, c, d) * qc;
+        }
+        vec4 p0 = vec4(0.0), p1 = vec4(0.0), p2 = vec4(0.0), p3 = vec4(0.0);
+        for (uint g = 0u; g < 4u; g++) { // constant trips (unrolled); heads past the pass's stay 0
+          if (h4 + g >= heads) continue;
+          uint at = (row0 + h4 + g) * kvq_prepared_floats();
+          p0[g] = kvq_qjl_query_part_from(outer, row, at, o0[g]);
+          p1[g] = kvq_qjl_query_part_from(outer, row + 1u, at, o1[g]);
+          p2[g] = kvq_qjl_query_part_from(outer, row + 2u, at, o2[g]);
+          p3[g] = kvq_qjl_query_part_from(outer, row + 3u, at, o3[g]);
+        }
+        // the group's table, straight from the parts (no barrier between parts and tables):
+        // kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads at once, each partial
+        // sum formed once for the entries that share it (the same operations: the same floats)
+        vec4 t0 = -p3 - p2, t1 = -p3 + p2, t2 = p3 - p2, t3 = p3 + p2;
+        vec4 m0 = t0 - p1, m1 = t0 + p1, m2 = t1 - p1, m3 = t1 + p1, m4 = t2 - p1, m5 = t2 + p1, m6 = t3 - p1, m7 = t3 + p1;
+        uint e = i * 16u;
+        kvq_qjl_tables[e] = m0 - p0, kvq_qjl_tables[e + 1u] = m0 + p0, kvq_qjl_tables[e + 2u] = m1 - p0;
+        kvq_qjl_tables[e + 3u] = m1 + p0, kvq_qjl_tables[e + 4u] = m2 - p0, kvq_qjl_tables[e + 5u] = m2 + p0;
+        kvq_qjl_tables[e + 6u] = m3 - p0, kvq_qjl_tables[e + 7u] = m3 + p0, kvq_qjl_tables[e + 8u] = m4 - p0;
+        kvq_qjl_tables[e + 9u] = m4 + p0, kvq_qjl_tables[e + 10u] = m5 - p0, kvq_qjl_tables[e + 11u] = m5 + p0;
+        kvq_qjl_tables[e + 12u] = m6 - p0, kvq_qjl_tables[e + 13u] = m6 + p0, kvq_qjl_tables[e + 14u] = m7 - p0;
+        kvq_qjl_tables[e + 15u] = m7 + p0;
+      }
+      barrier();
+      if (mine) { // set s's groups start at s * used / 4
+        uint table = set * used * 4u;
+        // a loop to used / 32 rather than a guarded loop of constant bound: llvmpipe would run the
+        // guarded-off words' lookups masked (k = 8: 16 of 32 per chunk; 193 to 183 CPU ms)
+        for (uint w = 0u; w < used / 32u; w++) {
+          uint bits = pages[words + c0 / 32u + w];
+          for (uint j = 0u; j < 8u; j++) sum += kvq_qjl_tables[table + (w * 8u + j) * 16u + ((bits >> (4u * j)) & 15u)];
+        }
+      }
+    }
+    if (mine) {
+      for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) { // constant indices into logit
+        if (g < h4 || g >= h4 + 4u || g >= heads) continue;
+        float e = kvq_qjl_estimate(c_d, rows, norm, sum[g - h4]);
+        logit[g] = outer == 0u ? e : logit[g] + e;
+      }
+    }
+  }
+}
 
 // logit[g] = q.k_t by the estimator for the invocation's token t = first + lane where it is visible
 // and quantized, for each head g < heads of the pass (query row r, heads h0 ..); other tokens' logits
@@ -46,63 +130,17 @@ void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, b
   bool mine = visible && t < quantized;
   uint block = mine ? kvq_slot_block(t, kvh) : 0u, tp = t % P;
   uint set = k > 0u ? (t - first) / span : 0u;
-  for (uint i = lane; i < npages * k; i += KVQ_GPU_GROUP_SIZE) { // the pages' outlier lists
-    uint page = i / k, at = kvq_qjl_list_at(kvq_slot_block(first + page * span, kvh), P, m, mo, k);
-    kvq_qjl_lists[page * KVQ_MAX_OUTLIERS + i % k] = kvq_io_u8(at + i % k);
-  }
   uint row0 = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0; // the pass's first query row
-  float c_d = uintBitsToFloat(pc.constant_bits);
-  for (uint outer = 0u; outer < (k > 0u ? 2u : 1u); outer++) {
-    uint rows = outer != 0u ? mo : m;
-    uint words = mine ? kvq_qjl_sign_word_at(block, outer, tp, 0u, P, m, mo) : 0u;
-    float norm = mine ? kvq_qjl_norm(block, outer, tp, P, m, mo, k) : 0.0;
-    for (uint h4 = 0u; h4 < heads; h4 += 4u) { // quads of heads
-      vec4 sum = vec4(0.0);
-      for (uint c0 = 0u; c0 < rows; c0 += chunk) {
-        barrier(); // the lists are in place; the previous chunk's readers of parts and tables are done
-        uint used = min(rows - c0, chunk); // a multiple of 32: sketch dimensions are
-        for (uint i = lane; i < sets * used; i += KVQ_GPU_GROUP_SIZE) { // parts: set i / used, row c0 + i % used
-          uint s = i / used, row = c0 + i % used;
-          // S[row][c] read once for the quad's heads (each head's products those of
-          // kvq_qjl_outlier_product, summed over the list in order); a slot past the pass's heads
-          // reads the last head's query and is not used
-          vec4 outliers = vec4(0.0), part = vec4(0.0);
-          for (uint j = 0u; j < k; j++) { // queries are fp32 here (flash_logits.comp): no KVQ_IN, whose fp16 path loops
-            uint c = kvq_qjl_lists[s * KVQ_MAX_OUTLIERS + j];
-            kvq_acc s_rc = kvq_qjl_sketch(outer, row, c, d);
-            for (uint g = 0u; g < 4u; g++) outliers[g] += s_rc * uintBitsToFloat(src[(row0 + min(h4 + g, heads - 1u)) * d + c]);
-          }
-          for (uint g = 0u; g < 4u; g++) // constant trips (unrolled); heads past the pass's stay 0
-            if (h4 + g < heads) part[g] = kvq_qjl_query_part_from(outer, row, (row0 + h4 + g) * kvq_prepared_floats(), outliers[g]);
-          kvq_qjl_parts[i] = part;
-        }
-        barrier();
-        for (uint i = lane; i < sets * used; i += KVQ_GPU_GROUP_SIZE) { // tables: 4 entries of group i / 4, its parts read once
-          uint at = (i / 4u) * 4u, v0 = (i % 4u) * 4u;
-          vec4 p0 = kvq_qjl_parts[at], p1 = kvq_qjl_parts[at + 1u], p2 = kvq_qjl_parts[at + 2u], p3 = kvq_qjl_parts[at + 3u];
-          for (uint y = 0u; y < 4u; y++) {
-            vec4 e;
-            for (uint g = 0u; g < 4u; g++) e[g] = kvq_qjl_nibble_entry(v0 + y, p0[g], p1[g], p2[g], p3[g]);
-            kvq_qjl_tables[at * 4u + v0 + y] = e;
-          }
-        }
-        barrier();
-        if (mine) { // set s's groups start at s * used / 4; constant trip counts (unrolled, guarded)
-          uint table = set * used * 4u;
-          for (uint w = 0u; w < KVQ_QJL_FLASH_ROWS / 32u; w++) {
-            if (w * 32u >= used) continue;
-            uint bits = pages[words + c0 / 32u + w];
-            for (uint j = 0u; j < 8u; j++) sum += kvq_qjl_tables[table + (w * 8u + j) * 16u + ((bits >> (4u * j)) & 15u)];
-          }
-        }
-      }
-      if (mine) {
-        for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) { // constant indices into logit
-          if (g < h4 || g >= h4 + 4u || g >= heads) continue;
-          float e = kvq_qjl_estimate(c_d, rows, norm, sum[g - h4]);
-          logit[g] = outer == 0u ? e : logit[g] + e;
-        }
-      }
+  for (uint i = lane; i < npages * k; i += KVQ_GPU_GROUP_SIZE) { // the pages' outlier lists and the query there
+    uint page = i / k, at = kvq_qjl_list_at(kvq_slot_block(first + page * span, kvh), P, m, mo, k);
+    uint c = kvq_io_u8(at + i % k);
+    kvq_qjl_lists[page * KVQ_MAX_OUTLIERS + i % k] = c;
+    for (uint h4 = 0u; h4 < heads; h4 += 4u) {
+      vec4 qc; // a slot past the pass's heads reads the last head's query and is not used
+      for (uint g = 0u; g < 4u; g++) qc[g] = uintBitsToFloat(src[(row0 + min(h4 + g, heads - 1u)) * d + c]);
+      kvq_qjl_query[(h4 / 4u * KVQ_QJL_FLASH_PAGES + page) * KVQ_MAX_OUTLIERS + i % k] = qc;
     }
   }
+  kvq_qjl_flash_part(0u, heads, sets, chunk, mine, block, tp, set, row0, logit);
+  if (k > 0u) kvq_qjl_flash_part(1u, heads, sets, chunk, mine, block, tp, set, row0, logit);
 }
