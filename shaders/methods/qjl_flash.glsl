@@ -13,11 +13,11 @@
 //   2. each token adds its rows / 4 table entries (a nibble of its sign words each) to a vec4 sum:
 //      one load per nibble for 4 heads, where llvmpipe, which runs each divergent load lane by lane
 //      (docs/VULKAN.md), paid one load per nibble and head with a table per head.
-// Parts in registers, not in shared memory between a pass that computes them row by row and one
-// that builds the tables: with outliers, loading the query's values 4 heads at a time and the parts
-// not at all is most of what took QJL k = 8 from 0.52x to about 0.7x exact fp16's time per fused call
-// on lavapipe (docs/BENCH.md, "QJL outliers"). On a GPU only sets x chunk / 4 invocations (32 of 64)
-// build tables, for a step that is short next to the lookups.
+// Parts in registers, not in shared memory between a loop that computes them row by row and one
+// that builds the tables, and the query's values read 4 heads at a time from shared memory: with
+// outliers (k = 8) 309 -> 213 CPU ms per fused call on lavapipe, and with the two choices below 183,
+// against exact fp16's 158 (docs/BENCH.md, "QJL outliers on the fused path"). On a GPU only sets x
+// chunk / 4 invocations (32 of 64) build tables, a step that is short next to the lookups.
 // Each head's sum takes the same entries in the same order as with a table per head, so the logits
 // are the same floats. Rounding: core/methods/qjl.h says why docs/ACCURACY.md's QJL bound covers the
 // tables' order.
@@ -43,7 +43,7 @@ shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 16u];            // 8 KiB: 
 // 0 sets them). Called with a constant outer, so that every choice between the sketches (the matrix,
 // the sign words' and norms' offsets, the part's formula) is made at compile time: llvmpipe runs
 // both sides of a branch on a value it cannot see is constant (QJL k = 8's fused call on lavapipe:
-// 213 to 193 CPU ms, docs/BENCH.md, "QJL outliers").
+// 213 to 193 CPU ms, docs/BENCH.md, "QJL outliers on the fused path").
 void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine, uint block, uint tp, uint set,
                         uint row0, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
   uint lane = gl_LocalInvocationID.x, P = pc.page_size, d = pc.head_dim, m = pc.sketch_dim;
