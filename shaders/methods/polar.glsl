@@ -35,7 +35,10 @@ uint polar_tables(uint block) {
 // arithmetic is SIMD, so the steps below are shaped to load less per token:
 // - dense rotation: an invocation computes a block of POLAR_R rows for the T tokens, so each load
 //   of a matrix entry serves T products and each load of an input POLAR_R (1.25 loads per product
-//   with one row per invocation and T = 4, 0.375 here); four matrix floats per load.
+//   with one row per invocation and T = 4, 0.25 here); four matrix floats per load. Eight rows
+//   took 10 to 13% less CPU per append on lavapipe than four (docs/BENCH.md, "PolarQuant appends:
+//   where the QUANTIZE shader's time goes"; sixteen no less than four: the accumulators then live
+//   in memory); at d 128 it leaves 16 of the 64 invocations the rotation.
 // - levels: an invocation decides the codes of one 32-bit word of codes (32 / bits codes, kept in
 //   order) with the level's codebook (up to POLAR_K entries) loaded once into registers, and stores
 //   the word with one atomicOr, instead of reading two table floats per candidate per angle and an
@@ -48,7 +51,7 @@ uint polar_tables(uint block) {
 // entries (in place, angle a would overwrite entry a while another invocation still reads it).
 #define POLAR_T KVQ_POLAR_GROUP_TOKENS
 #define POLAR_A KVQ_MAX_HEAD_DIM
-#define POLAR_R 4u  // dense rows per invocation block (d is a multiple of 16)
+#define POLAR_R 8u  // dense rows per invocation block (d is a multiple of 16)
 #define POLAR_K 16u // codebooks of up to 4 bits go to registers (b4222's largest, 16 centroids)
 shared float polar_s[2u * POLAR_T * POLAR_A];
 #define KVQ_ENCODES_BY_WORKGROUP
