@@ -128,7 +128,7 @@ Test(gpu, odd_sizes_agree_with_the_cpu, .timeout = 900) {
 
 /*
  * PolarQuant at the largest head_dim (256): the Vulkan backend encodes KVQ_POLAR_GROUP_TOKENS tokens
- * per workgroup (shaders/methods/polar.glsl), so this covers four dense rows per invocation, its
+ * per workgroup (shaders/methods/polar.glsl), so this covers eight dense rows per invocation, its
  * shared memory at its largest, units cut short by the valid count (a page + 7 and 2 tokens) and
  * the worst case for the loop limit (docs/VULKAN.md: 8 bits at every level). Dense 8 levels keys,
  * Hadamard 3 levels values, fp16 and fp32 inputs. On lavapipe, the encoder of one token per

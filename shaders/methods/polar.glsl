@@ -35,7 +35,10 @@ uint polar_tables(uint block) {
 // arithmetic is SIMD, so the steps below are shaped to load less per token:
 // - dense rotation: an invocation computes a block of POLAR_R rows for the T tokens, so each load
 //   of a matrix entry serves T products and each load of an input POLAR_R (1.25 loads per product
-//   with one row per invocation and T = 4, 0.375 here); four matrix floats per load.
+//   with one row per invocation and T = 4, 0.25 here); four matrix floats per load. Eight rows
+//   took 10 to 13% less CPU per append on lavapipe than four (docs/BENCH.md, "PolarQuant appends:
+//   where the QUANTIZE shader's time goes"; sixteen no less than four: the accumulators then live
+//   in memory); at d 128 it leaves 16 of the 64 invocations the rotation.
 // - levels: an invocation decides the codes of one 32-bit word of codes (32 / bits codes, kept in
 //   order) with the level's codebook (up to POLAR_K entries) loaded once into registers, and stores
 //   the word with one atomicOr, instead of reading two table floats per candidate per angle and an
@@ -48,7 +51,7 @@ uint polar_tables(uint block) {
 // entries (in place, angle a would overwrite entry a while another invocation still reads it).
 #define POLAR_T KVQ_POLAR_GROUP_TOKENS
 #define POLAR_A KVQ_MAX_HEAD_DIM
-#define POLAR_R 4u  // dense rows per invocation block (d is a multiple of 16)
+#define POLAR_R 8u  // dense rows per invocation block (d is a multiple of 16)
 #define POLAR_K 16u // codebooks of up to 4 bits go to registers (b4222's largest, 16 centroids)
 shared float polar_s[2u * POLAR_T * POLAR_A];
 #define KVQ_ENCODES_BY_WORKGROUP
@@ -75,27 +78,15 @@ uint polar_at(uint which, uint k) { return which == 0u ? (POLAR_T + k) * POLAR_A
 // kvq_polar_boundaries_passed's count above), stored where kvq_io_put_code stores it (code i at word
 // i / (32 / b), bit (i % (32 / b)) b). An invocation takes the whole words of [lo, hi) in turn; words at
 // its ends are shared with the neighbouring units, hence the atomicOr into the zeroed page. The
-// level's centroids (level 1: cos, sin) or boundaries (above: cos^2, sin^2) go into registers when
-// `slots` (a constant at every call: 4 or POLAR_K) holds its 2^b of them, and the search runs over
-// those slots only (constant trip counts, [[unroll]]: the arrays stay registers); slots 0: the
-// table's own search, as the CPU (kvq_polar_nearest, kvq_polar_boundaries_passed).
+// level's centroids (level 1: cos, sin) or boundaries (above: cos^2, sin^2) come in registers
+// (polar_codebook, once per level); where `slots` (a constant at every call: 4 or POLAR_K) holds its
+// 2^b of them, the search runs over those slots only (constant trip counts, [[unroll]]: the arrays
+// stay registers); slots 0: the table's own search, as the CPU (kvq_polar_nearest,
+// kvq_polar_boundaries_passed).
 void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo, uint hi, uint t0, uint angles, uint b,
-                 uint table, uint codes) {
+                 uint table, uint codes, float cb0[POLAR_K], float cb1[POLAR_K]) {
   uint lane = gl_LocalInvocationID.x, lanes = gl_WorkGroupSize.x, K = 1u << b, cpw = 32u / b;
   uint first_word = lo / cpw, end_word = run ? (hi - 1u) / cpw + 1u : 0u;
-  float cb0[POLAR_K], cb1[POLAR_K];
-  [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
-    cb0[j] = 0.0;
-    cb1[j] = 0.0;
-  }
-  if (first_word + lane < end_word) {
-    uint at = nearest ? table : table + 2u * K;
-    [[unroll]] for (uint j = 0u; j < slots; j++)
-      if (j < K) {
-        cb0[j] = KVQ_POLAR_TABLE(at + 2u * j);
-        cb1[j] = KVQ_POLAR_TABLE(at + 2u * j + 1u);
-      }
-  }
   for (uint w = first_word + lane; w < end_word; w += lanes) {
     uint i = max(w * cpw, lo), end = min(w * cpw + cpw, hi), k = i / angles - t0, a = i % angles, word = 0u;
     for (; i < end; i++) {
@@ -127,6 +118,20 @@ void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo,
   }
 }
 
+// The first POLAR_K entries of a level's codebook (two floats each from element `at` of fixed1; slots
+// past its K hold its last entry, which no search reads) into registers for polar_level: once per
+// level, by every invocation and unconditionally. Loaded inside each search's call under its `run`
+// condition, as before, llvmpipe ran the loads of the four calls not taken too (a branch's sides
+// all run, masked, and a masked load still walks the lanes one by one): 80 loads per level and
+// invocation instead of 32.
+void polar_codebook(uint at, uint K, out float cb0[POLAR_K], out float cb1[POLAR_K]) {
+  [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
+    uint e = at + 2u * min(j, K - 1u);
+    cb0[j] = KVQ_POLAR_TABLE(e);
+    cb1[j] = KVQ_POLAR_TABLE(e + 1u);
+  }
+}
+
 void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   uint lane = gl_LocalInvocationID.x, lanes = gl_WorkGroupSize.x, d = pc.head_dim, L = pc.levels;
   uint P = pc.page_size, bits = pc.level_bits, tables = polar_tables(block), stride = pc.kv_heads * d;
@@ -135,11 +140,10 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   if (pc.rotation == KVQ_LAYOUT_ROTATION_DENSE) {
     // The inputs into region 1 (zeros past the valid tokens, whose results are never stored), then
     // rows [i, i + POLAR_R) of every token: kvq_polar_rotate_row's steps (kvq_polar_row_term), c
-    // increasing, for each row and token on its own.
-    for (uint e = lane; e < POLAR_T * d; e += lanes) {
-      uint k = e / d, c = e % d;
-      polar_s[polar_at(1u, k) + c] = k < tokens ? KVQ_IN(x + (t0 + k) * stride + c) : 0.0;
-    }
+    // increasing, for each row and token on its own. The staging takes channels lane, lane + lanes,
+    // .. of each token in turn: no division per element (llvmpipe divides lane by lane).
+    for (uint k = 0u; k < POLAR_T; k++)
+      for (uint c = lane; c < d; c += lanes) polar_s[polar_at(1u, k) + c] = k < tokens ? KVQ_IN(x + (t0 + k) * stride + c) : 0.0;
     polar_sync();
     for (uint i = lane * POLAR_R; i < d; i += lanes * POLAR_R) {
       precise float p[POLAR_R * POLAR_T]; // row i + r of token k at r * POLAR_T + k
@@ -167,10 +171,9 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   } else {
     // The signs, then each butterfly stage shared (one stage's butterflies touch disjoint entries;
     // a barrier between stages), then the scale.
-    for (uint e = lane; e < POLAR_T * d; e += lanes) {
-      uint k = e / d, c = e % d;
-      polar_s[polar_at(0u, k) + c] = k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0;
-    }
+    for (uint k = 0u; k < POLAR_T; k++)
+      for (uint c = lane; c < d; c += lanes)
+        polar_s[polar_at(0u, k) + c] = k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0;
     polar_sync();
     for (uint len = 1u; len < d; len <<= 1u) {
       for (uint e = lane; e < POLAR_T * (d / 2u); e += lanes) {
@@ -183,11 +186,12 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
       polar_sync();
     }
     float scale = kvq_hadamard_scale(d);
-    for (uint e = lane; e < POLAR_T * d; e += lanes) {
-      uint j = polar_at(0u, e / d) + e % d;
-      precise float scaled = KVQ_FMUL(polar_s[j], scale);
-      polar_s[j] = scaled;
-    }
+    for (uint k = 0u; k < POLAR_T; k++)
+      for (uint c = lane; c < d; c += lanes) {
+        uint j = polar_at(0u, k) + c;
+        precise float scaled = KVQ_FMUL(polar_s[j], scale);
+        polar_s[j] = scaled;
+      }
   }
   polar_sync();
   // Level by level (polar_level), the two regions taking turns as each level's input.
@@ -201,11 +205,13 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
     // conditions are uniform, but llvmpipe runs every side of a branch under a mask: the calls not
     // taken still run, each for one masked trip of its loops (the work sits inside them).
     bool small = K <= 4u, large = !small && K <= POLAR_K;
-    polar_level(small && l == 1u, 4u, true, l, from, lo, hi, t0, angles, b, table, codes);
-    polar_level(small && l > 1u, 4u, false, l, from, lo, hi, t0, angles, b, table, codes);
-    polar_level(large && l == 1u, POLAR_K, true, l, from, lo, hi, t0, angles, b, table, codes);
-    polar_level(large && l > 1u, POLAR_K, false, l, from, lo, hi, t0, angles, b, table, codes);
-    polar_level(K > POLAR_K, 0u, l == 1u, l, from, lo, hi, t0, angles, b, table, codes);
+    float cb0[POLAR_K], cb1[POLAR_K];
+    polar_codebook(l == 1u ? table : table + 2u * K, K, cb0, cb1);
+    polar_level(small && l == 1u, 4u, true, l, from, lo, hi, t0, angles, b, table, codes, cb0, cb1);
+    polar_level(small && l > 1u, 4u, false, l, from, lo, hi, t0, angles, b, table, codes, cb0, cb1);
+    polar_level(large && l == 1u, POLAR_K, true, l, from, lo, hi, t0, angles, b, table, codes, cb0, cb1);
+    polar_level(large && l > 1u, POLAR_K, false, l, from, lo, hi, t0, angles, b, table, codes, cb0, cb1);
+    polar_level(K > POLAR_K, 0u, l == 1u, l, from, lo, hi, t0, angles, b, table, codes, cb0, cb1);
     polar_sync();
     from = 1u - from;
   }
