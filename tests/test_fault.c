@@ -21,58 +21,16 @@
  * A plain TAP program (as tests/test_threads.c): everything runs in one process, on one thread (the
  * fault counter counts on the calling thread's order).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/fault.h"
 #include "core/internal.h"
+#include "fault_fixture.h"
 #include "kvq/kvq.h"
 #ifdef KVQ_HAVE_VULKAN
 #include <volk.h>
 #endif
-
-/* Small sizes: every point of a scenario runs the whole setup again, and the emulated CUDA backend
- * runs a CPU thread per CUDA thread. 48 tokens in pages of 16 with a window of 16: quantized pages, a
- * full-precision window, and (H2O, 4 sinks, 16 + 16 recent, 4 heavy) 12 candidates of which 8 go. */
-enum { HQ = 2, HKV = 1, D = 32, PAGE = 16, WINDOW = 16, TOKENS = 48, MORE = 24, NQ = 2 };
-enum { KV_FLOATS = (TOKENS + MORE) * HKV * D, Q_FLOATS = NQ * HQ * D, MAX_FAILURES_SHOWN = 12 };
-
-static float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
-
-static void fill_inputs(void) {
-  uint32_t x = 2024;
-  float *arrays[3] = {keys_in, values_in, queries_in};
-  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < sizes[a]; i++) {
-      x = x * 1664525u + 1013904223u;
-      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
-    }
-}
-
-/* The two caches of the scenarios: `base` (QJL keys, 2-bit uniform values, H2O) for everything but
- * learning, `learned` (CQ keys: codebooks to learn, 4 channels of 4 bits) for kvq_codebooks_learn. */
-typedef enum which_cache { BASE, LEARNED } which_cache;
-
-static kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {
-  *layer = (kvq_layer_config){.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
-                              .keys = kvq_method_defaults(which == BASE ? KVQ_METHOD_QJL : KVQ_METHOD_CQ, D),
-                              .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
-  if (which == LEARNED) {
-    layer->keys.cq.bits = 4;
-    layer->keys.cq.iterations = 4;
-  }
-  kvq_cache_config config = {.layer_count = 1, .layers = layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
-                             .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11};
-  if (which == BASE) {
-    config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
-    config.policy.heavy_fraction = 0;
-    config.policy.heavy = 4;
-  }
-  return config;
-}
 
 static kvq_tensor kv_tensor(float *data, int64_t tokens) {
   int64_t shape[3] = {tokens, HKV, D};
@@ -227,20 +185,6 @@ static size_t device_tensor_scenarios(void) {
   return n;
 }
 
-static const char *kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc", "device object", "map", "copy",
-                                                      "launch", "submit", "wait", "none failed"};
-
-/* The cache's saved bytes (malloc'd, the caller frees), with no point armed. */
-static kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
-  uint64_t n = 0;
-  *bytes = NULL;
-  kvq_status st = kvq_cache_save_size(cache, &n);
-  if (st != KVQ_OK) return st;
-  *bytes = malloc((size_t)n);
-  if (!*bytes) return KVQ_ERROR_OUT_OF_MEMORY;
-  return kvq_cache_save_to_memory(cache, *bytes, (size_t)n, size);
-}
-
 /* The scenario's state, set up with no point armed. */
 static kvq_status setup(const scenario *s, fixture *f) {
   kvq_context *ctx = f->ctx;
@@ -273,21 +217,8 @@ static void teardown(fixture *f) {
 typedef struct tally {
   uint64_t points, by_kind[KVQ_FAULT_KINDS], lost;
   uint64_t counted, unreached; /* points the mode fails in the counted run; of those, not reached */
-  int failures;
-  char first[600];
+  fault_log log;
 } tally;
-
-static void failure(tally *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void failure(tally *t, const char *format, ...) {
-  char line[600];
-  va_list ap;
-  va_start(ap, format);
-  vsnprintf(line, sizeof line, format, ap);
-  va_end(ap);
-  if (t->failures < MAX_FAILURES_SHOWN) printf("#   %s\n", line);
-  if (!t->failures) snprintf(t->first, sizeof t->first, "%s", line);
-  t->failures++;
-}
 
 static kvq_status context_on(kvq_backend_kind kind, kvq_context **ctx) {
   kvq_context_options opt = kvq_context_options_default();
@@ -303,14 +234,14 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   const char *how = lost ? " as a lost device" : "";
   kvq_status st = setup(s, f);
   if (st != KVQ_OK) {
-    failure(t, "point %llu: the setup failed: %s", (unsigned long long)k, kvq_context_last_error(f->ctx));
+    failure(&t->log, "point %llu: the setup failed: %s", (unsigned long long)k, kvq_context_last_error(f->ctx));
     teardown(f);
     return;
   }
   unsigned char *before = NULL, *after = NULL;
   size_t before_size = 0, after_size = 0;
   if (s->has_cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK)
-    failure(t, "point %llu: saving before the call failed", (unsigned long long)k);
+    failure(&t->log, "point %llu: saving before the call failed", (unsigned long long)k);
   /* The runtime's output buffers, which a failed call must leave as they were. Filled first with bytes
    * no output of the calls holds (0xa5a5a5a5 is about -2.9e-16 as fp32, on every element): the setup
    * and the warm-up runs leave there what the call itself writes, so a failed call's write of the
@@ -335,7 +266,7 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
              (unsigned long long)t->counted);
       t->unreached++;
     } else {
-      failure(t, "point %llu was not reached: the call passes fewer points than counted", (unsigned long long)k);
+      failure(&t->log, "point %llu was not reached: the call passes fewer points than counted", (unsigned long long)k);
     }
     free(before);
     for (int b = 0; b < RT_BUFFERS; b++) free(outputs[b]);
@@ -343,30 +274,30 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
     return;
   }
   if (st == KVQ_OK)
-    failure(t, "point %llu (%s) failed%s, yet the call returned KVQ_OK", (unsigned long long)k, kind_names[kind], how);
+    failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK", (unsigned long long)k, kind_names[kind], how);
   else if (!message || !message[0])
-    failure(t, "point %llu (%s) failed%s: %s without a message", (unsigned long long)k, kind_names[kind], how,
+    failure(&t->log, "point %llu (%s) failed%s: %s without a message", (unsigned long long)k, kind_names[kind], how,
             kvq_status_string(st));
   else if (lost && st != KVQ_ERROR_DEVICE_LOST)
-    failure(t, "point %llu (%s) failed as a lost device: %s (%s), not KVQ_ERROR_DEVICE_LOST", (unsigned long long)k,
+    failure(&t->log, "point %llu (%s) failed as a lost device: %s (%s), not KVQ_ERROR_DEVICE_LOST", (unsigned long long)k,
             kind_names[kind], kvq_status_string(st), message);
   for (int b = RT_OUTPUTS_FROM; b < RT_BUFFERS && runtime.active && !lost; b++)
     if (outputs[b] && memcmp(outputs[b], runtime.mapped[b], runtime.bytes[b]))
-      failure(t, "point %llu (%s): the failed call wrote the runtime's output buffer %d", (unsigned long long)k,
+      failure(&t->log, "point %llu (%s): the failed call wrote the runtime's output buffer %d", (unsigned long long)k,
               kind_names[kind], b);
   for (int b = 0; b < RT_BUFFERS; b++) free(outputs[b]);
   if (!lost) {
     if (s->has_cache) {
       if (saved_bytes(f->cache, &after, &after_size) != KVQ_OK)
-        failure(t, "point %llu (%s): saving after the failed call failed: %s", (unsigned long long)k, kind_names[kind],
+        failure(&t->log, "point %llu (%s): saving after the failed call failed: %s", (unsigned long long)k, kind_names[kind],
                 kvq_context_last_error(f->ctx));
       else if (before && (after_size != before_size || memcmp(before, after, before_size)))
-        failure(t, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k,
+        failure(&t->log, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k,
                 kind_names[kind], kvq_status_string(st), message);
     }
     st = s->call(f);
     if (st != KVQ_OK)
-      failure(t, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
+      failure(&t->log, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
               kvq_status_string(st), kvq_context_last_error(f->ctx));
   }
   free(before);
@@ -376,23 +307,16 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
     if (kvq_fault_live_blocks() != 0)
-      failure(t, "point %llu (%s) failed as a lost device: %lld host blocks remain after destroying the context",
+      failure(&t->log, "point %llu (%s) failed as a lost device: %lld host blocks remain after destroying the context",
               (unsigned long long)k, kind_names[kind], (long long)kvq_fault_live_blocks());
-    if (context_on(backend, &f->ctx) != KVQ_OK) failure(t, "a new context after a lost device");
+    if (context_on(backend, &f->ctx) != KVQ_OK) failure(&t->log, "a new context after a lost device");
   }
 }
-
-/* Whether point k may be failed as a lost device: submissions and waits are where a device reports
- * its loss (a failed wait is always one: the work may still be running). Vulkan only: the CUDA backend
- * keeps a lost device's memory on purpose (a runtime's context may hold it; backends/cuda/host/memory.cuh),
- * which on the emulated backend is host memory that LeakSanitizer would report, so on CUDA the wait
- * points are counted but not failed. */
-static int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
 
 static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_context **ctx, tally *t) {
   fixture *f = calloc(1, sizeof *f);
   if (!f) {
-    failure(t, "out of memory");
+    failure(&t->log, "out of memory");
     return;
   }
   f->ctx = *ctx;
@@ -405,7 +329,7 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
     if (st == KVQ_OK) st = s->call(f);
     teardown(f);
   }
-  if (st != KVQ_OK) failure(t, "the scenario fails without a fault: %s", kvq_context_last_error(f->ctx));
+  if (st != KVQ_OK) failure(&t->log, "the scenario fails without a fault: %s", kvq_context_last_error(f->ctx));
   /* 2. count */
   st = setup(s, f);
   kvq_fault_arm(0, 0);
@@ -417,15 +341,18 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
     failed_lost += may_be_lost(kvq_fault_kind_at(k));
   }
   teardown(f);
-  if (st != KVQ_OK) failure(t, "the counting run failed: %s", kvq_context_last_error(f->ctx));
-  if (n > KVQ_FAULT_TRACE) failure(t, "%llu points: more than the trace holds", (unsigned long long)n);
+  if (st != KVQ_OK) failure(&t->log, "the counting run failed: %s", kvq_context_last_error(f->ctx));
+  if (n > KVQ_FAULT_TRACE) failure(&t->log, "%llu points: more than the trace holds", (unsigned long long)n);
   /* 3. and 4. */
   t->counted = failed_plain;
-  for (uint64_t k = 1; !t->failures && !t->unreached && k <= failed_plain; k++) {
+  for (uint64_t k = 1; !t->log.failures && !t->unreached && k <= failed_plain; k++) {
     fail_point(s, f, k, 0, t, backend);
     t->points += !t->unreached;
   }
-  for (uint64_t k = 1; !t->failures && backend == KVQ_BACKEND_VULKAN && k <= failed_lost; k++) {
+  /* Vulkan only: the CUDA backend keeps a lost device's memory on purpose (a runtime's context may hold
+   * it; backends/cuda/host/memory.cuh), which on the emulated backend is host memory that LeakSanitizer
+   * would report, so on CUDA the wait points are counted but not failed. */
+  for (uint64_t k = 1; !t->log.failures && backend == KVQ_BACKEND_VULKAN && k <= failed_lost; k++) {
     t->lost++;
     fail_point(s, f, k, 1, t, backend);
     if (!f->ctx) break;
@@ -434,7 +361,7 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
     st = setup(s, &warm);
     if (st == KVQ_OK) st = s->call(&warm);
     teardown(&warm);
-    if (st != KVQ_OK) failure(t, "the scenario on a new context after a lost device: %s", kvq_context_last_error(f->ctx));
+    if (st != KVQ_OK) failure(&t->log, "the scenario on a new context after a lost device: %s", kvq_context_last_error(f->ctx));
   }
   /* A context may keep what it grew (arrays of retired buffers, scratch) from one call to the next, so
    * kvq's blocks are counted with none: every block a failed call took must be free once the context
@@ -443,8 +370,8 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
   kvq_context_destroy(f->ctx);
   f->ctx = NULL;
   if (kvq_fault_live_blocks() != 0)
-    failure(t, "%lld host blocks of kvq's remain once the context is destroyed", (long long)kvq_fault_live_blocks());
-  if (context_on(backend, &f->ctx) != KVQ_OK) failure(t, "a new context");
+    failure(&t->log, "%lld host blocks of kvq's remain once the context is destroyed", (long long)kvq_fault_live_blocks());
+  if (context_on(backend, &f->ctx) != KVQ_OK) failure(&t->log, "a new context");
   *ctx = f->ctx;
   free(f);
 }
@@ -570,28 +497,23 @@ static void row(const scenario *s, const char *name, kvq_backend_kind backend, i
   run_scenario(s, backend, ctx, &t);
   all->points += t.points;
   all->lost += t.lost;
-  char kinds[300] = "";
-  size_t at = 0;
-  for (int k = 0; k < KVQ_FAULT_KINDS; k++)
-    if (t.by_kind[k] && at < sizeof kinds)
-      at += (size_t)snprintf(kinds + at, sizeof kinds - at, "%s%s %llu", at ? ", " : "", kind_names[k],
-                             (unsigned long long)t.by_kind[k]);
+  char kinds[300];
+  /* every point the call passes, each failed once or more, or not at all */
+  const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
   const char *todo = known_defect(name, s->name);
-  if (t.failures && !todo) all->failed++;
-  uint64_t points = 0; /* every point the call passes, each failed once or more, or not at all */
-  for (int k = 0; k < KVQ_FAULT_KINDS; k++) points += t.by_kind[k];
+  if (t.log.failures && !todo) all->failed++;
   const uint64_t not_failed = backend == KVQ_BACKEND_VULKAN ? 0 : t.by_kind[KVQ_FAULT_WAIT];
   printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not failed, %llu not "
          "reached%s%s%s%s\n",
-         t.failures ? "not ok" : "ok", all->number, name, s->name, (unsigned long long)points, kinds,
+         t.log.failures ? "not ok" : "ok", all->number, name, s->name, (unsigned long long)points, kinds,
          (unsigned long long)t.points, (unsigned long long)t.lost, (unsigned long long)not_failed,
-         (unsigned long long)t.unreached, t.failures ? ": " : "", t.failures ? t.first : "",
+         (unsigned long long)t.unreached, t.log.failures ? ": " : "", t.log.failures ? t.log.first : "",
          todo ? " # TODO known defect: " : "", todo ? todo : "");
   fflush(stdout);
 }
 
 int main(void) {
-  fill_inputs();
+  fill_inputs(2024);
   kvq_backend_info infos[4];
   size_t count = 0;
   if (kvq_backends_list(infos, 4, &count) != KVQ_OK || count > 4) {

@@ -21,36 +21,17 @@
  * keep the cold rows' time reasonable. A plain TAP program, one thread (the fault counter counts on
  * the calling thread's order).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/fault.h"
 #include "core/internal.h"
+#include "fault_fixture.h"
 #include "kvq/kvq.h"
 #ifdef KVQ_HAVE_CUDA_EMULATOR
 #include "backends/cuda/cuda_create.h"
 #endif
-
-/* test_fault.c's sizes: 48 tokens in pages of 16 with a window of 16 (quantized pages and a window),
- * then 24 more. */
-enum { HQ = 2, HKV = 1, D = 32, PAGE = 16, WINDOW = 16, TOKENS = 48, MORE = 24, NQ = 2 };
-enum { KV_FLOATS = (TOKENS + MORE) * HKV * D, Q_FLOATS = NQ * HQ * D, SHOWN = 12 };
-
-static float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
-
-static void fill_inputs(void) {
-  uint32_t x = 7;
-  float *arrays[3] = {keys_in, values_in, queries_in};
-  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < sizes[a]; i++) {
-      x = x * 1664525u + 1013904223u;
-      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
-    }
-}
 
 /* How a row runs its scenarios. */
 typedef struct row_mode {
@@ -178,18 +159,6 @@ static const scenario device_async_scenarios[] = {
     {"attention", FILLED_CACHE, call_attention},
 };
 
-static const char *kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc", "device object", "map", "copy",
-                                                      "launch", "submit", "wait", "none failed"};
-
-static kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
-  uint64_t n = 0;
-  *bytes = NULL;
-  kvq_status st = kvq_cache_save_size(cache, &n);
-  if (st != KVQ_OK) return st;
-  if (!(*bytes = malloc((size_t)n))) return KVQ_ERROR_OUT_OF_MEMORY;
-  return kvq_cache_save_to_memory(cache, *bytes, (size_t)n, size);
-}
-
 /* The scenario's state, with no point armed; a cold row's context is made here. */
 static kvq_status setup(const scenario *s, fixture *f) {
   kvq_context *ctx = f->ctx;
@@ -200,13 +169,8 @@ static kvq_status setup(const scenario *s, fixture *f) {
   kvq_status st = KVQ_OK;
   if (!f->ctx && s->setup != NO_CACHE) st = make_context(mode->backend, &f->ctx);
   if (st != KVQ_OK || s->setup == NO_CACHE) return st;
-  kvq_layer_config layer = {.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
-                            .keys = kvq_method_defaults(KVQ_METHOD_QJL, D), .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
-  kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
-                             .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11,
-                             .policy = kvq_policy_defaults(KVQ_POLICY_H2O)};
-  config.policy.heavy_fraction = 0;
-  config.policy.heavy = 4;
+  kvq_layer_config layer;
+  kvq_cache_config config = cache_config(BASE, &layer);
   st = kvq_cache_create(f->ctx, &config, &f->cache);
   if (st == KVQ_OK) st = kvq_sequence_add(f->cache, &f->sequence);
   if (st == KVQ_OK && s->setup == FILLED_CACHE) {
@@ -240,40 +204,25 @@ typedef struct expected {
 typedef struct tally {
   uint64_t by_kind[KVQ_FAULT_KINDS], failed, lost, unreached, counted, absorbed, in_wait;
   expected expect;
-  int failures;
-  char first[600];
+  fault_log log;
 } tally;
-
-static void failure(tally *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void failure(tally *t, const char *format, ...) {
-  char line[600];
-  va_list ap;
-  va_start(ap, format);
-  vsnprintf(line, sizeof line, format, ap);
-  va_end(ap);
-  if (t->failures < SHOWN) printf("#   %s\n", line);
-  if (!t->failures) snprintf(t->first, sizeof t->first, "%s", line);
-  t->failures++;
-}
 
 /* After a context is gone: kvq holds no host block, and the emulated CUDA device no object (a lost
  * device's, kept by the backend, are freed first by resetting the device, as a runtime would). */
 static void check_nothing_held(tally *t, uint64_t k, int lost, const char *when) {
   if (kvq_fault_live_blocks() != 0)
-    failure(t, "point %llu%s: %lld host blocks of kvq's remain %s", (unsigned long long)k, lost ? " (lost)" : "",
+    failure(&t->log, "point %llu%s: %lld host blocks of kvq's remain %s", (unsigned long long)k, lost ? " (lost)" : "",
             (long long)kvq_fault_live_blocks(), when);
 #ifdef KVQ_HAVE_CUDA_EMULATOR
   if (mode->backend == KVQ_BACKEND_CUDA) {
     if (lost) (void)kvq_cuda_emu_device_reset();
     const size_t left = kvq_cuda_emu_device_objects();
-    if (left) failure(t, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
+    if (left) failure(&t->log, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
   }
 #else
   (void)lost;
 #endif
 }
-
-static int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
 
 /* Whether the row's backend can be lost here: Vulkan; CUDA only emulated (a lost device's memory is
  * then freed by resetting the emulated device; test_fault.c says why the backend keeps it). */
@@ -298,7 +247,7 @@ static void absorbed(const scenario *s, fixture *f, uint64_t k, kvq_fault_kind k
     free(after);
   }
   if (!same)
-    failure(t, "point %llu (%s) failed%s, yet the call returned KVQ_OK%s", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK%s", (unsigned long long)k, kind_names[kind],
             lost ? " as a lost device" : "", lost ? "" : " with other outputs or another cache than without the failure");
   else
     t->absorbed++;
@@ -309,12 +258,12 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   const int cold = mode->cold || s->setup == NO_CACHE;
   kvq_status st = setup(s, f);
   if (st != KVQ_OK) {
-    failure(t, "point %llu: the setup failed: %s", (unsigned long long)k, f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+    failure(&t->log, "point %llu: the setup failed: %s", (unsigned long long)k, f->ctx ? kvq_context_last_error(f->ctx) : "no context");
     return;
   }
   unsigned char *before = NULL, *after = NULL;
   size_t before_size = 0, after_size = 0;
-  if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) failure(t, "point %llu: saving before the call", (unsigned long long)k);
+  if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) failure(&t->log, "point %llu: saving before the call", (unsigned long long)k);
   const struct outputs outputs = f->outputs;
   kvq_fault_arm(k, lost);
   st = s->call(f);
@@ -327,34 +276,34 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   if (!fired) {
     /* CUDA's timing events (test_fault.c): the last two points may go unreached, reported */
     if (mode->backend == KVQ_BACKEND_CUDA && k + 2 > t->counted) t->unreached++;
-    else failure(t, "point %llu was not reached (the call: %s, %s)", (unsigned long long)k, kvq_status_string(st), message);
+    else failure(&t->log, "point %llu was not reached (the call: %s, %s)", (unsigned long long)k, kvq_status_string(st), message);
   } else if (st == KVQ_OK) {
     absorbed(s, f, k, kind, lost, t);
   } else if (!message[0]) {
-    failure(t, "point %llu (%s): %s without a message", (unsigned long long)k, kind_names[kind], kvq_status_string(st));
+    failure(&t->log, "point %llu (%s): %s without a message", (unsigned long long)k, kind_names[kind], kvq_status_string(st));
   } else if (lost && st != KVQ_ERROR_DEVICE_LOST) {
-    failure(t, "point %llu (%s) failed as a lost device: %s (%s)", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s) failed as a lost device: %s (%s)", (unsigned long long)k, kind_names[kind],
             kvq_status_string(st), message);
   } else if (s->setup == NO_CACHE && f->made) {
-    failure(t, "point %llu (%s): the failed create gave a context", (unsigned long long)k, kind_names[kind]);
+    failure(&t->log, "point %llu (%s): the failed create gave a context", (unsigned long long)k, kind_names[kind]);
   }
   /* A failure kvq_context_wait reports (the call itself returned KVQ_OK) is of work that may have
    * taken place (kvq.h, asynchronous mode): the outputs and the cache are not compared then. */
   const int failed = fired && st != KVQ_OK, compared = failed && !f->waited_failed;
   t->in_wait += failed && !lost && f->waited_failed;
   if (compared && !lost && memcmp(&outputs, &f->outputs, sizeof outputs))
-    failure(t, "point %llu (%s): the failed call wrote its outputs", (unsigned long long)k, kind_names[kind]);
+    failure(&t->log, "point %llu (%s): the failed call wrote its outputs", (unsigned long long)k, kind_names[kind]);
   if (compared && !lost && f->cache) {
     if (saved_bytes(f->cache, &after, &after_size) != KVQ_OK)
-      failure(t, "point %llu (%s): saving after the failed call: %s", (unsigned long long)k, kind_names[kind],
+      failure(&t->log, "point %llu (%s): saving after the failed call: %s", (unsigned long long)k, kind_names[kind],
               kvq_context_last_error(f->ctx));
     else if (before && (after_size != before_size || memcmp(before, after, before_size)))
-      failure(t, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k, kind_names[kind],
+      failure(&t->log, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k, kind_names[kind],
               kvq_status_string(st), message);
   }
   if (failed && !lost && s->setup == NO_CACHE) check_nothing_held(t, k, 0, "after the failed create");
   if (failed && !lost && (st = s->call(f)) != KVQ_OK)
-    failure(t, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
             kvq_status_string(st), f->ctx ? kvq_context_last_error(f->ctx) : "");
   free(before);
   free(after);
@@ -381,13 +330,13 @@ static kvq_status warm_up(const scenario *s, fixture *f) {
 static void run_scenario(const scenario *s, tally *t) {
   fixture *f = calloc(1, sizeof *f);
   if (!f) {
-    failure(t, "out of memory");
+    failure(&t->log, "out of memory");
     return;
   }
   const int cold = mode->cold || s->setup == NO_CACHE;
   kvq_status st = cold ? KVQ_OK : make_context(mode->backend, &f->ctx);
   if (st == KVQ_OK && !cold) st = warm_up(s, f);
-  if (st != KVQ_OK) failure(t, "the scenario fails without a fault: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+  if (st != KVQ_OK) failure(&t->log, "the scenario fails without a fault: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   st = setup(s, f);
   /* the save that fail_point makes before the call, made here too: on a cold context it is the
    * first read back, which grows what later reads reuse, so the counted run must pass it as well */
@@ -401,7 +350,7 @@ static void run_scenario(const scenario *s, tally *t) {
   t->counted = kvq_fault_eligible();
   t->expect.outputs = f->outputs;
   if (st == KVQ_OK && f->cache && saved_bytes(f->cache, &t->expect.saved, &t->expect.saved_size) != KVQ_OK)
-    failure(t, "saving after the counting run: %s", kvq_context_last_error(f->ctx));
+    failure(&t->log, "saving after the counting run: %s", kvq_context_last_error(f->ctx));
   uint64_t lost_points = 0;
   for (uint64_t k = 1; k <= n && k <= KVQ_FAULT_TRACE; k++) {
     if (getenv("KVQ_FAULT_TRACE_UNREACHED")) printf("#   counted %llu %s\n", (unsigned long long)k, kind_names[kvq_fault_kind_at(k)]);
@@ -409,24 +358,24 @@ static void run_scenario(const scenario *s, tally *t) {
     lost_points += may_be_lost(kvq_fault_kind_at(k));
   }
   teardown(f);
-  if (st != KVQ_OK) failure(t, "the counting run failed: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+  if (st != KVQ_OK) failure(&t->log, "the counting run failed: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   if (cold) {
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
   }
-  for (uint64_t k = 1; !t->failures && k <= t->counted; k++) {
+  for (uint64_t k = 1; !t->log.failures && k <= t->counted; k++) {
     fail_point(s, f, k, 0, t);
     t->failed++;
   }
   /* submissions and waits as a lost device, on the GPU backends (a create submits nothing: the wait
    * its scenario passes is kvq_context_destroy's, which returns nothing) */
-  for (uint64_t k = 1; !t->failures && can_be_lost() && s->setup != NO_CACHE && k <= lost_points; k++) {
+  for (uint64_t k = 1; !t->log.failures && can_be_lost() && s->setup != NO_CACHE && k <= lost_points; k++) {
     t->lost++;
     fail_point(s, f, k, 1, t);
-    if (!cold && !t->failures) {
+    if (!cold && !t->log.failures) {
       st = make_context(mode->backend, &f->ctx);
       if (st == KVQ_OK) st = warm_up(s, f);
-      if (st != KVQ_OK) failure(t, "a new context after a lost device: %s", kvq_status_string(st));
+      if (st != KVQ_OK) failure(&t->log, "a new context after a lost device: %s", kvq_status_string(st));
     }
   }
   kvq_context_destroy(f->ctx);
@@ -476,23 +425,16 @@ static void row(const scenario *s, const char *skip, totals *all) {
   const double seconds = (double)(end.tv_sec - start.tv_sec) + (double)(end.tv_nsec - start.tv_nsec) * 1e-9;
   all->failed_points += t.failed - t.unreached;
   all->lost_points += t.lost;
-  char kinds[300] = "";
-  size_t at = 0;
-  uint64_t points = 0;
-  for (int k = 0; k < KVQ_FAULT_KINDS; k++) {
-    points += t.by_kind[k];
-    if (t.by_kind[k] && at < sizeof kinds)
-      at += (size_t)snprintf(kinds + at, sizeof kinds - at, "%s%s %llu", at ? ", " : "", kind_names[k],
-                             (unsigned long long)t.by_kind[k]);
-  }
+  char kinds[300];
+  const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
   const char *todo = known_defect(mode->name, s->name);
-  if (t.failures && !todo) all->failed++;
+  if (t.log.failures && !todo) all->failed++;
   printf("%s %d - %s %s: %llu points (%s): %llu failed (%llu of them absorbed, %llu reported by the wait), %llu failed "
          "as a lost device, %llu not reached, %.1f s%s%s%s%s\n",
-         t.failures ? "not ok" : "ok", all->number, mode->name, s->name, (unsigned long long)points, kinds,
+         t.log.failures ? "not ok" : "ok", all->number, mode->name, s->name, (unsigned long long)points, kinds,
          (unsigned long long)(t.failed - t.unreached), (unsigned long long)t.absorbed, (unsigned long long)t.in_wait,
          (unsigned long long)t.lost,
-         (unsigned long long)t.unreached, seconds, t.failures ? ": " : "", t.failures ? t.first : "",
+         (unsigned long long)t.unreached, seconds, t.log.failures ? ": " : "", t.log.failures ? t.log.first : "",
          todo ? " # TODO known defect: " : "", todo ? todo : "");
   fflush(stdout);
 }
@@ -522,7 +464,7 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 }
 
 int main(void) {
-  fill_inputs();
+  fill_inputs(7);
   kvq_backend_info infos[4];
   size_t count = 0;
   if (kvq_backends_list(infos, 4, &count) != KVQ_OK || count > 4) {

@@ -1,0 +1,74 @@
+/* The fault-injection tests' shared fixture (tests/fault_fixture.h). */
+#include "fault_fixture.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
+
+void fill_inputs(uint32_t seed) {
+  uint32_t x = seed;
+  float *arrays[3] = {keys_in, values_in, queries_in};
+  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
+  for (int a = 0; a < 3; a++)
+    for (size_t i = 0; i < sizes[a]; i++) {
+      x = x * 1664525u + 1013904223u;
+      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
+    }
+}
+
+kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {
+  *layer = (kvq_layer_config){.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
+                              .keys = kvq_method_defaults(which == BASE ? KVQ_METHOD_QJL : KVQ_METHOD_CQ, D),
+                              .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
+  if (which == LEARNED) {
+    layer->keys.cq.bits = 4;
+    layer->keys.cq.iterations = 4;
+  }
+  kvq_cache_config config = {.layer_count = 1, .layers = layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
+                             .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11};
+  if (which == BASE) {
+    config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
+    config.policy.heavy_fraction = 0;
+    config.policy.heavy = 4;
+  }
+  return config;
+}
+
+kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
+  uint64_t n = 0;
+  *bytes = NULL;
+  kvq_status st = kvq_cache_save_size(cache, &n);
+  if (st != KVQ_OK) return st;
+  if (!(*bytes = malloc((size_t)n))) return KVQ_ERROR_OUT_OF_MEMORY;
+  return kvq_cache_save_to_memory(cache, *bytes, (size_t)n, size);
+}
+
+const char *const kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc", "device object", "map", "copy",
+                                                     "launch", "submit", "wait", "none failed"};
+
+int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
+
+void failure(fault_log *log, const char *format, ...) {
+  char line[600];
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(line, sizeof line, format, ap);
+  va_end(ap);
+  if (log->failures < MAX_FAILURES_SHOWN) printf("#   %s\n", line);
+  if (!log->failures) snprintf(log->first, sizeof log->first, "%s", line);
+  log->failures++;
+}
+
+uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size) {
+  size_t at = 0;
+  uint64_t points = 0;
+  out[0] = 0;
+  for (int k = 0; k < KVQ_FAULT_KINDS; k++) {
+    points += by_kind[k];
+    if (by_kind[k] && at < size)
+      at += (size_t)snprintf(out + at, size - at, "%s%s %llu", at ? ", " : "", kind_names[k], (unsigned long long)by_kind[k]);
+  }
+  return points;
+}
