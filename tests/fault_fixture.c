@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+#include "backends/cuda/cuda_create.h"
+#endif
+
 float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
 
 void fill_inputs(uint32_t seed) {
@@ -50,6 +54,29 @@ const char *const kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc
 
 int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
 
+int can_be_lost(kvq_backend_kind backend) {
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  return backend == KVQ_BACKEND_VULKAN || backend == KVQ_BACKEND_CUDA;
+#else
+  return backend == KVQ_BACKEND_VULKAN;
+#endif
+}
+
+size_t device_objects(kvq_backend_kind backend) {
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  if (backend == KVQ_BACKEND_CUDA) return kvq_cuda_emu_device_objects();
+#endif
+  (void)backend;
+  return 0;
+}
+
+void device_reset(kvq_backend_kind backend) {
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  if (backend == KVQ_BACKEND_CUDA) (void)kvq_cuda_emu_device_reset();
+#endif
+  (void)backend;
+}
+
 void failure(fault_log *log, const char *format, ...) {
   char line[600];
   va_list ap;
@@ -59,6 +86,15 @@ void failure(fault_log *log, const char *format, ...) {
   if (log->failures < MAX_FAILURES_SHOWN) printf("#   %s\n", line);
   if (!log->failures) snprintf(log->first, sizeof log->first, "%s", line);
   log->failures++;
+}
+
+void check_nothing_held(fault_log *log, kvq_backend_kind backend, uint64_t k, int lost, const char *when) {
+  if (kvq_fault_live_blocks() != 0)
+    failure(log, "point %llu%s: %lld host blocks of kvq's remain %s", (unsigned long long)k, lost ? " (lost)" : "",
+            (long long)kvq_fault_live_blocks(), when);
+  if (lost) device_reset(backend);
+  const size_t left = device_objects(backend);
+  if (left) failure(log, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
 }
 
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size) {

@@ -2,8 +2,8 @@
  * What the two fault-injection tests share (tests/test_fault.c: `fault_injection`,
  * tests/test_fault_more.c: `fault_injection_contexts`; docs/RELIABILITY.md, "Fault injection"): the
  * sizes of their small cache and its inputs, the caches they make, the saved bytes they compare, the
- * names of the failure kinds and which of them a lost device fails, and the failure log behind their
- * TAP lines. Built with the tests against the fault-injection variant of the library
+ * names of the failure kinds and which of them a lost device fails, the emulated CUDA device's
+ * objects, and the failure log behind their TAP lines. Built with the tests against the fault-injection variant of the library
  * (tests/meson.build); one thread (the fault counter counts on the calling thread's order).
  */
 #ifndef KVQ_TESTS_FAULT_FIXTURE_H
@@ -44,6 +44,18 @@ extern const char *const kind_names[KVQ_FAULT_KINDS + 1];
  * reports its loss (a failed wait always is one: the work may still be running). */
 int may_be_lost(kvq_fault_kind kind);
 
+/* Whether a context on `backend` may be failed as a lost device here: Vulkan; CUDA only on the
+ * emulated backend (KVQ_HAVE_CUDA_EMULATOR), whose device the test can reset. The CUDA backend keeps a
+ * lost device's memory on purpose (a runtime's context may own it, backends/cuda/host/memory.cuh); a
+ * runtime recovers it with cudaDeviceReset, and so does device_reset. */
+int can_be_lost(kvq_backend_kind backend);
+
+/* The emulated CUDA device's allocations and events that exist now (0 on the other backends, and
+ * without the emulator), and its reset (cudaDeviceReset: frees them all), for after a lost device's
+ * context is destroyed, when no context is left on it. */
+size_t device_objects(kvq_backend_kind backend);
+void device_reset(kvq_backend_kind backend);
+
 /* The failures of one row: the first is kept for its TAP line, the first MAX_FAILURES_SHOWN are
  * printed as TAP comments. */
 typedef struct fault_log {
@@ -51,6 +63,11 @@ typedef struct fault_log {
   char first[600];
 } fault_log;
 void failure(fault_log *log, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+/* After a context on `backend` is gone (point k, or 0 after a scenario; `when` says when, for the
+ * message): kvq holds no host block, and the emulated CUDA device no object, once a lost device's
+ * (which the backend keeps) are freed by resetting the device, as a runtime would. */
+void check_nothing_held(fault_log *log, kvq_backend_kind backend, uint64_t k, int lost, const char *when);
 
 /* "host alloc 3, copy 2, ..." for a row's points by kind, into `out`; returns the points in all. */
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size);

@@ -29,9 +29,6 @@
 #include "core/internal.h"
 #include "fault_fixture.h"
 #include "kvq/kvq.h"
-#ifdef KVQ_HAVE_CUDA_EMULATOR
-#include "backends/cuda/cuda_create.h"
-#endif
 
 /* How a row runs its scenarios. */
 typedef struct row_mode {
@@ -207,33 +204,6 @@ typedef struct tally {
   fault_log log;
 } tally;
 
-/* After a context is gone: kvq holds no host block, and the emulated CUDA device no object (a lost
- * device's, kept by the backend, are freed first by resetting the device, as a runtime would). */
-static void check_nothing_held(tally *t, uint64_t k, int lost, const char *when) {
-  if (kvq_fault_live_blocks() != 0)
-    failure(&t->log, "point %llu%s: %lld host blocks of kvq's remain %s", (unsigned long long)k, lost ? " (lost)" : "",
-            (long long)kvq_fault_live_blocks(), when);
-#ifdef KVQ_HAVE_CUDA_EMULATOR
-  if (mode->backend == KVQ_BACKEND_CUDA) {
-    if (lost) (void)kvq_cuda_emu_device_reset();
-    const size_t left = kvq_cuda_emu_device_objects();
-    if (left) failure(&t->log, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
-  }
-#else
-  (void)lost;
-#endif
-}
-
-/* Whether the row's backend can be lost here: Vulkan; CUDA only emulated (a lost device's memory is
- * then freed by resetting the emulated device; test_fault.c says why the backend keeps it). */
-static int can_be_lost(void) {
-#ifdef KVQ_HAVE_CUDA_EMULATOR
-  return mode->backend != KVQ_BACKEND_CPU;
-#else
-  return mode->backend == KVQ_BACKEND_VULKAN;
-#endif
-}
-
 /* A failed point after which the call still returned KVQ_OK: counted as absorbed when the call gave
  * what it gives with nothing failed (a lost device is never absorbed). */
 static void absorbed(const scenario *s, fixture *f, uint64_t k, kvq_fault_kind kind, int lost, tally *t) {
@@ -301,7 +271,7 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
       failure(&t->log, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k, kind_names[kind],
               kvq_status_string(st), message);
   }
-  if (failed && !lost && s->setup == NO_CACHE) check_nothing_held(t, k, 0, "after the failed create");
+  if (failed && !lost && s->setup == NO_CACHE) check_nothing_held(&t->log, mode->backend, k, 0, "after the failed create");
   if (failed && !lost && (st = s->call(f)) != KVQ_OK)
     failure(&t->log, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
             kvq_status_string(st), f->ctx ? kvq_context_last_error(f->ctx) : "");
@@ -311,7 +281,7 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   if (cold || lost) { /* a lost device's context is only good for destroying */
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
-    check_nothing_held(t, k, lost, lost ? "after a lost device's context was destroyed" : "once the context is destroyed");
+    check_nothing_held(&t->log, mode->backend, k, lost, lost ? "after a lost device's context was destroyed" : "once the context is destroyed");
   }
 }
 
@@ -369,7 +339,7 @@ static void run_scenario(const scenario *s, tally *t) {
   }
   /* submissions and waits as a lost device, on the GPU backends (a create submits nothing: the wait
    * its scenario passes is kvq_context_destroy's, which returns nothing) */
-  for (uint64_t k = 1; !t->log.failures && can_be_lost() && s->setup != NO_CACHE && k <= lost_points; k++) {
+  for (uint64_t k = 1; !t->log.failures && can_be_lost(mode->backend) && s->setup != NO_CACHE && k <= lost_points; k++) {
     t->lost++;
     fail_point(s, f, k, 1, t);
     if (!cold && !t->log.failures) {
@@ -380,7 +350,7 @@ static void run_scenario(const scenario *s, tally *t) {
   }
   kvq_context_destroy(f->ctx);
   f->ctx = NULL;
-  check_nothing_held(t, 0, 0, "once the scenario's context is destroyed");
+  check_nothing_held(&t->log, mode->backend, 0, 0, "once the scenario's context is destroyed");
   free(t->expect.saved);
   free(f);
 }
