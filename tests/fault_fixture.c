@@ -5,8 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #ifdef KVQ_HAVE_CUDA_EMULATOR
 #include "backends/cuda/cuda_create.h"
+#endif
+#ifdef KVQ_HAVE_VULKAN
+#include <volk.h>
 #endif
 
 float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
@@ -38,6 +43,31 @@ kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {
     config.policy.heavy = 4;
   }
   return config;
+}
+
+kvq_status fault_save(kvq_cache *cache) {
+  uint64_t size = 0;
+  kvq_status st = kvq_cache_save_size(cache, &size);
+  if (st != KVQ_OK) return st;
+  unsigned char *buffer = malloc((size_t)size);
+  size_t written = 0;
+  st = buffer ? kvq_cache_save_to_memory(cache, buffer, (size_t)size, &written) : KVQ_ERROR_OUT_OF_MEMORY;
+  free(buffer);
+  return st;
+}
+
+kvq_status fault_load(kvq_context *ctx, const unsigned char *file, size_t size, int *fired_before_destroy) {
+  kvq_cache *cache = NULL;
+  const kvq_status st = kvq_cache_load_from_memory(ctx, file, size, &cache);
+  *fired_before_destroy = kvq_fault_fired();
+  kvq_cache_destroy(cache);
+  return st;
+}
+
+kvq_status fault_learn(kvq_cache *cache) {
+  const int64_t shape[3] = {TOKENS, HKV, D};
+  kvq_tensor k = kvq_tensor_host(keys_in, KVQ_DTYPE_F32, 3, shape);
+  return kvq_codebooks_learn(cache, 0, &k, NULL, NULL);
 }
 
 kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
@@ -108,3 +138,51 @@ uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t s
   }
   return points;
 }
+
+#ifdef KVQ_HAVE_VULKAN
+const char *runtime_device_start(kvq_vulkan_device *handed) {
+  memset(handed, 0, sizeof *handed);
+  if (volkInitialize() != VK_SUCCESS) return "volkInitialize";
+  VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2};
+  VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+  VkInstance instance;
+  if (vkCreateInstance(&info, NULL, &instance) != VK_SUCCESS) return "vkCreateInstance";
+  volkLoadInstanceOnly(instance);
+  handed->instance = instance;
+  uint32_t count = 1;
+  VkPhysicalDevice physical;
+  const VkResult listed = vkEnumeratePhysicalDevices(instance, &count, &physical);
+  if ((listed != VK_SUCCESS && listed != VK_INCOMPLETE) || count < 1) return "vkEnumeratePhysicalDevices";
+  handed->physical_device = physical;
+  VkQueueFamilyProperties families[16];
+  uint32_t fc = 16;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical, &fc, families);
+  uint32_t family = UINT32_MAX;
+  for (uint32_t i = 0; i < fc && family == UINT32_MAX; i++)
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = i;
+  if (family == UINT32_MAX) return "a compute queue family";
+  const float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = family,
+                                   .queueCount = 1, .pQueuePriorities = &priority};
+  VkDeviceCreateInfo dinfo = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
+  VkDevice device;
+  if (vkCreateDevice(physical, &dinfo, NULL, &device) != VK_SUCCESS) return "vkCreateDevice";
+  volkLoadDevice(device);
+  handed->device = device;
+  handed->queue_family = family;
+  return NULL;
+}
+
+void runtime_device_stop(kvq_vulkan_device *handed) {
+  if (handed->device) vkDestroyDevice(handed->device, NULL);
+  if (handed->instance) vkDestroyInstance(handed->instance, NULL);
+  memset(handed, 0, sizeof *handed);
+}
+#else
+const char *runtime_device_start(kvq_vulkan_device *handed) {
+  memset(handed, 0, sizeof *handed);
+  return "the Vulkan backend is not built";
+}
+
+void runtime_device_stop(kvq_vulkan_device *handed) { memset(handed, 0, sizeof *handed); }
+#endif

@@ -2,9 +2,11 @@
  * What the two fault-injection tests share (tests/test_fault.c: `fault_injection`,
  * tests/test_fault_more.c: `fault_injection_contexts`; docs/RELIABILITY.md, "Fault injection"): the
  * sizes of their small cache and its inputs, the caches they make, the saved bytes they compare, the
- * names of the failure kinds and which of them a lost device fails, the emulated CUDA device's
- * objects, and the failure log behind their TAP lines. Built with the tests against the fault-injection variant of the library
- * (tests/meson.build); one thread (the fault counter counts on the calling thread's order).
+ * calls both run with host tensors (save, load, learning), the names of the failure kinds and which
+ * of them a lost device fails, the emulated CUDA device's objects, the failure log behind their TAP
+ * lines, and a Vulkan device made as a runtime would. Built with the tests against the
+ * fault-injection variant of the library (tests/meson.build); one thread (the fault counter counts on
+ * the calling thread's order).
  */
 #ifndef KVQ_TESTS_FAULT_FIXTURE_H
 #define KVQ_TESTS_FAULT_FIXTURE_H
@@ -32,6 +34,14 @@ void fill_inputs(uint32_t seed);
  * `layer` receives the layer the configuration points at. */
 typedef enum which_cache { BASE, LEARNED } which_cache;
 kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer);
+
+/* The calls both tests run with host tensors: save into a buffer of the saved size (then freed),
+ * load from `file` (the cache made, then destroyed; *fired_before_destroy says whether the armed
+ * point had failed before kvq_cache_destroy, which returns nothing, ran), learn layer 0's codebooks
+ * from the first TOKENS keys. */
+kvq_status fault_save(kvq_cache *cache);
+kvq_status fault_load(kvq_context *ctx, const unsigned char *file, size_t size, int *fired_before_destroy);
+kvq_status fault_learn(kvq_cache *cache);
 
 /* The cache's saved bytes into *bytes (malloc'd; the caller frees it whatever the status), with no point
  * armed. */
@@ -71,5 +81,14 @@ void check_nothing_held(fault_log *log, kvq_backend_kind backend, uint64_t k, in
 
 /* "host alloc 3, copy 2, ..." for a row's points by kind, into `out`; returns the points in all. */
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size);
+
+/* A Vulkan instance and device made as a runtime would (volk; tests/test_vulkan.c has the same with
+ * assertions): the first physical device, one compute queue. Fills `device` for
+ * kvq_context_options.vulkan and returns NULL, or returns what failed (then runtime_device_stop
+ * destroys what was made). The runtime's own Vulkan calls are not failure points (only kvq's are).
+ * Without KVQ_HAVE_VULKAN it makes nothing and says so. */
+const char *runtime_device_start(kvq_vulkan_device *device);
+/* Destroys what runtime_device_start made and clears `device`. */
+void runtime_device_stop(kvq_vulkan_device *device);
 
 #endif /* KVQ_TESTS_FAULT_FIXTURE_H */

@@ -138,27 +138,9 @@ static kvq_status call_dequantize(fixture *f) {
              v = tensor3(f->dequantized[1], RT_DEQ_VALUES, PAGE * 2, HKV, D);
   return kvq_dequantize(f->cache, f->sequence, 0, 0, PAGE * 2, &k, &v);
 }
-static kvq_status call_save(fixture *f) {
-  uint64_t size = 0;
-  kvq_status st = kvq_cache_save_size(f->cache, &size);
-  if (st != KVQ_OK) return st;
-  unsigned char *buffer = malloc((size_t)size);
-  size_t written = 0;
-  st = buffer ? kvq_cache_save_to_memory(f->cache, buffer, (size_t)size, &written) : KVQ_ERROR_OUT_OF_MEMORY;
-  free(buffer);
-  return st;
-}
-static kvq_status call_load(fixture *f) {
-  kvq_cache *cache = NULL;
-  const kvq_status st = kvq_cache_load_from_memory(f->ctx, f->file, f->file_size, &cache);
-  f->fired_before_destroy = kvq_fault_fired();
-  kvq_cache_destroy(cache);
-  return st;
-}
-static kvq_status call_learn(fixture *f) {
-  kvq_tensor k = kv_tensor(keys_in, TOKENS);
-  return kvq_codebooks_learn(f->cache, 0, &k, NULL, NULL);
-}
+static kvq_status call_save(fixture *f) { return fault_save(f->cache); }
+static kvq_status call_load(fixture *f) { return fault_load(f->ctx, f->file, f->file_size, &f->fired_before_destroy); }
+static kvq_status call_learn(fixture *f) { return fault_learn(f->cache); }
 static kvq_status call_policy(fixture *f) { return kvq_sequence_apply_policy(f->cache, f->sequence); }
 
 typedef struct scenario {
@@ -391,38 +373,13 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
 }
 
 #ifdef KVQ_HAVE_VULKAN
-/* The runtime's side, made as a runtime would (tests/test_vulkan.c has the same with assertions): an
- * instance, the first physical device, a device with one compute queue, and the buffers, mapped.
+/* The runtime's side, made as a runtime would: its device (fault_fixture.c) and the buffers, mapped.
  * Returns what failed, or NULL. */
 static const char *runtime_start(void) {
-  if (volkInitialize() != VK_SUCCESS) return "volkInitialize";
-  VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2};
-  VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
-  VkInstance instance;
-  if (vkCreateInstance(&info, NULL, &instance) != VK_SUCCESS) return "vkCreateInstance";
-  volkLoadInstanceOnly(instance);
-  runtime.handed.instance = instance;
-  uint32_t count = 1;
-  VkPhysicalDevice physical;
-  const VkResult listed = vkEnumeratePhysicalDevices(instance, &count, &physical);
-  if ((listed != VK_SUCCESS && listed != VK_INCOMPLETE) || count < 1) return "vkEnumeratePhysicalDevices";
-  runtime.handed.physical_device = physical;
-  VkQueueFamilyProperties families[16];
-  uint32_t fc = 16;
-  vkGetPhysicalDeviceQueueFamilyProperties(physical, &fc, families);
-  uint32_t family = UINT32_MAX;
-  for (uint32_t i = 0; i < fc && family == UINT32_MAX; i++)
-    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = i;
-  if (family == UINT32_MAX) return "a compute queue family";
-  const float priority = 1.0f;
-  VkDeviceQueueCreateInfo queue = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = family,
-                                   .queueCount = 1, .pQueuePriorities = &priority};
-  VkDeviceCreateInfo dinfo = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &queue};
-  VkDevice device;
-  if (vkCreateDevice(physical, &dinfo, NULL, &device) != VK_SUCCESS) return "vkCreateDevice";
-  volkLoadDevice(device);
-  runtime.handed.device = device;
-  runtime.handed.queue_family = family;
+  const char *failed = runtime_device_start(&runtime.handed);
+  if (failed) return failed;
+  VkDevice device = runtime.handed.device;
+  VkPhysicalDevice physical = runtime.handed.physical_device;
   const size_t sizes[RT_BUFFERS] = {sizeof keys_in, sizeof values_in, sizeof queries_in, Q_FLOATS * sizeof(float),
                                     NQ * HQ * TOKENS * sizeof(float), PAGE * 2 * HKV * D * sizeof(float),
                                     PAGE * 2 * HKV * D * sizeof(float)};
@@ -464,8 +421,7 @@ static void runtime_stop(void) {
     if (runtime.buffers[b]) vkDestroyBuffer(device, (VkBuffer)(uintptr_t)runtime.buffers[b], NULL);
     if (runtime.memories[b]) vkFreeMemory(device, (VkDeviceMemory)(uintptr_t)runtime.memories[b], NULL);
   }
-  if (device) vkDestroyDevice(device, NULL);
-  if (runtime.handed.instance) vkDestroyInstance(runtime.handed.instance, NULL);
+  runtime_device_stop(&runtime.handed);
   memset(&runtime, 0, sizeof runtime);
 }
 #endif
