@@ -70,6 +70,13 @@ kvq_status fault_learn(kvq_cache *cache) {
   return kvq_codebooks_learn(cache, 0, &k, NULL, NULL);
 }
 
+void release(kvq_cache **cache, unsigned char **file) {
+  kvq_cache_destroy(*cache);
+  *cache = NULL;
+  free(*file);
+  *file = NULL;
+}
+
 kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
   uint64_t n = 0;
   *bytes = NULL;
@@ -125,6 +132,11 @@ void check_nothing_held(fault_log *log, kvq_backend_kind backend, uint64_t k, in
   if (lost) device_reset(backend);
   const size_t left = device_objects(backend);
   if (left) failure(log, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
+}
+
+void in_destroy_text(uint64_t n, char *out, size_t size) {
+  out[0] = 0;
+  if (n) snprintf(out, size, " (%llu in kvq_cache_destroy, reported by the context's next call)", (unsigned long long)n);
 }
 
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size) {

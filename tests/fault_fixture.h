@@ -43,6 +43,9 @@ kvq_status fault_save(kvq_cache *cache);
 kvq_status fault_load(kvq_context *ctx, const unsigned char *file, size_t size, int *fired_before_destroy);
 kvq_status fault_learn(kvq_cache *cache);
 
+/* A scenario's teardown: the cache destroyed, the file freed, both set to NULL. */
+void release(kvq_cache **cache, unsigned char **file);
+
 /* The cache's saved bytes into *bytes (malloc'd; the caller frees it whatever the status), with no point
  * armed. */
 kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size);
@@ -78,6 +81,10 @@ void failure(fault_log *log, const char *format, ...) __attribute__((format(prin
  * message): kvq holds no host block, and the emulated CUDA device no object, once a lost device's
  * (which the backend keeps) are freed by resetting the device, as a runtime would. */
 void check_nothing_held(fault_log *log, kvq_backend_kind backend, uint64_t k, int lost, const char *when);
+
+/* For a row's TAP line: " (N in kvq_cache_destroy, reported by the context's next call)" when N
+ * points failed as a lost device were in kvq_cache_destroy (which returns nothing), else "". */
+void in_destroy_text(uint64_t n, char *out, size_t size);
 
 /* "host alloc 3, copy 2, ..." for a row's points by kind, into `out`; returns the points in all. */
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size);

@@ -194,12 +194,7 @@ static kvq_status setup(const scenario *s, fixture *f) {
   return st;
 }
 
-static void teardown(fixture *f) {
-  kvq_cache_destroy(f->cache);
-  f->cache = NULL;
-  free(f->file);
-  f->file = NULL;
-}
+static void teardown(fixture *f) { release(&f->cache, &f->file); }
 
 /* One scenario's results on one backend. */
 typedef struct tally {
@@ -473,10 +468,8 @@ static void row(const scenario *s, const char *name, kvq_backend_kind backend, i
   const char *todo = known_defect(name, s->name);
   if (t.log.failures && !todo) all->failed++;
   const uint64_t not_failed = can_be_lost(backend) ? 0 : t.by_kind[KVQ_FAULT_WAIT];
-  char in_destroy[120] = "";
-  if (t.lost_in_destroy)
-    snprintf(in_destroy, sizeof in_destroy, " (%llu in kvq_cache_destroy, reported by the context's next call)",
-             (unsigned long long)t.lost_in_destroy);
+  char in_destroy[120];
+  in_destroy_text(t.lost_in_destroy, in_destroy, sizeof in_destroy);
   printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device%s, %llu not failed, %llu not "
          "reached%s%s%s%s\n",
          t.log.failures ? "not ok" : "ok", all->number, name, s->name, (unsigned long long)points, kinds,

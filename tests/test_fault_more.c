@@ -242,12 +242,7 @@ static kvq_status setup(const scenario *s, fixture *f) {
   return st;
 }
 
-static void teardown(fixture *f) {
-  kvq_cache_destroy(f->cache);
-  f->cache = NULL;
-  free(f->file);
-  f->file = NULL;
-}
+static void teardown(fixture *f) { release(&f->cache, &f->file); }
 
 /* What the call gives with no point failed (the counting run): a point whose failure kvq absorbs (the
  * call returns KVQ_OK, as where a cold context's attention metadata cannot keep its list of changed
@@ -506,10 +501,8 @@ static void row(const scenario *s, const char *skip, const char *broken, totals 
   const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
   const char *todo = known_defect(mode->name, s->name);
   if (t.log.failures && !todo) all->failed++;
-  char in_destroy[120] = "";
-  if (t.lost_in_destroy)
-    snprintf(in_destroy, sizeof in_destroy, " (%llu in kvq_cache_destroy, reported by the context's next call)",
-             (unsigned long long)t.lost_in_destroy);
+  char in_destroy[120];
+  in_destroy_text(t.lost_in_destroy, in_destroy, sizeof in_destroy);
   printf("%s %d - %s %s: %llu points (%s): %llu failed (%llu of them absorbed, %llu reported by the wait), %llu failed "
          "as a lost device%s, %llu not reached, %.1f s%s%s%s%s\n",
          t.log.failures ? "not ok" : "ok", all->number, mode->name, s->name, (unsigned long long)points, kinds,
