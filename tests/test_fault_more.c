@@ -265,7 +265,9 @@ typedef struct tally {
  * the calling thread's context stack (the emulated driver's) is as the test left it: empty, pushes
  * and pops balanced, the runtime's context the last pushed, and no runtime call made outside it since
  * the row began (`outside_at_start`). After point k (0: after the scenario). */
+#ifdef KVQ_HAVE_CUDA_EMULATOR
 static unsigned long long outside_at_start;
+#endif
 static void check_context_stack(tally *t, uint64_t k) {
 #ifdef KVQ_HAVE_CUDA_EMULATOR
   if (!mode->runtime || mode->backend != KVQ_BACKEND_CUDA) return;
