@@ -10,6 +10,11 @@
  *     is where an asynchronous call's lost device shows;
  *   - CUDA device tensors (kvq_tensor_cuda) on the emulated CUDA backend, where device memory is the
  *     host heap;
+ *   - a runtime's own device: kvq_context_options.vulkan (the test makes the instance and device as a
+ *     runtime would) for context creation, flush, save, load, codebook learning and the policy step,
+ *     and asynchronous calls; kvq_context_options.cuda (the runtime's stream and CUcontext, tokens of
+ *     the emulated driver) for context creation and every call, where kvq must also leave the calling
+ *     thread's context stack as it found it, failed calls and lost devices included;
  *   - the CUDA wait points, failed as a lost device: the backend keeps a lost device's memory (a
  *     runtime's context may own it), and the test then resets the emulated device
  *     (kvq_cuda_emu_device_reset, CUDA's cudaDeviceReset), as a runtime recovers from a lost device;
@@ -21,36 +26,17 @@
  * keep the cold rows' time reasonable. A plain TAP program, one thread (the fault counter counts on
  * the calling thread's order).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/fault.h"
 #include "core/internal.h"
+#include "fault_fixture.h"
 #include "kvq/kvq.h"
 #ifdef KVQ_HAVE_CUDA_EMULATOR
 #include "backends/cuda/cuda_create.h"
 #endif
-
-/* test_fault.c's sizes: 48 tokens in pages of 16 with a window of 16 (quantized pages and a window),
- * then 24 more. */
-enum { HQ = 2, HKV = 1, D = 32, PAGE = 16, WINDOW = 16, TOKENS = 48, MORE = 24, NQ = 2 };
-enum { KV_FLOATS = (TOKENS + MORE) * HKV * D, Q_FLOATS = NQ * HQ * D, SHOWN = 12 };
-
-static float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
-
-static void fill_inputs(void) {
-  uint32_t x = 7;
-  float *arrays[3] = {keys_in, values_in, queries_in};
-  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < sizes[a]; i++) {
-      x = x * 1664525u + 1013904223u;
-      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
-    }
-}
 
 /* How a row runs its scenarios. */
 typedef struct row_mode {
@@ -59,8 +45,18 @@ typedef struct row_mode {
   int cold;         /* a new context for every run of the call */
   int async;        /* kvq_context_set_async(ctx, 1) */
   int cuda_tensors; /* tensors are CUDA device memory (kvq_tensor_cuda; the emulator's is the heap) */
+  int runtime;      /* the context is on the runtime's device: vulkan_runtime or cuda_runtime */
 } row_mode;
 static const row_mode *mode;
+
+/* The runtime's devices. Vulkan: made once, before the first row on it (runtime_device_start), and
+ * destroyed at the end. CUDA: the emulated driver takes any non-null CUcontext, and its streams are
+ * tokens (backends/cuda/emu/cuda_runtime_emu.h), so the runtime's stream and context are the
+ * addresses of two bytes; a GPU would need real ones (these rows run on the emulated backend only). */
+static kvq_vulkan_device vulkan_runtime;
+static char runtime_stream_token, runtime_context_token;
+static const kvq_cuda_device cuda_runtime = {.device_ordinal = 0, .stream = &runtime_stream_token,
+                                             .context = &runtime_context_token};
 
 static kvq_tensor tensor3(float *data, int64_t d0, int64_t d1, int64_t d2) {
   const int64_t shape[3] = {d0, d1, d2};
@@ -75,6 +71,9 @@ typedef struct fixture {
   int filled; /* the cache holds TOKENS tokens and has attended once */
   int waited_failed; /* asynchronous rows: the call returned KVQ_OK and kvq_context_wait failed */
   kvq_context *made; /* the context a create scenario made */
+  unsigned char *file; /* load: the saved base cache */
+  size_t file_size;
+  int fired_before_destroy; /* load: the armed point failed before kvq_cache_destroy ran */
   struct outputs {
     float out[Q_FLOATS];
     float scores[NQ * HQ * TOKENS];
@@ -86,6 +85,8 @@ typedef struct fixture {
 static kvq_status make_context(kvq_backend_kind backend, kvq_context **ctx) {
   kvq_context_options opt = kvq_context_options_default();
   opt.backend = backend;
+  if (mode->runtime && backend == KVQ_BACKEND_VULKAN) opt.vulkan = &vulkan_runtime;
+  if (mode->runtime && backend == KVQ_BACKEND_CUDA) opt.cuda = &cuda_runtime;
   kvq_status st = kvq_context_create(&opt, ctx);
   if (st == KVQ_OK && mode->async) st = kvq_context_set_async(*ctx, 1);
   return st;
@@ -138,8 +139,15 @@ static kvq_status call_dequantize(fixture *f) {
   kvq_tensor k = tensor3(f->outputs.dequantized[0], PAGE * 2, HKV, D), v = tensor3(f->outputs.dequantized[1], PAGE * 2, HKV, D);
   return settled(f, kvq_dequantize(f->cache, f->sequence, 0, 0, PAGE * 2, &k, &v));
 }
+static kvq_status call_save(fixture *f) { return settled(f, fault_save(f->cache)); }
+static kvq_status call_load(fixture *f) { return settled(f, fault_load(f->ctx, f->file, f->file_size, &f->fired_before_destroy)); }
+static kvq_status call_learn(fixture *f) { return settled(f, fault_learn(f->cache)); }
+static kvq_status call_policy(fixture *f) { return settled(f, kvq_sequence_apply_policy(f->cache, f->sequence)); }
 
-typedef enum setup_kind { NO_CACHE, EMPTY_CACHE, FILLED_CACHE } setup_kind;
+/* What the setup makes: no cache (a create), an empty base cache, one holding TOKENS tokens that has
+ * attended once, an empty cache of codebooks to learn (learning), or a filled base cache saved into
+ * f->file and destroyed (load). */
+typedef enum setup_kind { NO_CACHE, EMPTY_CACHE, FILLED_CACHE, LEARNED_CACHE, SAVED_FILE } setup_kind;
 typedef struct scenario {
   const char *name;
   setup_kind setup;
@@ -177,18 +185,29 @@ static const scenario device_async_scenarios[] = {
     {"append", FILLED_CACHE, call_append},
     {"attention", FILLED_CACHE, call_attention},
 };
-
-static const char *kind_names[KVQ_FAULT_KINDS + 1] = {"host alloc", "device alloc", "device object", "map", "copy",
-                                                      "launch", "submit", "wait", "none failed"};
-
-static kvq_status saved_bytes(kvq_cache *cache, unsigned char **bytes, size_t *size) {
-  uint64_t n = 0;
-  *bytes = NULL;
-  kvq_status st = kvq_cache_save_size(cache, &n);
-  if (st != KVQ_OK) return st;
-  if (!(*bytes = malloc((size_t)n))) return KVQ_ERROR_OUT_OF_MEMORY;
-  return kvq_cache_save_to_memory(cache, *bytes, (size_t)n, size);
-}
+/* On the runtime's Vulkan device: its creation and the calls whose tensors are host tensors (test
+ * fault_injection's vulkan-runtime rows run the others with the runtime's VkBuffers). */
+static const scenario vulkan_runtime_scenarios[] = {
+    {"create", NO_CACHE, call_create},      {"flush", FILLED_CACHE, call_flush},
+    {"save", FILLED_CACHE, call_save},      {"load", SAVED_FILE, call_load},
+    {"learn-codebooks", LEARNED_CACHE, call_learn}, {"apply-policy", FILLED_CACHE, call_policy},
+};
+/* On the runtime's CUDA stream and CUcontext: its creation and every call, so that every entry point
+ * of the backend that the context wraps is passed (host tensors; the cuda-device rows have device
+ * tensors). */
+static const scenario cuda_runtime_scenarios[] = {
+    {"create", NO_CACHE, call_create},
+    {"append", FILLED_CACHE, call_append},
+    {"flush", FILLED_CACHE, call_flush},
+    {"attention", FILLED_CACHE, call_attention},
+    {"attention-unfused", FILLED_CACHE, call_attention_unfused},
+    {"scores", FILLED_CACHE, call_scores},
+    {"dequantize", FILLED_CACHE, call_dequantize},
+    {"save", FILLED_CACHE, call_save},
+    {"load", SAVED_FILE, call_load},
+    {"learn-codebooks", LEARNED_CACHE, call_learn},
+    {"apply-policy", FILLED_CACHE, call_policy},
+};
 
 /* The scenario's state, with no point armed; a cold row's context is made here. */
 static kvq_status setup(const scenario *s, fixture *f) {
@@ -200,21 +219,21 @@ static kvq_status setup(const scenario *s, fixture *f) {
   kvq_status st = KVQ_OK;
   if (!f->ctx && s->setup != NO_CACHE) st = make_context(mode->backend, &f->ctx);
   if (st != KVQ_OK || s->setup == NO_CACHE) return st;
-  kvq_layer_config layer = {.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
-                            .keys = kvq_method_defaults(KVQ_METHOD_QJL, D), .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
-  kvq_cache_config config = {.layer_count = 1, .layers = &layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
-                             .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11,
-                             .policy = kvq_policy_defaults(KVQ_POLICY_H2O)};
-  config.policy.heavy_fraction = 0;
-  config.policy.heavy = 4;
+  kvq_layer_config layer;
+  kvq_cache_config config = cache_config(s->setup == LEARNED_CACHE ? LEARNED : BASE, &layer);
   st = kvq_cache_create(f->ctx, &config, &f->cache);
   if (st == KVQ_OK) st = kvq_sequence_add(f->cache, &f->sequence);
-  if (st == KVQ_OK && s->setup == FILLED_CACHE) {
+  if (st == KVQ_OK && (s->setup == FILLED_CACHE || s->setup == SAVED_FILE)) {
     st = append(f);
     /* H2O's accumulated attention is part of the state; a cold row leaves the attention jobs unused */
     if (st == KVQ_OK && !mode->cold) st = attend(f);
     if (st == KVQ_OK) st = kvq_context_wait(f->ctx);
     f->filled = 1;
+  }
+  if (st == KVQ_OK && s->setup == SAVED_FILE) { /* the call loads it: no cache of its own to compare */
+    st = saved_bytes(f->cache, &f->file, &f->file_size);
+    kvq_cache_destroy(f->cache);
+    f->cache = NULL;
   }
   /* the CUDA backend reads its oldest device-time span (a wait point) when its ring is full: reading
    * them all here makes every run pass the same points (test_fault.c) */
@@ -223,10 +242,7 @@ static kvq_status setup(const scenario *s, fixture *f) {
   return st;
 }
 
-static void teardown(fixture *f) {
-  kvq_cache_destroy(f->cache);
-  f->cache = NULL;
-}
+static void teardown(fixture *f) { release(&f->cache, &f->file); }
 
 /* What the call gives with no point failed (the counting run): a point whose failure kvq absorbs (the
  * call returns KVQ_OK, as where a cold context's attention metadata cannot keep its list of changed
@@ -239,49 +255,34 @@ typedef struct expected {
 
 typedef struct tally {
   uint64_t by_kind[KVQ_FAULT_KINDS], failed, lost, unreached, counted, absorbed, in_wait;
+  uint64_t lost_in_destroy; /* of `lost`: in kvq_cache_destroy, reported by the context's next call */
   expected expect;
-  int failures;
-  char first[600];
+  fault_log log;
 } tally;
 
-static void failure(tally *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void failure(tally *t, const char *format, ...) {
-  char line[600];
-  va_list ap;
-  va_start(ap, format);
-  vsnprintf(line, sizeof line, format, ap);
-  va_end(ap);
-  if (t->failures < SHOWN) printf("#   %s\n", line);
-  if (!t->failures) snprintf(t->first, sizeof t->first, "%s", line);
-  t->failures++;
-}
-
-/* After a context is gone: kvq holds no host block, and the emulated CUDA device no object (a lost
- * device's, kept by the backend, are freed first by resetting the device, as a runtime would). */
-static void check_nothing_held(tally *t, uint64_t k, int lost, const char *when) {
-  if (kvq_fault_live_blocks() != 0)
-    failure(t, "point %llu%s: %lld host blocks of kvq's remain %s", (unsigned long long)k, lost ? " (lost)" : "",
-            (long long)kvq_fault_live_blocks(), when);
+/* Rows on the runtime's CUcontext: kvq pushes it around every call that touches CUDA and pops it before
+ * returning (kvq.h, kvq_cuda_device), failed calls, destroyed contexts and lost devices included, so
+ * the calling thread's context stack (the emulated driver's) is as the test left it: empty, pushes
+ * and pops balanced, the runtime's context the last pushed, and no runtime call made outside it since
+ * the row began (`outside_at_start`). After point k (0: after the scenario). */
 #ifdef KVQ_HAVE_CUDA_EMULATOR
-  if (mode->backend == KVQ_BACKEND_CUDA) {
-    if (lost) (void)kvq_cuda_emu_device_reset();
-    const size_t left = kvq_cuda_emu_device_objects();
-    if (left) failure(t, "point %llu: %zu emulated device objects remain %s", (unsigned long long)k, left, when);
-  }
-#else
-  (void)lost;
+static unsigned long long outside_at_start;
 #endif
-}
-
-static int may_be_lost(kvq_fault_kind kind) { return kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT; }
-
-/* Whether the row's backend can be lost here: Vulkan; CUDA only emulated (a lost device's memory is
- * then freed by resetting the emulated device; test_fault.c says why the backend keeps it). */
-static int can_be_lost(void) {
+static void check_context_stack(tally *t, uint64_t k) {
 #ifdef KVQ_HAVE_CUDA_EMULATOR
-  return mode->backend != KVQ_BACKEND_CPU;
+  if (!mode->runtime || mode->backend != KVQ_BACKEND_CUDA) return;
+  kvq_cuda_emu_context_counts c;
+  kvq_cuda_emu_contexts(&c);
+  if (c.depth || c.pushes != c.pops || c.last_pushed != cuda_runtime.context)
+    failure(&t->log, "point %llu: the thread's context stack is %llu deep after %llu pushes and %llu pops (the runtime's "
+            "context %s the last pushed)", (unsigned long long)k, c.depth, c.pushes, c.pops,
+            c.last_pushed == cuda_runtime.context ? "was" : "was not");
+  if (c.calls_outside_context != outside_at_start)
+    failure(&t->log, "point %llu: %llu CUDA runtime calls ran outside the runtime's context", (unsigned long long)k,
+            c.calls_outside_context - outside_at_start);
 #else
-  return mode->backend == KVQ_BACKEND_VULKAN;
+  (void)t;
+  (void)k;
 #endif
 }
 
@@ -298,7 +299,7 @@ static void absorbed(const scenario *s, fixture *f, uint64_t k, kvq_fault_kind k
     free(after);
   }
   if (!same)
-    failure(t, "point %llu (%s) failed%s, yet the call returned KVQ_OK%s", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK%s", (unsigned long long)k, kind_names[kind],
             lost ? " as a lost device" : "", lost ? "" : " with other outputs or another cache than without the failure");
   else
     t->absorbed++;
@@ -309,12 +310,12 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   const int cold = mode->cold || s->setup == NO_CACHE;
   kvq_status st = setup(s, f);
   if (st != KVQ_OK) {
-    failure(t, "point %llu: the setup failed: %s", (unsigned long long)k, f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+    failure(&t->log, "point %llu: the setup failed: %s", (unsigned long long)k, f->ctx ? kvq_context_last_error(f->ctx) : "no context");
     return;
   }
   unsigned char *before = NULL, *after = NULL;
   size_t before_size = 0, after_size = 0;
-  if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) failure(t, "point %llu: saving before the call", (unsigned long long)k);
+  if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) failure(&t->log, "point %llu: saving before the call", (unsigned long long)k);
   const struct outputs outputs = f->outputs;
   kvq_fault_arm(k, lost);
   st = s->call(f);
@@ -324,37 +325,45 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
     for (uint64_t i = 1; i <= kvq_fault_count(); i++) printf("#     %llu %s\n", (unsigned long long)i, kind_names[kvq_fault_kind_at(i)]);
   kvq_fault_arm(0, 0);
   const char *message = f->ctx ? kvq_context_last_error(f->ctx) : "(no context)";
+  if (fired && lost && st == KVQ_OK && s->setup == SAVED_FILE && !f->fired_before_destroy) {
+    /* load destroys the cache it made, and kvq_cache_destroy returns nothing: a device lost in its
+     * waits (the CUDA backend waits before freeing each buffer) must be the context's next call's
+     * status (test_fault.c) */
+    st = kvq_context_wait(f->ctx);
+    message = kvq_context_last_error(f->ctx);
+    t->lost_in_destroy++;
+  }
   if (!fired) {
     /* CUDA's timing events (test_fault.c): the last two points may go unreached, reported */
     if (mode->backend == KVQ_BACKEND_CUDA && k + 2 > t->counted) t->unreached++;
-    else failure(t, "point %llu was not reached (the call: %s, %s)", (unsigned long long)k, kvq_status_string(st), message);
+    else failure(&t->log, "point %llu was not reached (the call: %s, %s)", (unsigned long long)k, kvq_status_string(st), message);
   } else if (st == KVQ_OK) {
     absorbed(s, f, k, kind, lost, t);
   } else if (!message[0]) {
-    failure(t, "point %llu (%s): %s without a message", (unsigned long long)k, kind_names[kind], kvq_status_string(st));
+    failure(&t->log, "point %llu (%s): %s without a message", (unsigned long long)k, kind_names[kind], kvq_status_string(st));
   } else if (lost && st != KVQ_ERROR_DEVICE_LOST) {
-    failure(t, "point %llu (%s) failed as a lost device: %s (%s)", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s) failed as a lost device: %s (%s)", (unsigned long long)k, kind_names[kind],
             kvq_status_string(st), message);
   } else if (s->setup == NO_CACHE && f->made) {
-    failure(t, "point %llu (%s): the failed create gave a context", (unsigned long long)k, kind_names[kind]);
+    failure(&t->log, "point %llu (%s): the failed create gave a context", (unsigned long long)k, kind_names[kind]);
   }
   /* A failure kvq_context_wait reports (the call itself returned KVQ_OK) is of work that may have
    * taken place (kvq.h, asynchronous mode): the outputs and the cache are not compared then. */
   const int failed = fired && st != KVQ_OK, compared = failed && !f->waited_failed;
   t->in_wait += failed && !lost && f->waited_failed;
   if (compared && !lost && memcmp(&outputs, &f->outputs, sizeof outputs))
-    failure(t, "point %llu (%s): the failed call wrote its outputs", (unsigned long long)k, kind_names[kind]);
+    failure(&t->log, "point %llu (%s): the failed call wrote its outputs", (unsigned long long)k, kind_names[kind]);
   if (compared && !lost && f->cache) {
     if (saved_bytes(f->cache, &after, &after_size) != KVQ_OK)
-      failure(t, "point %llu (%s): saving after the failed call: %s", (unsigned long long)k, kind_names[kind],
+      failure(&t->log, "point %llu (%s): saving after the failed call: %s", (unsigned long long)k, kind_names[kind],
               kvq_context_last_error(f->ctx));
     else if (before && (after_size != before_size || memcmp(before, after, before_size)))
-      failure(t, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k, kind_names[kind],
+      failure(&t->log, "point %llu (%s): the failed call changed the cache (%s: %s)", (unsigned long long)k, kind_names[kind],
               kvq_status_string(st), message);
   }
-  if (failed && !lost && s->setup == NO_CACHE) check_nothing_held(t, k, 0, "after the failed create");
+  if (failed && !lost && s->setup == NO_CACHE) check_nothing_held(&t->log, mode->backend, k, 0, "after the failed create");
   if (failed && !lost && (st = s->call(f)) != KVQ_OK)
-    failure(t, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
+    failure(&t->log, "point %llu (%s): the same call after the failure: %s (%s)", (unsigned long long)k, kind_names[kind],
             kvq_status_string(st), f->ctx ? kvq_context_last_error(f->ctx) : "");
   free(before);
   free(after);
@@ -362,8 +371,9 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   if (cold || lost) { /* a lost device's context is only good for destroying */
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
-    check_nothing_held(t, k, lost, lost ? "after a lost device's context was destroyed" : "once the context is destroyed");
+    check_nothing_held(&t->log, mode->backend, k, lost, lost ? "after a lost device's context was destroyed" : "once the context is destroyed");
   }
+  check_context_stack(t, k);
 }
 
 /* Runs `s` three times on f->ctx (warm rows): what a context makes on first use and keeps then
@@ -381,13 +391,13 @@ static kvq_status warm_up(const scenario *s, fixture *f) {
 static void run_scenario(const scenario *s, tally *t) {
   fixture *f = calloc(1, sizeof *f);
   if (!f) {
-    failure(t, "out of memory");
+    failure(&t->log, "out of memory");
     return;
   }
   const int cold = mode->cold || s->setup == NO_CACHE;
   kvq_status st = cold ? KVQ_OK : make_context(mode->backend, &f->ctx);
   if (st == KVQ_OK && !cold) st = warm_up(s, f);
-  if (st != KVQ_OK) failure(t, "the scenario fails without a fault: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+  if (st != KVQ_OK) failure(&t->log, "the scenario fails without a fault: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   st = setup(s, f);
   /* the save that fail_point makes before the call, made here too: on a cold context it is the
    * first read back, which grows what later reads reuse, so the counted run must pass it as well */
@@ -401,7 +411,7 @@ static void run_scenario(const scenario *s, tally *t) {
   t->counted = kvq_fault_eligible();
   t->expect.outputs = f->outputs;
   if (st == KVQ_OK && f->cache && saved_bytes(f->cache, &t->expect.saved, &t->expect.saved_size) != KVQ_OK)
-    failure(t, "saving after the counting run: %s", kvq_context_last_error(f->ctx));
+    failure(&t->log, "saving after the counting run: %s", kvq_context_last_error(f->ctx));
   uint64_t lost_points = 0;
   for (uint64_t k = 1; k <= n && k <= KVQ_FAULT_TRACE; k++) {
     if (getenv("KVQ_FAULT_TRACE_UNREACHED")) printf("#   counted %llu %s\n", (unsigned long long)k, kind_names[kvq_fault_kind_at(k)]);
@@ -409,29 +419,30 @@ static void run_scenario(const scenario *s, tally *t) {
     lost_points += may_be_lost(kvq_fault_kind_at(k));
   }
   teardown(f);
-  if (st != KVQ_OK) failure(t, "the counting run failed: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
+  if (st != KVQ_OK) failure(&t->log, "the counting run failed: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   if (cold) {
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
   }
-  for (uint64_t k = 1; !t->failures && k <= t->counted; k++) {
+  for (uint64_t k = 1; !t->log.failures && k <= t->counted; k++) {
     fail_point(s, f, k, 0, t);
     t->failed++;
   }
   /* submissions and waits as a lost device, on the GPU backends (a create submits nothing: the wait
    * its scenario passes is kvq_context_destroy's, which returns nothing) */
-  for (uint64_t k = 1; !t->failures && can_be_lost() && s->setup != NO_CACHE && k <= lost_points; k++) {
+  for (uint64_t k = 1; !t->log.failures && can_be_lost(mode->backend) && s->setup != NO_CACHE && k <= lost_points; k++) {
     t->lost++;
     fail_point(s, f, k, 1, t);
-    if (!cold && !t->failures) {
+    if (!cold && !t->log.failures) {
       st = make_context(mode->backend, &f->ctx);
       if (st == KVQ_OK) st = warm_up(s, f);
-      if (st != KVQ_OK) failure(t, "a new context after a lost device: %s", kvq_status_string(st));
+      if (st != KVQ_OK) failure(&t->log, "a new context after a lost device: %s", kvq_status_string(st));
     }
   }
   kvq_context_destroy(f->ctx);
   f->ctx = NULL;
-  check_nothing_held(t, 0, 0, "once the scenario's context is destroyed");
+  check_nothing_held(&t->log, mode->backend, 0, 0, "once the scenario's context is destroyed");
+  check_context_stack(t, 0);
   free(t->expect.saved);
   free(f);
 }
@@ -462,12 +473,24 @@ typedef struct totals {
   uint64_t failed_points, lost_points;
 } totals;
 
-static void row(const scenario *s, const char *skip, totals *all) {
+/* One TAP line: scenario `s` of the row, skipped when `skip` says why, failed when `broken` says what
+ * failed before it could run (the runtime's device). */
+static void row(const scenario *s, const char *skip, const char *broken, totals *all) {
   all->number++;
   if (skip) {
     printf("ok %d - %s %s # SKIP %s\n", all->number, mode->name, s->name, skip);
     return;
   }
+  if (broken) {
+    printf("not ok %d - %s %s: %s\n", all->number, mode->name, s->name, broken);
+    all->failed++;
+    return;
+  }
+#ifdef KVQ_HAVE_CUDA_EMULATOR
+  kvq_cuda_emu_context_counts c;
+  kvq_cuda_emu_contexts(&c);
+  outside_at_start = c.calls_outside_context;
+#endif
   tally t = {0};
   struct timespec start, end;
   clock_gettime(CLOCK_MONOTONIC, &start);
@@ -476,43 +499,45 @@ static void row(const scenario *s, const char *skip, totals *all) {
   const double seconds = (double)(end.tv_sec - start.tv_sec) + (double)(end.tv_nsec - start.tv_nsec) * 1e-9;
   all->failed_points += t.failed - t.unreached;
   all->lost_points += t.lost;
-  char kinds[300] = "";
-  size_t at = 0;
-  uint64_t points = 0;
-  for (int k = 0; k < KVQ_FAULT_KINDS; k++) {
-    points += t.by_kind[k];
-    if (t.by_kind[k] && at < sizeof kinds)
-      at += (size_t)snprintf(kinds + at, sizeof kinds - at, "%s%s %llu", at ? ", " : "", kind_names[k],
-                             (unsigned long long)t.by_kind[k]);
-  }
+  char kinds[300];
+  const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
   const char *todo = known_defect(mode->name, s->name);
-  if (t.failures && !todo) all->failed++;
+  if (t.log.failures && !todo) all->failed++;
+  char in_destroy[120];
+  in_destroy_text(t.lost_in_destroy, in_destroy, sizeof in_destroy);
   printf("%s %d - %s %s: %llu points (%s): %llu failed (%llu of them absorbed, %llu reported by the wait), %llu failed "
-         "as a lost device, %llu not reached, %.1f s%s%s%s%s\n",
-         t.failures ? "not ok" : "ok", all->number, mode->name, s->name, (unsigned long long)points, kinds,
+         "as a lost device%s, %llu not reached, %.1f s%s%s%s%s\n",
+         t.log.failures ? "not ok" : "ok", all->number, mode->name, s->name, (unsigned long long)points, kinds,
          (unsigned long long)(t.failed - t.unreached), (unsigned long long)t.absorbed, (unsigned long long)t.in_wait,
-         (unsigned long long)t.lost,
-         (unsigned long long)t.unreached, seconds, t.failures ? ": " : "", t.failures ? t.first : "",
+         (unsigned long long)t.lost, in_destroy,
+         (unsigned long long)t.unreached, seconds, t.log.failures ? ": " : "", t.log.failures ? t.log.first : "",
          todo ? " # TODO known defect: " : "", todo ? todo : "");
   fflush(stdout);
 }
 
 /* The rows: each mode with its scenarios. */
 static const row_mode modes[] = {
-    {"cpu", KVQ_BACKEND_CPU, 0, 0, 0},
-    {"vulkan", KVQ_BACKEND_VULKAN, 0, 0, 0},
-    {"cuda", KVQ_BACKEND_CUDA, 0, 0, 0},
-    {"vulkan-cold", KVQ_BACKEND_VULKAN, 1, 0, 0},
-    {"cuda-cold", KVQ_BACKEND_CUDA, 1, 0, 0},
-    {"vulkan-async", KVQ_BACKEND_VULKAN, 0, 1, 0},
-    {"cuda-device", KVQ_BACKEND_CUDA, 0, 0, 1},
-    {"cuda-device-async", KVQ_BACKEND_CUDA, 0, 1, 1},
+    {"cpu", KVQ_BACKEND_CPU, 0, 0, 0, 0},
+    {"vulkan", KVQ_BACKEND_VULKAN, 0, 0, 0, 0},
+    {"cuda", KVQ_BACKEND_CUDA, 0, 0, 0, 0},
+    {"vulkan-cold", KVQ_BACKEND_VULKAN, 1, 0, 0, 0},
+    {"cuda-cold", KVQ_BACKEND_CUDA, 1, 0, 0, 0},
+    {"vulkan-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 0},
+    {"cuda-device", KVQ_BACKEND_CUDA, 0, 0, 1, 0},
+    {"cuda-device-async", KVQ_BACKEND_CUDA, 0, 1, 1, 0},
+    /* The rows on a runtime's device: run by the argument `runtimes` (test fault_injection_runtimes,
+     * tests/meson.build: a test of its own, so that each stays near a minute of CPU time), alone. */
+    {"vulkan-runtime", KVQ_BACKEND_VULKAN, 0, 0, 0, 1},
+    {"vulkan-runtime-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 1},
+    {"cuda-runtime", KVQ_BACKEND_CUDA, 0, 0, 0, 1},
 };
 enum { MODES = sizeof modes / sizeof modes[0] };
 
 static void scenarios_of(const row_mode *m, const scenario **list, size_t *count) {
 #define LIST(a) (*list = (a), *count = sizeof(a) / sizeof(a)[0])
-  if (m->cold && m->backend == KVQ_BACKEND_VULKAN) LIST(vulkan_cold_scenarios);
+  if (m->runtime && m->backend == KVQ_BACKEND_CUDA) LIST(cuda_runtime_scenarios);
+  else if (m->runtime && !m->async) LIST(vulkan_runtime_scenarios);
+  else if (m->cold && m->backend == KVQ_BACKEND_VULKAN) LIST(vulkan_cold_scenarios);
   else if (m->cold) LIST(cold_scenarios);
   else if (m->cuda_tensors && m->async) LIST(device_async_scenarios);
   else if (m->cuda_tensors) LIST(device_scenarios);
@@ -521,8 +546,14 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 #undef LIST
 }
 
-int main(void) {
-  fill_inputs();
+int main(int argc, char **argv) {
+  fill_inputs(7);
+  /* no argument: the rows on kvq's own devices; `runtimes`: those on a runtime's */
+  const int runtimes = argc > 1 && !strcmp(argv[1], "runtimes");
+  if (argc > 2 || (argc == 2 && !runtimes)) {
+    printf("1..1\nnot ok 1 - arguments: none, or `runtimes`\n");
+    return 1;
+  }
   kvq_backend_info infos[4];
   size_t count = 0;
   if (kvq_backends_list(infos, 4, &count) != KVQ_OK || count > 4) {
@@ -534,12 +565,13 @@ int main(void) {
     const scenario *list;
     size_t n;
     scenarios_of(&modes[m], &list, &n);
-    rows += n;
+    rows += modes[m].runtime == runtimes ? n : 0;
   }
   printf("1..%zu\n", rows);
   totals all = {0};
   for (size_t m = 0; m < MODES; m++) {
     mode = &modes[m];
+    if (mode->runtime != runtimes) continue;
     const char *skip = NULL;
     char why[300];
     for (size_t b = 0; b < count; b++)
@@ -547,6 +579,21 @@ int main(void) {
         snprintf(why, sizeof why, "%s unavailable here: %s", infos[b].name, infos[b].reason);
         skip = why;
       }
+#ifndef KVQ_HAVE_CUDA_EMULATOR
+    if (mode->runtime && mode->backend == KVQ_BACKEND_CUDA)
+      skip = "the runtime's CUDA stream and CUcontext here are tokens that only the emulated backend takes, not built";
+#endif
+    /* the runtime's Vulkan device, made once for the rows on it */
+    const char *broken = NULL;
+    char broken_why[300];
+    if (!skip && mode->runtime && mode->backend == KVQ_BACKEND_VULKAN && !vulkan_runtime.device) {
+      const char *failed_at = runtime_device_start(&vulkan_runtime);
+      if (failed_at) {
+        snprintf(broken_why, sizeof broken_why, "the runtime's device: %s failed", failed_at);
+        runtime_device_stop(&vulkan_runtime);
+      }
+    }
+    if (!skip && mode->runtime && mode->backend == KVQ_BACKEND_VULKAN && !vulkan_runtime.device) broken = broken_why;
     /* KVQ_FAULT_ONLY="MODE" or "MODE SCENARIO" (by hand, when looking into a row): those rows only */
     const char *only = getenv("KVQ_FAULT_ONLY");
     const scenario *list;
@@ -556,9 +603,10 @@ int main(void) {
       char name[100];
       snprintf(name, sizeof name, "%s %s", mode->name, list[i].name);
       const int other = only && strcmp(only, mode->name) && strcmp(only, name);
-      row(&list[i], skip ? skip : other ? "not a row KVQ_FAULT_ONLY names" : NULL, &all);
+      row(&list[i], skip ? skip : other ? "not a row KVQ_FAULT_ONLY names" : NULL, broken, &all);
     }
   }
+  runtime_device_stop(&vulkan_runtime);
   all.number++;
   const int clean = kvq_fault_live_blocks() == 0;
   printf("%s %d - kvq holds %lld host blocks at the end (0 expected); %llu failure points failed, %llu more as a lost "
