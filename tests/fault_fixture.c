@@ -152,6 +152,39 @@ uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t s
 }
 
 #ifdef KVQ_HAVE_VULKAN
+/* The Vulkan loader loads the drivers (ICDs) and implicit layers at each vkCreateInstance and unloads
+ * them at vkDestroyInstance, so a test that makes thousands of contexts maps them again and again,
+ * each time wherever the kernel finds room. Once a driver landed where the stack of an exited thread
+ * had been: AddressSanitizer's shadow of that stack still said "out of scope" (ASan does not clear the
+ * shadow of memory unmapped behind its back), and the driver's own strcmp on its data, through ASan's
+ * interceptor, aborted the test (seen once: Mesa's hasvk inside kvq_context_create, fault_injection_contexts,
+ * row vulkan-async append). An instance of the test's own, made before the first context and kept
+ * to the end, holds every driver at the address it got first. */
+static VkInstance drivers_held;
+static PFN_vkDestroyInstance destroy_held;
+
+static void vulkan_drivers_release(void) {
+  if (drivers_held && destroy_held) destroy_held(drivers_held, NULL);
+  drivers_held = VK_NULL_HANDLE;
+}
+
+void vulkan_drivers_hold(void) {
+  if (drivers_held || volkInitialize() != VK_SUCCESS) return; /* no loader: no driver to hold */
+  VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .apiVersion = VK_API_VERSION_1_2};
+  VkInstanceCreateInfo info = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+  if (vkCreateInstance(&info, NULL, &drivers_held) != VK_SUCCESS) {
+    drivers_held = VK_NULL_HANDLE;
+    return;
+  }
+  /* through the loader, not volk's globals, which runtime_device_start points at its own instance */
+  destroy_held = (PFN_vkDestroyInstance)vkGetInstanceProcAddr(drivers_held, "vkDestroyInstance");
+  atexit(vulkan_drivers_release); /* before LeakSanitizer's check, registered earlier, runs */
+}
+#else
+void vulkan_drivers_hold(void) {}
+#endif
+
+#ifdef KVQ_HAVE_VULKAN
 const char *runtime_device_start(kvq_vulkan_device *handed) {
   memset(handed, 0, sizeof *handed);
   if (volkInitialize() != VK_SUCCESS) return "volkInitialize";

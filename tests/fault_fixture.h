@@ -89,6 +89,10 @@ void in_destroy_text(uint64_t n, char *out, size_t size);
 /* "host alloc 3, copy 2, ..." for a row's points by kind, into `out`; returns the points in all. */
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size);
 
+/* Keeps the Vulkan drivers loaded until the process exits (fault_fixture.c says why); call first in
+ * main. Without a Vulkan loader or device it does nothing. */
+void vulkan_drivers_hold(void);
+
 /* A Vulkan instance and device made as a runtime would (volk; tests/test_vulkan.c has the same with
  * assertions): the first physical device, one compute queue. Fills `device` for
  * kvq_context_options.vulkan and returns NULL, or returns what failed (then runtime_device_stop

@@ -481,6 +481,7 @@ static void row(const scenario *s, const char *name, kvq_backend_kind backend, i
 
 int main(void) {
   fill_inputs(2024);
+  vulkan_drivers_hold();
   kvq_backend_info infos[4];
   size_t count = 0;
   if (kvq_backends_list(infos, 4, &count) != KVQ_OK || count > 4) {

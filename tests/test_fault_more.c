@@ -548,6 +548,7 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 
 int main(int argc, char **argv) {
   fill_inputs(7);
+  vulkan_drivers_hold();
   /* no argument: the rows on kvq's own devices; `runtimes`: those on a runtime's */
   const int runtimes = argc > 1 && !strcmp(argv[1], "runtimes");
   if (argc > 2 || (argc == 2 && !runtimes)) {
