@@ -14,6 +14,7 @@
 #include "gpu_meta.h"
 #include "internal.h"
 #include "memory_limits.h"
+#include "output_undo.h"
 #include "policy.h"
 #include "tensor.h"
 
@@ -406,7 +407,8 @@ static kvq_status check_layer(kvq_cache *cache, uint32_t layer, const char *what
                   cache->config.layer_count);
 }
 
-static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
+static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count,
+                                 kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_attention");
   if (st != KVQ_OK) return st;
@@ -454,6 +456,14 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
       if (st == KVQ_OK) st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
     }
   }
+  /* device outputs saved before any is written, where a failed call would leave them written (CUDA) */
+  int undoing = 0;
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) undoing |= kvq_output_undo_needed(ctx, &requests[i].output);
+  const kvq_tensor **saving = undoing ? malloc(sizeof *saving * count) : NULL;
+  if (undoing && !saving) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0; i < count && saving; i++) saving[i] = &requests[i].output;
+  if (saving && st == KVQ_OK) st = kvq_output_undo_save(cache, saving, count, undo);
+  free(saving);
   /* with the policy, attend reads the device checks too: its statistics count only a call that
    * succeeded */
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count, outputs);
@@ -478,7 +488,7 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
 }
 
 static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
-                              kvq_score_kind kind, const kvq_tensor *scores) {
+                              kvq_score_kind kind, const kvq_tensor *scores, kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_scores");
   if (st != KVQ_OK) return st;
@@ -513,6 +523,7 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     st = kvq_tensor_read(ctx, queries, q, KVQ_DTYPE_F32);
     if (st == KVQ_OK) st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
+  if (st == KVQ_OK) st = kvq_output_undo_save(cache, &scores, 1, undo);
   if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1, NULL);
   if (st == KVQ_OK && !device_scores) {
     if (n != width) /* evicted tokens' slots leave the rows: kept tokens only, in order */
@@ -651,7 +662,7 @@ static kvq_status dequantize_in_place(kvq_cache *cache, const kvq_sequence *seq,
 }
 
 static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
-                                  const kvq_tensor *keys, const kvq_tensor *values) {
+                                  const kvq_tensor *keys, const kvq_tensor *values, kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
   const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_dequantize", &st);
@@ -679,6 +690,10 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
   uint32_t *slots = malloc(sizeof(uint32_t) * n);
   if (!slots) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
   kvq_layer_view_kept(cache, seq, &view, slots, NULL);
+  if ((st = kvq_output_undo_save(cache, outs, 2, undo)) != KVQ_OK) {
+    free(slots);
+    return st;
+  }
   /* device outputs are written in place when every output is one (else all are staged) */
   if ((!keys || kvq_tensor_on_device(ctx, keys)) && (!values || kvq_tensor_on_device(ctx, values)) &&
       dequantize_in_place_fits(cache, layer, &view, slots + first, (uint32_t)count)) {
@@ -723,20 +738,23 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
 
 kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, attention_call(cache, layer, requests, count));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, attention_call(cache, layer, requests, count, &undo)));
 }
 
 kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
                       kvq_score_kind kind, const kvq_tensor *scores) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, scores_call(cache, id, layer, queries, mask, kind, scores));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, scores_call(cache, id, layer, queries, mask, kind, scores, &undo)));
 }
 
 kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
                           const kvq_tensor *keys, const kvq_tensor *values) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, dequantize_call(cache, id, layer, first, count, keys, values));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, dequantize_call(cache, id, layer, first, count, keys, values, &undo)));
 }

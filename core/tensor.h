@@ -11,6 +11,10 @@ kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *n
 /* The memory a tensor names, as a backend imports it: data for pointer kinds, handle for handle kinds. */
 kvq_device_memory kvq_tensor_memory(const kvq_tensor *t);
 
+/* The bytes [*first, *first + *bytes) of the memory the tensor's elements lie in (its offset to the
+ * end of its last element). */
+void kvq_tensor_span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes);
+
 /* Number of elements. */
 uint64_t kvq_tensor_count(const kvq_tensor *t);
 

@@ -12,8 +12,7 @@
 
 #include "tensor.h"
 
-/* The bytes [first, first + bytes) of the device memory the tensor's elements lie in. */
-static void span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
+void kvq_tensor_span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
   uint64_t last = 0;
   for (uint32_t i = 0; i < 3; i++) last += (uint64_t)(t->shape[i] - 1) * (uint64_t)t->strides[i];
   *first = t->offset;
@@ -24,7 +23,7 @@ static void span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
 static kvq_status stage(kvq_context *ctx, const kvq_tensor *t, kvq_buffer **buffer, uint8_t **copy, kvq_tensor *host) {
   kvq_backend *be = ctx->backend;
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   *copy = bytes <= SIZE_MAX ? malloc((size_t)bytes) : NULL;
   if (!*copy) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a %llu-byte device tensor", (unsigned long long)bytes);
   const kvq_device_memory memory = kvq_tensor_memory(t);
@@ -71,7 +70,7 @@ kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *
   if (st != KVQ_OK) return st;
   kvq_tensor_scatter(&host, src);
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   st = ctx->backend->ops->buffer_write(ctx->backend, buffer, first, copy, bytes);
   ctx->backend->ops->buffer_destroy(ctx->backend, buffer);
   free(copy);
@@ -81,7 +80,7 @@ kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *
 
 int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   const int vulkan = t->memory == KVQ_MEMORY_VULKAN_BUFFER, cuda = t->memory == KVQ_MEMORY_CUDA_DEVICE;
   /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
    * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged).
@@ -116,7 +115,7 @@ static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, const uint32_t 
   kvq_status st = checks ? checks_start(ctx) : KVQ_OK;
   if (st != KVQ_OK) return st;
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   kvq_buffer *buffer = NULL;
   const kvq_device_memory memory = kvq_tensor_memory(t);
   if ((st = be->ops->buffer_import(be, &memory, first + bytes, &buffer)) != KVQ_OK)
