@@ -407,6 +407,21 @@ static kvq_status check_layer(kvq_cache *cache, uint32_t layer, const char *what
                   cache->config.layer_count);
 }
 
+/* kvq_attention's `staged` device outputs that are not written in place (kvq_tensor_on_device: a
+ * 16-bit VkBuffer tensor not ending on a word, or one of 2^32 elements), from their host rows. */
+static kvq_status write_staged(kvq_context *ctx, const kvq_attention_request *requests, const attend_item *items, size_t count,
+                               size_t staged) {
+  const kvq_tensor **tensors = malloc(sizeof *tensors * staged);
+  const float **rows = malloc(sizeof *rows * staged);
+  kvq_status st = tensors && rows ? KVQ_OK : kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0, n = 0; i < count && st == KVQ_OK; i++)
+    if (items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST) tensors[n] = &requests[i].output, rows[n++] = items[i].output;
+  if (st == KVQ_OK) st = kvq_tensors_write(ctx, staged, tensors, rows);
+  free(tensors);
+  free(rows);
+  return st;
+}
+
 static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count,
                                  kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
@@ -473,11 +488,15 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
     if (st == KVQ_OK)
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
-  /* A device output that cannot be written (a device error) stops the loop: the statistics of the
-   * sequences not answered stay as they were. */
+  /* Every output written before the statistics change (a failed write leaves them all as they were):
+   * device outputs written through host memory first, together (write_staged), host outputs last. */
+  size_t staged = 0;
+  for (size_t i = 0; i < count; i++) staged += items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST;
+  if (st == KVQ_OK && staged) st = write_staged(ctx, requests, items, count, staged);
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
-    if ((!items[i].output || (st = kvq_tensor_write(ctx, &requests[i].output, items[i].output)) == KVQ_OK) && items[i].sums)
-      kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
+    if (items[i].output && requests[i].output.memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(&requests[i].output, items[i].output);
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (items[i].sums) kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);
     free(items[i].sums);
@@ -729,8 +748,12 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
   /* the call's work done before the outputs are written (kvq_attention) */
   if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_dequantize");
-  for (int s = 0; s < 2 && st == KVQ_OK; s++)
-    if (outs[s]) st = kvq_tensor_write(ctx, outs[s], buffers[s]);
+  const kvq_tensor *written[2];
+  const float *decoded[2];
+  size_t sides = 0;
+  for (int s = 0; s < 2; s++)
+    if (outs[s]) written[sides] = outs[s], decoded[sides++] = buffers[s];
+  if (st == KVQ_OK) st = kvq_tensors_write(ctx, sides, written, decoded); /* none written if one fails */
   free(buffers[0]);
   free(buffers[1]);
   return st;

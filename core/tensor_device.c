@@ -59,24 +59,48 @@ kvq_status kvq_tensor_read(kvq_context *ctx, const kvq_tensor *t, void *dst, kvq
 }
 
 kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *src) {
-  if (t->memory == KVQ_MEMORY_HOST) {
-    kvq_tensor_scatter(t, src);
-    return KVQ_OK;
-  }
-  kvq_buffer *buffer = NULL;
-  uint8_t *copy = NULL;
-  kvq_tensor host;
-  kvq_status st = stage(ctx, t, &buffer, &copy, &host); /* read first: strided gaps keep their bytes */
-  if (st != KVQ_OK) return st;
-  kvq_tensor_scatter(&host, src);
-  uint64_t first, bytes;
-  kvq_tensor_span(t, &first, &bytes);
-  st = ctx->backend->ops->buffer_write(ctx->backend, buffer, first, copy, bytes);
-  ctx->backend->ops->buffer_destroy(ctx->backend, buffer);
-  free(copy);
-  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "writing a device tensor");
+  return kvq_tensors_write(ctx, 1, &t, &src);
 }
 
+/* One device tensor of kvq_tensors_write: its memory imported, the bytes it spans on the host. */
+typedef struct staged_tensor {
+  kvq_buffer *buffer;
+  uint8_t *copy;
+  kvq_tensor host;
+} staged_tensor;
+
+kvq_status kvq_tensors_write(kvq_context *ctx, size_t count, const kvq_tensor *const *t, const float *const *src) {
+  kvq_backend *be = ctx->backend;
+  size_t devices = 0;
+  for (size_t i = 0; i < count; i++) devices += t[i]->memory != KVQ_MEMORY_HOST;
+  staged_tensor *staged = devices ? calloc(count, sizeof *staged) : NULL;
+  kvq_status st = KVQ_OK;
+  if (devices && !staged) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory writing device tensors");
+  /* Every device tensor read (strided gaps keep their bytes) before any is written: a read waits for
+   * the work issued so far, which on a backend that records the call (Vulkan) submits it, so a read
+   * after a write would run that write even if the call then fails. The writes are then recorded
+   * together and run with the call's end (unless they outgrow the backend's staging memory, which
+   * submits part way: docs/RELIABILITY.md); a failed call drops them (kvq_call_discard). */
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (t[i]->memory != KVQ_MEMORY_HOST) st = stage(ctx, t[i], &staged[i].buffer, &staged[i].copy, &staged[i].host);
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    if (t[i]->memory == KVQ_MEMORY_HOST) continue;
+    kvq_tensor_scatter(&staged[i].host, src[i]);
+    uint64_t first, bytes;
+    kvq_tensor_span(t[i], &first, &bytes);
+    if ((st = be->ops->buffer_write(be, staged[i].buffer, first, staged[i].copy, bytes)) != KVQ_OK)
+      st = kvq_fail_backend(ctx, st, "writing a device tensor");
+  }
+  /* host tensors last: nothing after them can fail */
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (t[i]->memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(t[i], src[i]);
+  for (size_t i = 0; staged && i < count; i++) {
+    if (staged[i].buffer) be->ops->buffer_destroy(be, staged[i].buffer);
+    free(staged[i].copy);
+  }
+  free(staged);
+  return st;
+}
 
 int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
   uint64_t first, bytes;
