@@ -14,6 +14,7 @@
 #include "gpu_meta.h"
 #include "internal.h"
 #include "memory_limits.h"
+#include "output_undo.h"
 #include "policy.h"
 #include "tensor.h"
 
@@ -406,7 +407,23 @@ static kvq_status check_layer(kvq_cache *cache, uint32_t layer, const char *what
                   cache->config.layer_count);
 }
 
-static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
+/* kvq_attention's `staged` device outputs that are not written in place (kvq_tensor_on_device: a
+ * 16-bit VkBuffer tensor not ending on a word, or one of 2^32 elements), from their host rows. */
+static kvq_status write_staged(kvq_context *ctx, const kvq_attention_request *requests, const attend_item *items, size_t count,
+                               size_t staged) {
+  const kvq_tensor **tensors = malloc(sizeof *tensors * staged);
+  const float **rows = malloc(sizeof *rows * staged);
+  kvq_status st = tensors && rows ? KVQ_OK : kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0, n = 0; i < count && st == KVQ_OK; i++)
+    if (items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST) tensors[n] = &requests[i].output, rows[n++] = items[i].output;
+  if (st == KVQ_OK) st = kvq_tensors_write(ctx, staged, tensors, rows);
+  free(tensors);
+  free(rows);
+  return st;
+}
+
+static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count,
+                                 kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_attention");
   if (st != KVQ_OK) return st;
@@ -454,6 +471,14 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
       if (st == KVQ_OK) st = check_finite_queries(ctx, q, items[i].rows * row_floats, "kvq_attention queries");
     }
   }
+  /* device outputs saved before any is written, where a failed call would leave them written (CUDA) */
+  int undoing = 0;
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) undoing |= kvq_output_undo_needed(ctx, &requests[i].output);
+  const kvq_tensor **saving = undoing ? malloc(sizeof *saving * count) : NULL;
+  if (undoing && !saving) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
+  for (size_t i = 0; i < count && saving; i++) saving[i] = &requests[i].output;
+  if (saving && st == KVQ_OK) st = kvq_output_undo_save(cache, saving, count, undo);
+  free(saving);
   /* with the policy, attend reads the device checks too: its statistics count only a call that
    * succeeded */
   if (st == KVQ_OK) st = attend(cache, layer, STAGE_OUTPUT, items, count, outputs);
@@ -463,11 +488,15 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
     if (st == KVQ_OK)
       st = check_fits(ctx, items[i].output, items[i].rows * row_floats, requests[i].output.dtype, "kvq_attention");
   }
-  /* A device output that cannot be written (a device error) stops the loop: the statistics of the
-   * sequences not answered stay as they were. */
+  /* Every output written before the statistics change (a failed write leaves them all as they were):
+   * device outputs written through host memory first, together (write_staged), host outputs last. */
+  size_t staged = 0;
+  for (size_t i = 0; i < count; i++) staged += items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST;
+  if (st == KVQ_OK && staged) st = write_staged(ctx, requests, items, count, staged);
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
-    if ((!items[i].output || (st = kvq_tensor_write(ctx, &requests[i].output, items[i].output)) == KVQ_OK) && items[i].sums)
-      kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
+    if (items[i].output && requests[i].output.memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(&requests[i].output, items[i].output);
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (items[i].sums) kvq_policy_add_attention(cache, items[i].seq, &items[i].view, items[i].sums);
   for (size_t i = 0; i < count; i++) {
     free((void *)items[i].queries);
     free(items[i].sums);
@@ -478,7 +507,7 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
 }
 
 static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
-                              kvq_score_kind kind, const kvq_tensor *scores) {
+                              kvq_score_kind kind, const kvq_tensor *scores, kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st = check_layer(cache, layer, "kvq_scores");
   if (st != KVQ_OK) return st;
@@ -513,6 +542,7 @@ static kvq_status scores_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     st = kvq_tensor_read(ctx, queries, q, KVQ_DTYPE_F32);
     if (st == KVQ_OK) st = check_finite_queries(ctx, q, rows * L->head_dim, "kvq_scores queries");
   }
+  if (st == KVQ_OK) st = kvq_output_undo_save(cache, &scores, 1, undo);
   if (st == KVQ_OK) st = attend(cache, layer, kind == KVQ_SCORES_LOGITS ? STAGE_LOGITS : STAGE_PROBABILITIES, &item, 1, NULL);
   if (st == KVQ_OK && !device_scores) {
     if (n != width) /* evicted tokens' slots leave the rows: kept tokens only, in order */
@@ -651,7 +681,7 @@ static kvq_status dequantize_in_place(kvq_cache *cache, const kvq_sequence *seq,
 }
 
 static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
-                                  const kvq_tensor *keys, const kvq_tensor *values) {
+                                  const kvq_tensor *keys, const kvq_tensor *values, kvq_output_undo *undo) {
   kvq_context *ctx = cache->ctx;
   kvq_status st;
   const kvq_sequence *seq = kvq_sequence_layer_lookup(cache, id, layer, "kvq_dequantize", &st);
@@ -679,6 +709,10 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
   uint32_t *slots = malloc(sizeof(uint32_t) * n);
   if (!slots) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_dequantize: out of host memory");
   kvq_layer_view_kept(cache, seq, &view, slots, NULL);
+  if ((st = kvq_output_undo_save(cache, outs, 2, undo)) != KVQ_OK) {
+    free(slots);
+    return st;
+  }
   /* device outputs are written in place when every output is one (else all are staged) */
   if ((!keys || kvq_tensor_on_device(ctx, keys)) && (!values || kvq_tensor_on_device(ctx, values)) &&
       dequantize_in_place_fits(cache, layer, &view, slots + first, (uint32_t)count)) {
@@ -714,8 +748,12 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
     if (outs[s]) st = check_fits(ctx, buffers[s], count * L->kv_heads * L->head_dim, outs[s]->dtype, "kvq_dequantize");
   /* the call's work done before the outputs are written (kvq_attention) */
   if (st == KVQ_OK) st = kvq_call_settle(ctx, 0, "kvq_dequantize");
-  for (int s = 0; s < 2 && st == KVQ_OK; s++)
-    if (outs[s]) st = kvq_tensor_write(ctx, outs[s], buffers[s]);
+  const kvq_tensor *written[2];
+  const float *decoded[2];
+  size_t sides = 0;
+  for (int s = 0; s < 2; s++)
+    if (outs[s]) written[sides] = outs[s], decoded[sides++] = buffers[s];
+  if (st == KVQ_OK) st = kvq_tensors_write(ctx, sides, written, decoded); /* none written if one fails */
   free(buffers[0]);
   free(buffers[1]);
   return st;
@@ -723,20 +761,23 @@ static kvq_status dequantize_call(kvq_cache *cache, uint32_t id, uint32_t layer,
 
 kvq_status kvq_attention(kvq_cache *cache, uint32_t layer, const kvq_attention_request *requests, size_t count) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, attention_call(cache, layer, requests, count));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, attention_call(cache, layer, requests, count, &undo)));
 }
 
 kvq_status kvq_scores(kvq_cache *cache, uint32_t id, uint32_t layer, const kvq_tensor *queries, kvq_mask mask,
                       kvq_score_kind kind, const kvq_tensor *scores) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, scores_call(cache, id, layer, queries, mask, kind, scores));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, scores_call(cache, id, layer, queries, mask, kind, scores, &undo)));
 }
 
 kvq_status kvq_dequantize(kvq_cache *cache, uint32_t id, uint32_t layer, uint64_t first, uint64_t count,
                           const kvq_tensor *keys, const kvq_tensor *values) {
   if (!cache) return KVQ_ERROR_INVALID_ARGUMENT;
+  kvq_output_undo undo = {0};
   kvq_call_begin(cache->ctx);
-  return kvq_call_end(cache->ctx, dequantize_call(cache, id, layer, first, count, keys, values));
+  return kvq_output_undo_end(&undo, kvq_call_end(cache->ctx, dequantize_call(cache, id, layer, first, count, keys, values, &undo)));
 }

@@ -11,6 +11,10 @@ kvq_status kvq_tensor_check(kvq_context *ctx, const kvq_tensor *t, const char *n
 /* The memory a tensor names, as a backend imports it: data for pointer kinds, handle for handle kinds. */
 kvq_device_memory kvq_tensor_memory(const kvq_tensor *t);
 
+/* The bytes [*first, *first + *bytes) of the memory the tensor's elements lie in (its offset to the
+ * end of its last element). */
+void kvq_tensor_span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes);
+
 /* Number of elements. */
 uint64_t kvq_tensor_count(const kvq_tensor *t);
 
@@ -23,6 +27,11 @@ void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
  * scatter, gaps between strided elements included, unchanged). Fail with a message in ctx. */
 kvq_status kvq_tensor_read(kvq_context *ctx, const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
 kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *src);
+/* kvq_tensor_write of count tensors, t[i] from src[i]: every device tensor is read before any is
+ * written and host tensors are written last, so that a failure writes none of them on a backend that
+ * records the call (a failed call's recording is dropped); on one that runs its work as issued
+ * (CUDA), the caller undoes the device writes (core/output_undo.c). */
+kvq_status kvq_tensors_write(kvq_context *ctx, size_t count, const kvq_tensor *const *t, const float *const *src);
 
 /* Converts n packed little-endian values of `dtype` to fp32 (exact). */
 void kvq_convert_to_f32(kvq_dtype dtype, const void *src, float *dst, uint64_t n);

@@ -12,8 +12,7 @@
 
 #include "tensor.h"
 
-/* The bytes [first, first + bytes) of the device memory the tensor's elements lie in. */
-static void span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
+void kvq_tensor_span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
   uint64_t last = 0;
   for (uint32_t i = 0; i < 3; i++) last += (uint64_t)(t->shape[i] - 1) * (uint64_t)t->strides[i];
   *first = t->offset;
@@ -24,7 +23,7 @@ static void span(const kvq_tensor *t, uint64_t *first, uint64_t *bytes) {
 static kvq_status stage(kvq_context *ctx, const kvq_tensor *t, kvq_buffer **buffer, uint8_t **copy, kvq_tensor *host) {
   kvq_backend *be = ctx->backend;
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   *copy = bytes <= SIZE_MAX ? malloc((size_t)bytes) : NULL;
   if (!*copy) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory for a %llu-byte device tensor", (unsigned long long)bytes);
   const kvq_device_memory memory = kvq_tensor_memory(t);
@@ -60,28 +59,52 @@ kvq_status kvq_tensor_read(kvq_context *ctx, const kvq_tensor *t, void *dst, kvq
 }
 
 kvq_status kvq_tensor_write(kvq_context *ctx, const kvq_tensor *t, const float *src) {
-  if (t->memory == KVQ_MEMORY_HOST) {
-    kvq_tensor_scatter(t, src);
-    return KVQ_OK;
-  }
-  kvq_buffer *buffer = NULL;
-  uint8_t *copy = NULL;
-  kvq_tensor host;
-  kvq_status st = stage(ctx, t, &buffer, &copy, &host); /* read first: strided gaps keep their bytes */
-  if (st != KVQ_OK) return st;
-  kvq_tensor_scatter(&host, src);
-  uint64_t first, bytes;
-  span(t, &first, &bytes);
-  st = ctx->backend->ops->buffer_write(ctx->backend, buffer, first, copy, bytes);
-  ctx->backend->ops->buffer_destroy(ctx->backend, buffer);
-  free(copy);
-  return st == KVQ_OK ? KVQ_OK : kvq_fail_backend(ctx, st, "writing a device tensor");
+  return kvq_tensors_write(ctx, 1, &t, &src);
 }
 
+/* One device tensor of kvq_tensors_write: its memory imported, the bytes it spans on the host. */
+typedef struct staged_tensor {
+  kvq_buffer *buffer;
+  uint8_t *copy;
+  kvq_tensor host;
+} staged_tensor;
+
+kvq_status kvq_tensors_write(kvq_context *ctx, size_t count, const kvq_tensor *const *t, const float *const *src) {
+  kvq_backend *be = ctx->backend;
+  size_t devices = 0;
+  for (size_t i = 0; i < count; i++) devices += t[i]->memory != KVQ_MEMORY_HOST;
+  staged_tensor *staged = devices ? calloc(count, sizeof *staged) : NULL;
+  kvq_status st = KVQ_OK;
+  if (devices && !staged) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory writing device tensors");
+  /* Every device tensor read (strided gaps keep their bytes) before any is written: a read waits for
+   * the work issued so far, which on a backend that records the call (Vulkan) submits it, so a read
+   * after a write would run that write even if the call then fails. The writes are then recorded
+   * together and run with the call's end (unless they outgrow the backend's staging memory, which
+   * submits part way: docs/RELIABILITY.md); a failed call drops them (kvq_call_discard). */
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (t[i]->memory != KVQ_MEMORY_HOST) st = stage(ctx, t[i], &staged[i].buffer, &staged[i].copy, &staged[i].host);
+  for (size_t i = 0; i < count && st == KVQ_OK; i++) {
+    if (t[i]->memory == KVQ_MEMORY_HOST) continue;
+    kvq_tensor_scatter(&staged[i].host, src[i]);
+    uint64_t first, bytes;
+    kvq_tensor_span(t[i], &first, &bytes);
+    if ((st = be->ops->buffer_write(be, staged[i].buffer, first, staged[i].copy, bytes)) != KVQ_OK)
+      st = kvq_fail_backend(ctx, st, "writing a device tensor");
+  }
+  /* host tensors last: nothing after them can fail */
+  for (size_t i = 0; i < count && st == KVQ_OK; i++)
+    if (t[i]->memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(t[i], src[i]);
+  for (size_t i = 0; staged && i < count; i++) {
+    if (staged[i].buffer) be->ops->buffer_destroy(be, staged[i].buffer);
+    free(staged[i].copy);
+  }
+  free(staged);
+  return st;
+}
 
 int kvq_tensor_on_device(const kvq_context *ctx, const kvq_tensor *t) {
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   const int vulkan = t->memory == KVQ_MEMORY_VULKAN_BUFFER, cuda = t->memory == KVQ_MEMORY_CUDA_DEVICE;
   /* Shaders address 32-bit words: the word holding the last element must lie in the caller's buffer,
    * whose size Vulkan cannot tell, so a 16-bit tensor must end on a word boundary (else it is staged).
@@ -116,7 +139,7 @@ static kvq_status convert(kvq_context *ctx, const kvq_tensor *t, const uint32_t 
   kvq_status st = checks ? checks_start(ctx) : KVQ_OK;
   if (st != KVQ_OK) return st;
   uint64_t first, bytes;
-  span(t, &first, &bytes);
+  kvq_tensor_span(t, &first, &bytes);
   kvq_buffer *buffer = NULL;
   const kvq_device_memory memory = kvq_tensor_memory(t);
   if ((st = be->ops->buffer_import(be, &memory, first + bytes, &buffer)) != KVQ_OK)

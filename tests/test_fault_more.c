@@ -449,21 +449,17 @@ static void run_scenario(const scenario *s, tally *t) {
 
 /* Defects this test found that are not fixed yet (docs/RELIABILITY.md, "Fault injection"): their
  * lines say `not ok ... # TODO` (an expected failure in TAP; the row's later points are not run), and
- * once fixed the line passes, an unexpected pass (a failure of the test) until the entry goes. */
+ * once fixed the line passes, an unexpected pass (a failure of the test) until the entry goes. None is
+ * known now (the three of the cuda-device rows, CUDA device outputs written before the call could
+ * still fail, are fixed: core/output_undo.c); entries go before the end marker. */
 static const struct {
   const char *row, *scenario, *why;
 } known_defects[] = {
-    {"cuda-device", "attention-unfused",
-     "the CUDA device output is written in place (a CONVERT job, run as it is issued) before the call's device "
-     "checks are read back: a copy failing after it (point 28) fails the call with the output written"},
-    {"cuda-device", "scores",
-     "the same for the scores output: the check word's read back (a copy, point 22) fails after the output was written"},
-    {"cuda-device", "dequantize",
-     "the keys output is written in place before the values side's work (a host allocation, point 12) fails"},
+    {NULL, NULL, NULL}, /* the end */
 };
 
 static const char *known_defect(const char *row, const char *scenario) {
-  for (size_t i = 0; i < sizeof known_defects / sizeof known_defects[0]; i++)
+  for (size_t i = 0; known_defects[i].row; i++)
     if (!strcmp(known_defects[i].row, row) && !strcmp(known_defects[i].scenario, scenario)) return known_defects[i].why;
   return NULL;
 }
