@@ -91,5 +91,8 @@ void main() {
   acc += floatBitsToUint(kvq_polar_decode_coord(data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
   acc += floatBitsToUint(kvq_polar_decode(data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], tables));
   acc += floatBitsToUint(kvq_polar_dot(data[0], z, data[1]) + kvq_polar_score(data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
+  float run[KVQ_POLAR_RUN];
+  kvq_polar_decode_run(data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables, run);
+  acc += kvq_polar_run_codes(data[0], data[1], data[2], data[3]) + floatBitsToUint(run[0]);
   data[10] = acc;
 }

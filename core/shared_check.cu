@@ -90,5 +90,8 @@ __global__ void kvq_shared_check(unsigned *data, const float *floats) {
   acc += kvq_f32_to_bits(kvq_polar_decode_coord(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
   acc += kvq_f32_to_bits(kvq_polar_decode(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], data[7], tables));
   acc += kvq_f32_to_bits(kvq_polar_dot(io, data[0], z, data[1]) + kvq_polar_score(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables));
+  float run[KVQ_POLAR_RUN];
+  kvq_polar_decode_run(io, data[0], data[1], data[2], data[3], data[4], data[5], data[6], tables, run);
+  acc += kvq_polar_run_codes(io, data[0], data[1], data[2], data[3]) + kvq_f32_to_bits(run[0]);
   data[10] = acc;
 }

@@ -110,19 +110,23 @@ Test(polar, token_and_coordinate_decodings_agree_bit_for_bit) {
 
 /* kvq_polar_decode_run (the Vulkan value pass's decoding of KVQ_POLAR_RUN coordinates) against the
  * whole token, bit for bit, for every level count from 1 (several radii in a run) through 3 (one
- * radius, every level inside the run) to 6 (three levels above the run), mixed code widths
- * (3 bits: codes straddle no word but words hold 10), every run of every token. */
+ * radius, every level inside the run) to 6 (three levels above the run), mixed code widths from 1
+ * to 8 bits, among them widths whose words hold 10, 6 or 5 codes, where a run's codes of a level
+ * cross into the next word (kvq_polar_run_codes: level 1 at 6 and 5 bits, level 2 at 6 bits), every
+ * run of every token. */
 Test(polar, run_and_token_decodings_agree_bit_for_bit) {
   const uint32_t configs[][6] = {{4, 0, 0, 0, 0, 0}, {2, 3, 0, 0, 0, 0}, {3, 2, 2, 0, 0, 0},
-                                 {4, 2, 2, 2, 0, 0}, {3, 3, 1, 2, 2, 0}, {2, 2, 2, 2, 2, 2}};
+                                 {4, 2, 2, 2, 0, 0}, {3, 3, 1, 2, 2, 0}, {2, 2, 2, 2, 2, 2},
+                                 {6, 6, 0, 0, 0, 0}, {5, 6, 5, 0, 0, 0}, {7, 3, 8, 1, 0, 0}};
+  const uint32_t levels[] = {1, 2, 3, 4, 5, 6, 2, 3, 4};
   const uint32_t d = 64, P = 16;
   kvq_rng rng;
   kvq_rng_init(&rng, 6, 0, KVQ_PURPOSE_TEST);
   float x[16 * 64], token[KVQ_MAX_HEAD_DIM], run[KVQ_POLAR_RUN];
   uint32_t compared = 0;
-  for (uint32_t k = 0; k < 6; k++) {
+  for (uint32_t k = 0; k < 9; k++) {
     polar_fixture f;
-    fixture_init(&f, d, P, k + 1, configs[k], KVQ_ROTATION_HADAMARD);
+    fixture_init(&f, d, P, levels[k], configs[k], KVQ_ROTATION_HADAMARD);
     const kvq_side_layout *s = &f.side.layout;
     const cpu_head head = kvq_cpu_head(&f.side);
     for (uint32_t i = 0; i < P * d; i++) x[i] = (float)kvq_rng_gaussian(&rng) * (i % 5 == 0 ? 8.0f : 1.0f);
@@ -136,7 +140,7 @@ Test(polar, run_and_token_decodings_agree_bit_for_bit) {
         kvq_polar_decode_run(&io, 0, t, c0, P, d, s->levels, s->level_bits, 0, run);
         for (uint32_t j = 0; j < KVQ_POLAR_RUN; j++) {
           cr_assert(kvq_f32_to_bits(run[j]) == kvq_f32_to_bits(token[c0 + j]),
-                    "levels %u, token %u, coordinate %u: %a by run, %a by token", k + 1, t, c0 + j, (double)run[j],
+                    "config %u, token %u, coordinate %u: %a by run, %a by token", k, t, c0 + j, (double)run[j],
                     (double)token[c0 + j]);
           compared++;
         }
@@ -144,7 +148,7 @@ Test(polar, run_and_token_decodings_agree_bit_for_bit) {
     }
     fixture_free(&f);
   }
-  cr_assert(compared == 6 * 16 * 64);
+  cr_assert(compared == 9 * 16 * 64);
 }
 
 Test(polar, rotations_are_orthogonal_and_invertible) {

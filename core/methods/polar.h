@@ -310,14 +310,39 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
  * divides every head_dim), for a GPU thread that sums a run of a value's coordinates (the Vulkan fused
  * value pass): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
  * order and the same floats bit for bit (tests/test_polar.c). The run is a sub-block of 2^3
- * coordinates: the levels above 3 each split a sub-block that holds the whole run, so they give one
- * factor for the run (one code and one table read a level); the levels from min(L, 3) down split
- * sub-blocks inside the run as the whole-token decoding does; for L < 3 the run holds several
- * radii. Each code the run needs is read once, against L per coordinate in kvq_polar_decode_coord.
- * The loops over the levels inside the run and over the run have constant bounds, so that a GPU
- * compiler unrolls them and y stays in registers. */
+ * coordinates: the levels above 3 each split a sub-block that holds the whole run, so
+ * they give one factor for the run (one code and one table read a level); the levels from min(L, 3)
+ * down split sub-blocks inside the run as the whole-token decoding does; for L < 3 the run holds
+ * several radii. The loops over the levels inside the run and over the run have constant bounds, so
+ * that a GPU compiler unrolls them and y stays in registers. What a GPU thread pays per run is loads
+ * (llvmpipe runs each divergent load lane by lane), so inside the run each level's codes are read
+ * with one word (kvq_polar_run_codes), not one read per code. */
 #define KVQ_POLAR_RUN 8u
 #define KVQ_POLAR_RUN_LEVELS 3u /* KVQ_POLAR_RUN = 2^KVQ_POLAR_RUN_LEVELS */
+
+/* The n = KVQ_POLAR_RUN >> l codes of level l that a run needs, codes j0 .. j0 + n - 1 (j0 a multiple
+ * of n) of the level's array at word `base`, b bits each, packed from bit 0 as in the page: one word
+ * read where they share one, which they always do at power-of-two widths (32 / b codes a word, a
+ * multiple of n, so a group of n starting at a multiple of n never crosses a word); at other widths
+ * (words of 10, 6, 5 or 4 codes) the group may end in the next word (n <= 4 <= 32 / b: two at most),
+ * whose codes are appended behind the first word's. */
+KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0, kvq_u32 n, kvq_u32 b) {
+  kvq_u32 word, slot, cpw;
+  if ((b & (b - 1u)) == 0u) {
+    kvq_u32 per_word_log2 = 5u - kvq_log2_pow2(b);
+    cpw = 1u << per_word_log2;
+    word = j0 >> per_word_log2;
+    slot = j0 & (cpw - 1u);
+  } else {
+    cpw = 32u / b;
+    word = j0 / cpw;
+    slot = j0 - word * cpw;
+  }
+  kvq_u32 packed = KVQ_PAGE(base + word) >> (slot * b), in_first = cpw - slot;
+  if (in_first < n) packed = (packed & ((1u << (in_first * b)) - 1u)) | (KVQ_PAGE(base + word + 1u) << (in_first * b));
+  return packed;
+}
+
 KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c0, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                         kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_POLAR_RUN]) {
   kvq_u32 codes = block, table = tables;
@@ -340,13 +365,15 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
     table -= 4u << kvq_polar_level_bits(bits, l - 1u);
   }
   /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in
-   * kvq_polar_decode_token (the first half overwrites the sub-block's own entry). */
+   * kvq_polar_decode_token (the first half overwrites the sub-block's own entry); the level's codes
+   * for the run come from one read (kvq_polar_run_codes), code k / 2^l at bits (k >> l) b. */
   for (kvq_u32 l = KVQ_POLAR_RUN_LEVELS; l >= 1u; l--) {
     if (l > inner) continue;
-    kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u); /* coordinates in a half */
+    kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u), mask = (1u << b) - 1u; /* width: a half */
+    kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), KVQ_POLAR_RUN >> l, b);
     for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u * width) {
       kvq_f32 r = y[k];
-      kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + ((c0 + k) >> l), b);
+      kvq_u32 code = (run >> ((k >> l) * b)) & mask;
       y[k + width] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
       y[k] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
     }

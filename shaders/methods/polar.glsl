@@ -227,8 +227,9 @@ float kvq_decode_rotated(uint block, uint t, uint i) {
 }
 
 // Rotated coordinates c0 .. c0 + 7 of token t for the fused value pass (shaders/flash_values.comp):
-// kvq_polar_decode_run, the same floats as kvq_decode_rotated gives one by one, each code read once
-// for the run instead of L code reads (and divisions) per coordinate.
+// kvq_polar_decode_run, the same floats as kvq_decode_rotated gives one by one, each level's codes
+// read with one word for the run (kvq_polar_run_codes) instead of L code reads (and divisions) per
+// coordinate.
 #define KVQ_ROTATED_RUN KVQ_POLAR_RUN
 void kvq_decode_rotated_run(uint block, uint t, uint c0, out float v[KVQ_ROTATED_RUN]) {
   kvq_polar_decode_run(block, t, c0, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), v);
