@@ -6,7 +6,9 @@
 // 4 heads per channel) into shared memory. Then per sketch part, quad of heads of the pass and chunk
 // of sketch rows (KVQ_QJL_FLASH_ROWS / sets, at least 32):
 //   1. per group of 4 rows and page of the split (the pages' outlier lists differ; without
-//      outliers every page's parts are S q's, so one set), one invocation computes the 4 rows'
+//      outliers, or where the split's pages share one list, every page's parts are the same, so
+//      one set: QJL k = 4 on keys with 4 persistent outlier channels, 171 -> 150 CPU ms per fused
+//      call on lavapipe, docs/BENCH.md, "QJL pages that share an outlier list"), one invocation computes the 4 rows'
 //      query parts for the quad's 4 heads (S's outlier columns read once for the 4 heads, the list
 //      and the query's values once for the 4 rows) and from them, in registers, the group's table:
 //      16 entries, each a vec4 of the 4 heads' signed sums;
@@ -29,7 +31,8 @@
 // group per invocation and chunk: sets x chunk / 4 <= 32; the token's sign words of the chunk), at
 // most 2 x 2 x 32 x 40 = 5120 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
 // table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 14 =
-// 112 at m = m_o = 256, k = 8, 32-token pages and 4 heads; and the lists' loop, at most 2 x 3 trips.
+// 112 at m = m_o = 256, k = 8, 32-token pages and 4 heads; the lists' loop, at most 2 x 3 trips;
+// and their comparison, at most 3 x 8 (pages after the first x words of a list).
 #define KVQ_FLASH_SPLIT_SCORES
 
 #define KVQ_QJL_FLASH_ROWS 128u                                 // sketch rows x sets of one chunk
@@ -125,11 +128,23 @@ void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, b
   uint mo = pc.outlier_sketch_dim, k = pc.outliers;
   uint span = min(P, KVQ_FLASH_SPLIT), end = min(quantized, first + KVQ_FLASH_SPLIT);
   uint npages = (end - first + span - 1u) / span; // the split's quantized tokens lie on these pages
-  uint sets = k > 0u ? npages : 1u;              // sets of parts and tables
+  // Whether the split's pages share one outlier list (persistent outlier channels): then one set of
+  // parts and tables serves them all, as without outliers (each page's parts would be the same
+  // floats). Whole words of the lists: the bytes past k are 0 (kvq_qjl_put_outliers).
+  bool one_list = true;
+  if (k > 0u) {
+    uint list0 = kvq_qjl_list_at(kvq_slot_block(first, kvh), P, m, mo, k) / 4u;
+    for (uint page = 1u; page < npages; page++) {
+      uint list = kvq_qjl_list_at(kvq_slot_block(first + page * span, kvh), P, m, mo, k) / 4u;
+      for (uint w = 0u; w < (k + 3u) / 4u; w++)
+        if (pages[list + w] != pages[list0 + w]) one_list = false;
+    }
+  }
+  uint sets = one_list ? 1u : npages;            // sets of parts and tables
   uint chunk = 32u * (KVQ_QJL_FLASH_ROWS / 32u / sets); // rows per chunk: sets x chunk <= KVQ_QJL_FLASH_ROWS
   bool mine = visible && t < quantized;
   uint block = mine ? kvq_slot_block(t, kvh) : 0u, tp = t % P;
-  uint set = k > 0u ? (t - first) / span : 0u;
+  uint set = one_list ? 0u : (t - first) / span;
   uint row0 = (kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0; // the pass's first query row
   for (uint i = lane; i < npages * k; i += KVQ_GPU_GROUP_SIZE) { // the pages' outlier lists and the query there
     uint page = i / k, at = kvq_qjl_list_at(kvq_slot_block(first + page * span, kvh), P, m, mo, k);
