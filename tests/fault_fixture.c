@@ -151,6 +151,12 @@ uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t s
   return points;
 }
 
+const char *known_defect_of(const known_defect *list, const char *row, const char *scenario) {
+  for (size_t i = 0; list[i].row; i++)
+    if (!strcmp(list[i].row, row) && !strcmp(list[i].scenario, scenario)) return list[i].why;
+  return NULL;
+}
+
 #ifdef KVQ_HAVE_VULKAN
 /* The Vulkan loader loads the drivers (ICDs) and implicit layers at each vkCreateInstance and unloads
  * them at vkDestroyInstance, so a test that makes thousands of contexts maps them again and again,

@@ -89,6 +89,15 @@ void in_destroy_text(uint64_t n, char *out, size_t size);
 /* "host alloc 3, copy 2, ..." for a row's points by kind, into `out`; returns the points in all. */
 uint64_t kinds_text(const uint64_t by_kind[KVQ_FAULT_KINDS], char *out, size_t size);
 
+/* A defect a fault test found and that is not fixed yet: its row's TAP line says `not ok ... # TODO`
+ * (docs/RELIABILITY.md, "Fault injection"). A test's list ends with an entry whose row is NULL. */
+typedef struct known_defect {
+  const char *row, *scenario, *why;
+} known_defect;
+
+/* Why row `row`, scenario `scenario` is a known defect of `list`, or NULL where it is not one. */
+const char *known_defect_of(const known_defect *list, const char *row, const char *scenario);
+
 /* Keeps the Vulkan drivers loaded until the process exits (fault_fixture.c says why); call first in
  * main. Without a Vulkan loader or device it does nothing. */
 void vulkan_drivers_hold(void);

@@ -445,17 +445,9 @@ static void runtime_stop(void) {
  * and once fixed the line passes, which TAP reports as an unexpected pass (a failure of the test)
  * until the entry is removed here. None is known now (the two of the runtime-buffer rows, append at
  * point 29 and unfused attention at point 27, are fixed); entries go before the end marker. */
-static const struct {
-  const char *row, *scenario, *why;
-} known_defects[] = {
+static const known_defect known_defects[] = {
     {NULL, NULL, NULL}, /* the end */
 };
-
-static const char *known_defect(const char *row, const char *scenario) {
-  for (size_t i = 0; known_defects[i].row; i++)
-    if (!strcmp(known_defects[i].row, row) && !strcmp(known_defects[i].scenario, scenario)) return known_defects[i].why;
-  return NULL;
-}
 
 /* The totals of the run. */
 typedef struct totals {
@@ -484,7 +476,7 @@ static void row(const scenario *s, const char *name, kvq_backend_kind backend, i
   char kinds[300];
   /* every point the call passes, each failed once or more, or not at all */
   const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
-  const char *todo = known_defect(name, s->name);
+  const char *todo = known_defect_of(known_defects, name, s->name);
   if (t.log.failures && !todo) all->failed++;
   const uint64_t not_failed = can_be_lost(backend) ? 0 : t.by_kind[KVQ_FAULT_WAIT];
   char in_destroy[120];

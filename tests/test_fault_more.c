@@ -452,17 +452,9 @@ static void run_scenario(const scenario *s, tally *t) {
  * once fixed the line passes, an unexpected pass (a failure of the test) until the entry goes. None is
  * known now (the three of the cuda-device rows, CUDA device outputs written before the call could
  * still fail, are fixed: core/output_undo.c); entries go before the end marker. */
-static const struct {
-  const char *row, *scenario, *why;
-} known_defects[] = {
+static const known_defect known_defects[] = {
     {NULL, NULL, NULL}, /* the end */
 };
-
-static const char *known_defect(const char *row, const char *scenario) {
-  for (size_t i = 0; known_defects[i].row; i++)
-    if (!strcmp(known_defects[i].row, row) && !strcmp(known_defects[i].scenario, scenario)) return known_defects[i].why;
-  return NULL;
-}
 
 typedef struct totals {
   int number, failed;
@@ -497,7 +489,7 @@ static void row(const scenario *s, const char *skip, const char *broken, totals 
   all->lost_points += t.lost;
   char kinds[300];
   const uint64_t points = kinds_text(t.by_kind, kinds, sizeof kinds);
-  const char *todo = known_defect(mode->name, s->name);
+  const char *todo = known_defect_of(known_defects, mode->name, s->name);
   if (t.log.failures && !todo) all->failed++;
   char in_destroy[120];
   in_destroy_text(t.lost_in_destroy, in_destroy, sizeof in_destroy);
