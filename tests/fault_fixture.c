@@ -1,5 +1,6 @@
 /* The fault-injection tests' shared fixture (tests/fault_fixture.h). */
 #include "fault_fixture.h"
+#include "fixture_inputs.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,13 +19,9 @@ float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
 
 void fill_inputs(uint32_t seed) {
   uint32_t x = seed;
-  float *arrays[3] = {keys_in, values_in, queries_in};
-  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < sizes[a]; i++) {
-      x = x * 1664525u + 1013904223u;
-      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
-    }
+  x = fx_fill_lcg(keys_in, KV_FLOATS, x);
+  x = fx_fill_lcg(values_in, KV_FLOATS, x);
+  (void)fx_fill_lcg(queries_in, Q_FLOATS, x);
 }
 
 kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {

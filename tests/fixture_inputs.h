@@ -45,4 +45,15 @@ static inline float fx_value_at(uint32_t i, uint32_t salt, uint32_t d, uint32_t 
   return v;
 }
 
+/* Fills a[0..n) with values in [-1, 1) from a linear congruential generator whose state is `x`;
+ * returns the state after them, so that arrays filled one after another continue one sequence (the
+ * inputs of the fault-injection and thread tests). */
+static inline uint32_t fx_fill_lcg(float *a, size_t n, uint32_t x) {
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    a[i] = (float)(x >> 8) / 8388608.0f - 1.0f;
+  }
+  return x;
+}
+
 #endif /* KVQ_TESTS_FIXTURE_INPUTS_H */

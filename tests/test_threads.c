@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvq/kvq.h"
+#include "fixture_inputs.h"
 
 enum { THREADS = 6, ROUNDS = 2, HQ = 4, HKV = 2, D = 32, TOKENS = 80, NQ = 2, KINDS = 4 };
 enum { KV_FLOATS = TOKENS * HKV * D, Q_FLOATS = NQ * HQ * D };
@@ -41,13 +42,9 @@ static void say(char *why, size_t why_size, const char *format, ...) {
 
 static void fill_inputs(void) {
   uint32_t x = 12345;
-  float *arrays[3] = {keys_in, values_in, queries_in};
-  const size_t sizes[3] = {KV_FLOATS, KV_FLOATS, Q_FLOATS};
-  for (int a = 0; a < 3; a++)
-    for (size_t i = 0; i < sizes[a]; i++) {
-      x = x * 1664525u + 1013904223u;
-      arrays[a][i] = (float)(x >> 8) / 8388608.0f - 1.0f;
-    }
+  x = fx_fill_lcg(keys_in, KV_FLOATS, x);
+  x = fx_fill_lcg(values_in, KV_FLOATS, x);
+  (void)fx_fill_lcg(queries_in, Q_FLOATS, x);
 }
 
 /* A small cache on `ctx` (QJL keys, 2-bit uniform values, pages of 16, a window of 32) holding
