@@ -23,6 +23,9 @@ struct kvq_saved_output {
   uint64_t at;         /* its copy in undo->saved */
 };
 
+/* A span's room in the saved copies: each copy starts on 16 bytes. */
+static uint64_t slot_bytes(uint64_t bytes) { return kvq_size_mul((bytes + 15) / 16, 16); }
+
 static void release(kvq_output_undo *undo) {
   kvq_backend *be = undo->ctx ? undo->ctx->backend : NULL;
   for (size_t i = 0; be && i < undo->count; i++) be->ops->buffer_destroy(be, undo->spans[i].caller);
@@ -44,7 +47,7 @@ kvq_status kvq_output_undo_save(kvq_cache *cache, const kvq_tensor *const *outpu
     if (!kvq_output_undo_needed(ctx, outputs[i])) continue;
     uint64_t first, bytes;
     kvq_tensor_span(outputs[i], &first, &bytes);
-    total = kvq_size_add(total, kvq_size_mul((bytes + 15) / 16, 16)); /* each span on 16 bytes */
+    total = kvq_size_add(total, slot_bytes(bytes));
     devices++;
   }
   if (!devices) return KVQ_OK;
@@ -58,7 +61,7 @@ kvq_status kvq_output_undo_save(kvq_cache *cache, const kvq_tensor *const *outpu
     kvq_saved_output *s = &undo->spans[undo->count];
     kvq_tensor_span(outputs[i], &s->first, &s->bytes);
     s->at = at;
-    at += (s->bytes + 15) / 16 * 16;
+    at += slot_bytes(s->bytes);
     const kvq_device_memory memory = kvq_tensor_memory(outputs[i]);
     st = be->ops->buffer_import(be, &memory, s->first + s->bytes, &s->caller);
     if (st == KVQ_OK) {
