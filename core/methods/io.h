@@ -32,19 +32,25 @@
 /* Packed codes (core/layout.h): code i of `bits` bits of the array starting at word `base`. Decoding
  * loops call this per number: for bits of 1, 2, 4 or 8 the 32 / bits codes per word are a power of
  * two too, so word and slot come from a shift and a mask; other widths (3, PolarQuant's and CQ's
- * odd ones) divide. The branch is uniform: bits is a layout parameter. */
-KVQ_SHARED_FN kvq_u32 kvq_io_code(KVQ_IO_PARAM kvq_u32 base, kvq_u32 i, kvq_u32 bits) {
-  kvq_u32 word, slot;
+ * odd ones) divide (kvq_io_code_place, which kvq_polar_run_codes shares). The branch is uniform: bits is
+ * a layout parameter. */
+KVQ_SHARED_FN void kvq_io_code_place(kvq_u32 i, kvq_u32 bits, KVQ_OUT kvq_u32 place[3]) {
+  /* place: the word code i lies in, its slot there, the codes a word holds */
   if ((bits & (bits - 1u)) == 0u) {
     kvq_u32 per_word_log2 = 5u - kvq_log2_pow2(bits);
-    word = i >> per_word_log2;
-    slot = i & ((1u << per_word_log2) - 1u);
+    place[0] = i >> per_word_log2;
+    place[1] = i & ((1u << per_word_log2) - 1u);
+    place[2] = 1u << per_word_log2;
   } else {
-    kvq_u32 cpw = 32u / bits;
-    word = i / cpw;
-    slot = i - word * cpw;
+    place[2] = 32u / bits;
+    place[0] = i / place[2];
+    place[1] = i - place[0] * place[2];
   }
-  return (KVQ_PAGE(base + word) >> (slot * bits)) & ((1u << bits) - 1u);
+}
+KVQ_SHARED_FN kvq_u32 kvq_io_code(KVQ_IO_PARAM kvq_u32 base, kvq_u32 i, kvq_u32 bits) {
+  kvq_u32 place[3];
+  kvq_io_code_place(i, bits, place);
+  return (KVQ_PAGE(base + place[0]) >> (place[1] * bits)) & ((1u << bits) - 1u);
 }
 KVQ_SHARED_FN void kvq_io_put_code(KVQ_IO_PARAM kvq_u32 base, kvq_u32 i, kvq_u32 bits, kvq_u32 code) {
   kvq_u32 cpw = 32u / bits;

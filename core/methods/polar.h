@@ -327,19 +327,10 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
  * (words of 10, 6, 5 or 4 codes) the group may end in the next word (n <= 4 <= 32 / b: two at most),
  * whose codes are appended behind the first word's. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0, kvq_u32 n, kvq_u32 b) {
-  kvq_u32 word, slot, cpw;
-  if ((b & (b - 1u)) == 0u) {
-    kvq_u32 per_word_log2 = 5u - kvq_log2_pow2(b);
-    cpw = 1u << per_word_log2;
-    word = j0 >> per_word_log2;
-    slot = j0 & (cpw - 1u);
-  } else {
-    cpw = 32u / b;
-    word = j0 / cpw;
-    slot = j0 - word * cpw;
-  }
-  kvq_u32 packed = KVQ_PAGE(base + word) >> (slot * b), in_first = cpw - slot;
-  if (in_first < n) packed = (packed & ((1u << (in_first * b)) - 1u)) | (KVQ_PAGE(base + word + 1u) << (in_first * b));
+  kvq_u32 place[3]; /* word, slot, codes a word holds: kvq_io_code's */
+  kvq_io_code_place(j0, b, place);
+  kvq_u32 packed = KVQ_PAGE(base + place[0]) >> (place[1] * b), in_first = place[2] - place[1];
+  if (in_first < n) packed = (packed & ((1u << (in_first * b)) - 1u)) | (KVQ_PAGE(base + place[0] + 1u) << (in_first * b));
   return packed;
 }
 
