@@ -83,18 +83,14 @@ void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine
           p2[g] = kvq_qjl_query_part_from(outer, row + 2u, at, o2[g]);
           p3[g] = kvq_qjl_query_part_from(outer, row + 3u, at, o3[g]);
         }
-        // the group's table, straight from the parts (no barrier between parts and tables):
-        // kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads at once, each partial
-        // sum formed once for the entries that share it (the same operations: the same floats)
-        vec4 t0 = -p3 - p2, t1 = -p3 + p2, t2 = p3 - p2, t3 = p3 + p2;
-        vec4 m0 = t0 - p1, m1 = t0 + p1, m2 = t1 - p1, m3 = t1 + p1, m4 = t2 - p1, m5 = t2 + p1, m6 = t3 - p1, m7 = t3 + p1;
-        uint e = i * 16u;
-        kvq_qjl_tables[e] = m0 - p0, kvq_qjl_tables[e + 1u] = m0 + p0, kvq_qjl_tables[e + 2u] = m1 - p0;
-        kvq_qjl_tables[e + 3u] = m1 + p0, kvq_qjl_tables[e + 4u] = m2 - p0, kvq_qjl_tables[e + 5u] = m2 + p0;
-        kvq_qjl_tables[e + 6u] = m3 - p0, kvq_qjl_tables[e + 7u] = m3 + p0, kvq_qjl_tables[e + 8u] = m4 - p0;
-        kvq_qjl_tables[e + 9u] = m4 + p0, kvq_qjl_tables[e + 10u] = m5 - p0, kvq_qjl_tables[e + 11u] = m5 + p0;
-        kvq_qjl_tables[e + 12u] = m6 - p0, kvq_qjl_tables[e + 13u] = m6 + p0, kvq_qjl_tables[e + 14u] = m7 - p0;
-        kvq_qjl_tables[e + 15u] = m7 + p0;
+        // the group's table, straight from the parts (no barrier between parts and tables): entry v
+        // is kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads; with v and g constant
+        // (unrolled) the signs fold and the partial sums that entries share are formed once
+        for (uint v = 0u; v < 16u; v++) {
+          vec4 entry;
+          for (uint g = 0u; g < 4u; g++) entry[g] = kvq_qjl_nibble_entry(v, p0[g], p1[g], p2[g], p3[g]);
+          kvq_qjl_tables[i * 16u + v] = entry;
+        }
       }
       barrier();
       if (mine) { // set s's groups start at s * used / 4
