@@ -10,7 +10,11 @@
 #include "shaders/attention.glsl"
 #include "shaders/flash.glsl"
 
-shared float prob[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_SPLIT];
+// The split's probabilities, a vec4 of a quad of the pass's heads per token (0 for heads past the
+// pass's): one load per token and quad where a load per head cost llvmpipe, which runs each load
+// lane by lane (docs/VULKAN.md), a walk over the lanes per head.
+#define KVQ_FLASH_QUADS (KVQ_FLASH_HEADS_PER_PASS / 4u)
+shared vec4 prob4[KVQ_FLASH_QUADS][KVQ_FLASH_SPLIT];
 // Token i's decoding handle (shaders/method.glsl) or, in the window, its first ring element (in .x):
 // computed once per token here instead of once per channel (page-table lookup, page position).
 shared uvec3 token_at[KVQ_FLASH_SPLIT];
@@ -25,11 +29,7 @@ shared uvec3 token_at[KVQ_FLASH_SPLIT];
 // groups of at least a run (KVQ_DECODES_AFFINE; groups are powers of two, so a run never straddles
 // one), those are read and converted once per run; a method with kvq_decode_run (KVQ_DECODES_RUN)
 // decodes the run itself where it can.
-void kvq_value_run(uvec3 token, bool paged, uint c0, out float v[KVQ_FLASH_VALUE_RUN]) {
-  if (!paged) {
-    for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_window_at(token.x + c0 + j);
-    return;
-  }
+void kvq_value_run(uvec3 token, uint c0, out float v[KVQ_FLASH_VALUE_RUN]) {
 #ifdef KVQ_DECODES_RUN
   if (kvq_decode_run(token, c0, v)) return; // the method's shared words read once per run
 #endif
@@ -42,6 +42,17 @@ void kvq_value_run(uvec3 token, bool paged, uint c0, out float v[KVQ_FLASH_VALUE
 #endif
   for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_decode_token(token, c0 + j);
 }
+
+// acc[g4][j] += the probabilities of token i for quad g4's heads times v[j]. Constant bounds, so that
+// the loops unroll and acc stays in registers; heads is uniform.
+void value_add(uint i, uint heads, float v[KVQ_FLASH_VALUE_RUN], inout vec4 acc[KVQ_FLASH_QUADS][KVQ_FLASH_VALUE_RUN]) {
+  for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++) {
+    if (4u * g4 < heads) {
+      vec4 p = prob4[g4][i];
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g4][j] += p * v[j];
+    }
+  }
+}
 #endif
 
 #ifdef KVQ_SUMS_ROTATED
@@ -52,10 +63,11 @@ void rotated_zero(out float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN]) {
     for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) acc[g][j] = 0.0;
 }
 void rotated_add(uint i, uint heads, float v[KVQ_ROTATED_RUN], inout float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_ROTATED_RUN]) {
-  for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) {
-    if (g < heads) {
-      float p = prob[g][i];
-      for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) acc[g][j] += p * v[j];
+  for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++) {
+    if (4u * g4 < heads) {
+      vec4 p = prob4[g4][i];
+      for (uint g = 0u; g < 4u; g++)
+        for (uint j = 0u; j < KVQ_ROTATED_RUN; j++) acc[4u * g4 + g][j] += p[g] * v[j];
     }
   }
 }
@@ -81,8 +93,12 @@ void main() {
   uint h0 = kvh * kvq_group() + pass * KVQ_FLASH_HEADS_PER_PASS;
   uint heads = min(KVQ_FLASH_HEADS_PER_PASS, kvq_group() - pass * KVQ_FLASH_HEADS_PER_PASS);
   uint first = split * KVQ_FLASH_SPLIT, count = min(KVQ_FLASH_SPLIT, n - first);
-  for (uint g = 0u; g < heads; g++)
-    prob[g][lane] = lane < count ? uintBitsToFloat(dst[kvq_flash_prob(n, r * pc.query_heads + h0 + g, first + lane)]) : 0.0;
+  for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++) {
+    vec4 p = vec4(0.0);
+    for (uint g = 0u; g < 4u; g++) // constant trips; heads past the pass's stay 0
+      if (lane < count && 4u * g4 + g < heads) p[g] = uintBitsToFloat(dst[kvq_flash_prob(n, r * pc.query_heads + h0 + 4u * g4 + g, first + lane)]);
+    prob4[g4][lane] = p;
+  }
   uint quantized = kvq_seq(KVQ_SEQ_QUANTIZED);
   if (lane < count) {
     uint t = first + lane;
@@ -116,23 +132,26 @@ void main() {
   // the token's handle and probabilities are read once per run instead of once per channel, and
   // kvq_value_run decodes the run from one read of what its channels share.
   for (uint c0 = lane * KVQ_FLASH_VALUE_RUN; c0 < d; c0 += KVQ_FLASH_SPLIT * KVQ_FLASH_VALUE_RUN) {
-    float acc[KVQ_FLASH_HEADS_PER_PASS][KVQ_FLASH_VALUE_RUN];
-    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++)
-      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g][j] = 0.0;
-    for (uint i = 0u; i < count; i++) {
+    // acc[g4][j]: channel c0 + j of the quad g4's 4 heads, in vec4s
+    vec4 acc[KVQ_FLASH_QUADS][KVQ_FLASH_VALUE_RUN];
+    for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++)
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g4][j] = vec4(0.0);
+    uint paged = quantized > first ? min(count, quantized - first) : 0u;
+    for (uint i = 0u; i < paged; i++) {
       float v[KVQ_FLASH_VALUE_RUN];
-      kvq_value_run(token_at[i], first + i < quantized, c0, v);
-      // constant bounds, so that the loops unroll and acc stays in registers; heads is uniform
-      for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) {
-        if (g < heads) {
-          float p = prob[g][i];
-          for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g][j] += p * v[j];
-        }
-      }
+      kvq_value_run(token_at[i], c0, v);
+      value_add(i, heads, v, acc);
     }
-    for (uint g = 0u; g < heads; g++)
-      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++)
-        dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + g, split, c0 + j)] = floatBitsToUint(acc[g][j]);
+    for (uint i = paged; i < count; i++) {
+      float v[KVQ_FLASH_VALUE_RUN];
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_window_at(token_at[i].x + c0 + j);
+      value_add(i, heads, v, acc);
+    }
+    for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++) // constant bounds: acc indexed by constants only
+      for (uint g = 0u; g < 4u; g++)
+        if (4u * g4 + g < heads)
+          for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++)
+            dst[kvq_flash_out(rows, n, r * pc.query_heads + h0 + 4u * g4 + g, split, c0 + j)] = floatBitsToUint(acc[g4][j][g]);
   }
 #endif
 }
