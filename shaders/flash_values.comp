@@ -24,23 +24,23 @@ shared uvec3 token_at[KVQ_FLASH_SPLIT];
 // 16, core/layout.h). 8 fp32 partial sums per head stay in registers at 8 heads per pass.
 #define KVQ_FLASH_VALUE_RUN KVQ_DECODE_RUN
 
-// Channels c0 .. c0 + KVQ_FLASH_VALUE_RUN - 1 of the token whose handle token_at holds: decoded from
-// its page (paged) or read from the window. Where the method's channels share a scale and minimum in
-// groups of at least a run (KVQ_DECODES_AFFINE; groups are powers of two, so a run never straddles
-// one), those are read and converted once per run; a method with kvq_decode_run (KVQ_DECODES_RUN)
-// decodes the run itself where it can.
-void kvq_value_run(uvec3 token, uint c0, out float v[KVQ_FLASH_VALUE_RUN]) {
+// How a page token's run of KVQ_FLASH_VALUE_RUN channels is decoded, chosen once per run of the
+// split (uniform: it depends on the cache's parameters only) and taken by a token loop of its own,
+// since llvmpipe runs every side of a branch under masks: inside the token loop, the paths not taken
+// cost as much as the one taken (docs/BENCH.md, "The value side of the fused decode"). A loop whose
+// count is 0 runs its body once, masked.
+#define KVQ_VALUE_BY_RUN 0u     // the method's kvq_decode_run (KVQ_DECODES_RUN): what a run shares read once
+#define KVQ_VALUE_AFFINE 1u     // KVQ_DECODES_AFFINE groups of at least a run: scale and minimum read once
+#define KVQ_VALUE_CHANNELS 2u   // kvq_decode_token per channel
+uint kvq_value_path(uint c0, uint paged) {
 #ifdef KVQ_DECODES_RUN
-  if (kvq_decode_run(token, c0, v)) return; // the method's shared words read once per run
+  float probe[KVQ_FLASH_VALUE_RUN];
+  if (paged > 0u && kvq_decode_run(token_at[0], c0, probe)) return KVQ_VALUE_BY_RUN;
 #endif
 #ifdef KVQ_DECODES_AFFINE
-  if (kvq_affine_run() >= KVQ_FLASH_VALUE_RUN) {
-    vec2 scale_min = kvq_affine_params(token, c0);
-    for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_affine_decode(scale_min, token, c0 + j);
-    return;
-  }
+  if (kvq_affine_run() >= KVQ_FLASH_VALUE_RUN) return KVQ_VALUE_AFFINE; // groups are powers of two: a run never straddles one
 #endif
-  for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_decode_token(token, c0 + j);
+  return KVQ_VALUE_CHANNELS;
 }
 
 // acc[g4][j] += the probabilities of token i for quad g4's heads times v[j]. Constant bounds, so that
@@ -136,10 +136,25 @@ void main() {
     vec4 acc[KVQ_FLASH_QUADS][KVQ_FLASH_VALUE_RUN];
     for (uint g4 = 0u; g4 < KVQ_FLASH_QUADS; g4++)
       for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) acc[g4][j] = vec4(0.0);
-    uint paged = quantized > first ? min(count, quantized - first) : 0u;
-    for (uint i = 0u; i < paged; i++) {
+    uint paged = quantized > first ? min(count, quantized - first) : 0u, path = kvq_value_path(c0, paged);
+#ifdef KVQ_DECODES_RUN
+    for (uint i = 0u; i < (path == KVQ_VALUE_BY_RUN ? paged : 0u); i++) {
       float v[KVQ_FLASH_VALUE_RUN];
-      kvq_value_run(token_at[i], c0, v);
+      kvq_decode_run(token_at[i], c0, v);
+      value_add(i, heads, v, acc);
+    }
+#endif
+#ifdef KVQ_DECODES_AFFINE
+    for (uint i = 0u; i < (path == KVQ_VALUE_AFFINE ? paged : 0u); i++) {
+      float v[KVQ_FLASH_VALUE_RUN];
+      vec2 scale_min = kvq_affine_params(token_at[i], c0);
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_affine_decode(scale_min, token_at[i], c0 + j);
+      value_add(i, heads, v, acc);
+    }
+#endif
+    for (uint i = 0u; i < (path == KVQ_VALUE_CHANNELS ? paged : 0u); i++) {
+      float v[KVQ_FLASH_VALUE_RUN];
+      for (uint j = 0u; j < KVQ_FLASH_VALUE_RUN; j++) v[j] = kvq_decode_token(token_at[i], c0 + j);
       value_add(i, heads, v, acc);
     }
     for (uint i = paged; i < count; i++) {

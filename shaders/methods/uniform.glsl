@@ -30,23 +30,20 @@ float kvq_affine_decode(vec2 scale_min, uvec3 token, uint c) {
 }
 
 // A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl): with
-// 1-, 2-, 4- or 8-bit codes a run's codes start a whole run into a word (the run starts at code
-// index t * d + c0, a multiple of 8) and fill part of one word or two whole words (8-bit), so they
-// are read with one or two loads instead of one per channel; the run lies in one group where groups
-// are at least a run. Same floats as kvq_affine_decode. 3-bit codes (10 per word, runs straddle
-// words) and smaller groups take the per-channel path.
+// 1-, 2- or 4-bit codes a run's codes start a whole run into a word (the run starts at code index
+// t * d + c0, a multiple of 8) and fill part of one word, so they are read with one load instead of
+// one per channel; the run lies in one group where groups are at least a run. Same floats as
+// kvq_affine_decode. 8-bit codes (a run fills two words: a second load under a branch on the width,
+// which llvmpipe would run for every width), 3-bit codes (10 per word, runs straddle words) and
+// smaller groups take the value pass's other paths.
 #define KVQ_DECODES_RUN
 bool kvq_decode_run(uvec3 token, uint c0, out float v[KVQ_DECODE_RUN]) {
   uint b = pc.bits;
-  if ((b & (b - 1u)) != 0u || pc.group < KVQ_DECODE_RUN) return false; // uniform
+  if ((b & (b - 1u)) != 0u || b > 4u || pc.group < KVQ_DECODE_RUN) return false; // uniform
   vec2 scale_min = kvq_affine_params(token, c0);
   uint i = token.y + c0, per_word_log2 = 5u - kvq_log2_pow2(b);
-  uint word = token.x + (i >> per_word_log2), shift = (i & ((1u << per_word_log2) - 1u)) * b;
-  uint lo = KVQ_PAGE(word), hi = b == 8u ? KVQ_PAGE(word + 1u) : 0u, mask = (1u << b) - 1u;
-  for (uint j = 0u; j < KVQ_DECODE_RUN; j++) { // constant trips: unrolled; s < 64
-    uint s = shift + j * b;
-    uint code = ((s < 32u ? lo : hi) >> (s & 31u)) & mask;
-    v[j] = kvq_uniform_value(scale_min.y, scale_min.x, code);
-  }
+  uint word = KVQ_PAGE(token.x + (i >> per_word_log2)) >> ((i & ((1u << per_word_log2) - 1u)) * b), mask = (1u << b) - 1u;
+  for (uint j = 0u; j < KVQ_DECODE_RUN; j++) // constant trips: unrolled; the run's 8 b bits lie in the word
+    v[j] = kvq_uniform_value(scale_min.y, scale_min.x, (word >> (j * b)) & mask);
   return true;
 }
