@@ -49,20 +49,31 @@ float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return kvq_cq_score(block, t, p, pc.head_dim, pc.channels, pc.code_bits);
 }
 
-// A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl): one code
-// read and one centroid offset per group the run covers (8 / c groups, or one where c >= 8, the run
-// starting at channel c0 % c of it) instead of one per channel. Same floats as kvq_decode: the same
-// centroid elements.
+// The codebooks seen four floats at a time (the same buffer as fixed1, bound at offset 0): a
+// centroid of c >= 4 channels starts at a multiple of c floats, so its quads are aligned.
+layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Quads { vec4 kvq_cq_quads[]; };
+
+// A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl), for
+// c >= 4 channels per group and 1-, 2-, 4- or 8-bit codes: the run covers 8 / c groups (or part of
+// one where c >= 8), whose codes lie in one word (the run's first code index is a multiple of the
+// groups it covers, and those take at most 16 bits), read with one load; each quad of 4 channels of
+// the run is one vec4 load of its centroid. So 3 loads a run instead of a code read and a centroid
+// read per channel, which llvmpipe runs lane by lane (docs/VULKAN.md). Same floats as kvq_decode: the
+// same centroid elements. No branch per group or channel: llvmpipe would run each under masks.
+// Other cases (c < 4, 3-bit and other widths) take the value pass's per-channel path.
 #define KVQ_DECODES_RUN
 bool kvq_decode_run(uvec3 token, uint c0, out float v[KVQ_DECODE_RUN]) {
-  uint c = pc.channels, c_log2 = kvq_log2_pow2(c), h = kvq_cq_head(token.x); // c: a power of two (core/config.c)
-  uint at = 0u;
-  for (uint j = 0u; j < KVQ_DECODE_RUN; j++) { // constant trips: unrolled; the branch is uniform
-    uint i = c0 + j;
-    if (j == 0u || (i & (c - 1u)) == 0u)
-      at = kvq_cq_decode_group(token.x, token.y, i >> c_log2, pc.head_dim, c, pc.code_bits, h) + (i & (c - 1u));
-    v[j] = KVQ_CQ_CENTROID(at);
-    at++;
+  uint c = pc.channels, b = pc.code_bits; // c: a power of two (core/config.c)
+  if (c < 4u || (b & (b - 1u)) != 0u || b > 8u) return false; // uniform
+  uint c_log2 = kvq_log2_pow2(c), h = kvq_cq_head(token.x), g0 = c0 >> c_log2;
+  uint i = token.y * (pc.head_dim >> c_log2) + g0, per_word_log2 = 5u - kvq_log2_pow2(b); // the run's first code
+  uint word = KVQ_PAGE((token.x >> 2u) + (i >> per_word_log2)) >> ((i & ((1u << per_word_log2) - 1u)) * b);
+  uint base = kvq_cq_centroids(h, g0, pc.head_dim, c, b), mask = (1u << b) - 1u;
+  for (uint q = 0u; q < KVQ_DECODE_RUN / 4u; q++) { // constant trips: unrolled
+    uint g = (4u * q) >> c_log2; // the run's group of this quad (0 where c >= 8)
+    uint at = base + (((g << b) + ((word >> (g * b)) & mask)) << c_log2) + ((c0 + 4u * q) & (c - 1u));
+    vec4 x = kvq_cq_quads[at >> 2u];
+    for (uint j = 0u; j < 4u; j++) v[4u * q + j] = x[j];
   }
   return true;
 }
