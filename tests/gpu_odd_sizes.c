@@ -26,7 +26,9 @@ uint32_t gpu_odd_size_cases(golden_case cases[GPU_ODD_SIZE_MAX], char names[GPU_
       else if (pair == 2) keys = th_kivi(4, 8), values = th_exact(KVQ_DTYPE_BF16);
       else if (pair == 3) keys = th_qjl(64, 4, 32), values = th_uniform(1, 16);
       else if (pair == 4) keys = th_polar(KVQ_ROTATION_DENSE), values = th_polar(KVQ_ROTATION_HADAMARD);
-      else if (pair == 5) keys = th_cq(4, 8), values = th_cq(2, 5);
+      else if (pair == 5) /* CQ values of c >= 4 take the value pass's run decode (two groups a run at c = 4),
+                            of c < 4 its per-channel path: both, on alternate shapes */
+        keys = th_cq(4, 8), values = s % 2 ? th_cq(4, 8) : th_cq(2, 5);
       else keys = th_polar(KVQ_ROTATION_HADAMARD), values = th_uniform(2, 16); /* PolarQuant keys on the fused path */
       snprintf(names[count], GPU_ODD_SIZE_NAME, "odd-%zu-%d", s, pair);
       c->name = names[count];
