@@ -129,8 +129,9 @@ void main() {
   }
 #else
   // One run of KVQ_FLASH_VALUE_RUN channels per invocation (d is a multiple of 16, core/layout.h):
-  // the token's handle and probabilities are read once per run instead of once per channel, and
-  // kvq_value_run decodes the run from one read of what its channels share.
+  // the token's handle and probabilities are read once per run instead of once per channel, and the
+  // path kvq_value_path chose decodes the run (the method's run decode: one read of what its
+  // channels share). Page tokens, then window tokens, each kind in token loops of its own.
   for (uint c0 = lane * KVQ_FLASH_VALUE_RUN; c0 < d; c0 += KVQ_FLASH_SPLIT * KVQ_FLASH_VALUE_RUN) {
     // acc[g4][j]: channel c0 + j of the quad g4's 4 heads, in vec4s
     vec4 acc[KVQ_FLASH_QUADS][KVQ_FLASH_VALUE_RUN];

@@ -4,9 +4,10 @@
 // head's lookup table <q_g, centroid j of group g> for every (group, code) (2^b x d/c floats, one
 // entry per invocation), and a token's score is d/c table entries summed: one code read and one table
 // read per group and head instead of c centroid reads and c products per group and head.
-// Values are decoded (kvq_decode; the value pass's runs by kvq_decode_run below): a per-(group, code) probability histogram per split would sum
-// 2^b codes per channel where decoding sums the split's tokens (64), fewer whenever 2^b > 64
-// (cq-c4-b8: 256), and would need one lane per (group, code) scanning the split's tokens.
+// Values are decoded (kvq_decode; the value pass's runs by kvq_decode_run below): a per-(group,
+// code) probability histogram per split would sum 2^b codes per channel where decoding sums the
+// split's tokens (64), fewer whenever 2^b > 64 (cq-c4-b8: 256), and would need one lane per (group,
+// code) scanning the split's tokens.
 //
 // The kv head comes from the block's byte offset: every head block kvq's shaders address lies at
 // (page * kv_heads + h) * head_bytes of its pool (the host refuses quantize items whose page offset
