@@ -182,6 +182,7 @@ enum kvq_scratch_kind {
   KVQ_SCRATCH_TOKENS, /* an append's new tokens from device tensors, both sides */
   KVQ_SCRATCH_WINDOW, /* window tokens an append overwrites, kept until it succeeds (core/append.c) */
   KVQ_SCRATCH_SAVED_OUTPUTS, /* caller device outputs as they were before the call (core/output_undo.c) */
+  KVQ_SCRATCH_PAGES, /* pages a failed append or flush overwrote, as they were (core/page_backup.c) */
   KVQ_SCRATCH_COUNT
 };
 

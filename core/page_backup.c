@@ -1,0 +1,99 @@
+/*
+ * Pages a failed append or flush wrote in place, put back.
+ *
+ * An append or flush quantizes into the page pool in place. Most pages it writes are new to the
+ * sequence (taken from the free stack: a failure gives them back, and nobody reads them), but two kinds
+ * hold what the cache was before the call:
+ *   - a page an earlier kvq_flush left partly filled, which the next append or flush quantizes again
+ *     whole (the window still holds its tokens, internal.h);
+ *   - a page the append's own policy step evicted (the step is planned, then applied before the pages
+ *     are taken), which kvq_take_pages takes again from the top of the free stack and clears in every
+ *     layer; a failed append puts the evicted page back in the sequence's table.
+ * On a backend that runs each operation as issued (CPU, CUDA), a failure after such a write (a host
+ * allocation, the other side's job, a later layer, the call's last event) would leave the page
+ * changed. Those pages are copied into scratch before the first write and copied back when the call
+ * fails, after everything it issued (the stream's order on CUDA), as the window's overwritten tokens
+ * are (core/append.c). Decoding one token at a time after no flush names none.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "checked.h"
+#include "page_backup.h"
+
+struct kvq_backed_page {
+  uint32_t layer, slot;
+};
+
+int kvq_page_backup_wanted(const kvq_context *ctx) { return !(ctx->backend->features & KVQ_BACKEND_RECORDS); }
+
+kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32_t layer, uint32_t slot) {
+  for (uint32_t i = 0; i < backup->count; i++)
+    if (backup->pages[i].layer == layer && backup->pages[i].slot == slot) return KVQ_OK;
+  if (backup->count == backup->capacity) {
+    const uint32_t capacity = backup->capacity ? 2 * backup->capacity : 8;
+    kvq_backed_page *grown = realloc(backup->pages, sizeof *grown * capacity);
+    if (!grown) return kvq_fail(cache->ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory listing pages to keep");
+    backup->pages = grown;
+    backup->capacity = capacity;
+  }
+  backup->pages[backup->count++] = (kvq_backed_page){layer, slot};
+  return KVQ_OK;
+}
+
+/* The bytes both sides of a layer's page take in the backup. */
+static uint64_t page_pair_bytes(const kvq_cache *cache, uint32_t layer) {
+  return kvq_size_add(cache->storage[layer].side[0].layout.page_bytes, cache->storage[layer].side[1].layout.page_bytes);
+}
+
+/* Copies every named page, side by side, between its slot and its place in the backup. */
+static kvq_status copy_all(kvq_cache *cache, kvq_page_backup *backup, int back) {
+  kvq_backend *be = cache->ctx->backend;
+  uint64_t at = 0;
+  for (uint32_t i = 0; i < backup->count; i++)
+    for (int s = 0; s < 2; s++) {
+      const kvq_backed_page *p = &backup->pages[i];
+      const uint64_t pb = cache->storage[p->layer].side[s].layout.page_bytes;
+      kvq_buffer *pool = cache->storage[p->layer].pages[s];
+      const kvq_status st = back ? be->ops->buffer_copy(be, pool, (uint64_t)p->slot * pb, backup->saved, at, pb)
+                                 : be->ops->buffer_copy(be, backup->saved, at, pool, (uint64_t)p->slot * pb, pb);
+      if (st != KVQ_OK) return st;
+      at += pb;
+    }
+  return KVQ_OK;
+}
+
+kvq_status kvq_page_backup_save(kvq_cache *cache, kvq_page_backup *backup) {
+  if (!backup->count) return KVQ_OK;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < backup->count; i++) total = kvq_size_add(total, page_pair_bytes(cache, backup->pages[i].layer));
+  kvq_buffer *saved = NULL;
+  kvq_status st = kvq_scratch(cache, KVQ_SCRATCH_PAGES, total, &saved);
+  if (st != KVQ_OK) return st;
+  backup->saved = saved;
+  st = copy_all(cache, backup, 0);
+  if (st != KVQ_OK) {
+    backup->saved = NULL; /* nothing was overwritten yet: nothing to put back */
+    return kvq_fail_backend(cache->ctx, st, "keeping the pages the call overwrites");
+  }
+  return KVQ_OK;
+}
+
+kvq_status kvq_page_backup_restore(kvq_cache *cache, kvq_page_backup *backup, kvq_status status) {
+  if (!backup->saved || status == KVQ_OK || status == KVQ_ERROR_DEVICE_LOST) return status;
+  return copy_all(cache, backup, 1) == KVQ_OK ? status : kvq_undo_failed(cache->ctx, "the pages it overwrote");
+}
+
+kvq_status kvq_undo_failed(kvq_context *ctx, const char *what) {
+  char first[sizeof ctx->error];
+  snprintf(first, sizeof first, "%s", ctx->error); /* the call's own failure, kept at the front */
+  return kvq_fail(ctx, KVQ_ERROR_DEVICE_LOST,
+                  "%s; then putting back %s failed too (%s): the cache is no longer as it was before the call, destroy "
+                  "it and the context",
+                  first, what, ctx->backend->message);
+}
+
+void kvq_page_backup_free(kvq_page_backup *backup) {
+  free(backup->pages);
+  *backup = (kvq_page_backup){0};
+}
