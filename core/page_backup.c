@@ -15,7 +15,6 @@
  * fails, after everything it issued (the stream's order on CUDA), as the window's overwritten tokens
  * are (core/append.c). Decoding one token at a time after no flush names none.
  */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "checked.h"
@@ -82,15 +81,6 @@ kvq_status kvq_page_backup_save(kvq_cache *cache, kvq_page_backup *backup) {
 kvq_status kvq_page_backup_restore(kvq_cache *cache, kvq_page_backup *backup, kvq_status status) {
   if (!backup->saved || status == KVQ_OK || status == KVQ_ERROR_DEVICE_LOST) return status;
   return copy_all(cache, backup, 1) == KVQ_OK ? status : kvq_undo_failed(cache->ctx, "the pages it overwrote");
-}
-
-kvq_status kvq_undo_failed(kvq_context *ctx, const char *what) {
-  char first[sizeof ctx->error];
-  snprintf(first, sizeof first, "%s", ctx->error); /* the call's own failure, kept at the front */
-  return kvq_fail(ctx, KVQ_ERROR_DEVICE_LOST,
-                  "%s; then putting back %s failed too (%s): the cache is no longer as it was before the call, destroy "
-                  "it and the context",
-                  first, what, ctx->backend->message);
 }
 
 void kvq_page_backup_free(kvq_page_backup *backup) {

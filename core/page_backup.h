@@ -30,18 +30,9 @@ kvq_status kvq_page_backup_save(kvq_cache *cache, kvq_page_backup *backup);
 
 /* After the call failed with `status` (its message already in the context), once everything it
  * issued: copies the saved pages back over their slots, ordered after the call's writes. Returns
- * `status`; or, when a copy back fails too (a device that cannot copy between its own buffers after
- * a first failure is not usable), KVQ_ERROR_DEVICE_LOST with a message saying that the cache is no
- * longer as before the call and must be destroyed. A lost device (`status` KVQ_ERROR_DEVICE_LOST) is
+ * `status`; or, when a copy back fails too, KVQ_ERROR_DEVICE_LOST (kvq_undo_failed). A lost device (`status` KVQ_ERROR_DEVICE_LOST) is
  * not copied to: its context is only good for destroying. */
 kvq_status kvq_page_backup_restore(kvq_cache *cache, kvq_page_backup *backup, kvq_status status);
-
-/* The status of a failed call whose undo (a copy back into the cache or an output, after the call's
- * own failure) failed too: KVQ_ERROR_DEVICE_LOST, the message the call's failure, then what could not
- * be put back (`what`) and the backend's message. A backend that cannot copy between buffers it made
- * itself, with valid ranges, after a first failure is not usable (on CUDA such a failure is a sticky
- * error of the context); the cache holds some of the failed call's writes and must be destroyed. */
-kvq_status kvq_undo_failed(kvq_context *ctx, const char *what);
 
 /* Frees the list (the scratch stays the cache's). */
 void kvq_page_backup_free(kvq_page_backup *backup);

@@ -176,11 +176,20 @@ static void teardown(fixture *f) {
 
 typedef struct tally {
   uint64_t by_kind[KVQ_FAULT_KINDS], counted, failed, lost, unreached;
+  uint64_t twice, undo_lost; /* points failed with the next copy after them; of those, undos that failed */
   fault_log log;
 } tally;
 
-/* Point k of the mode failed (as a lost device with `lost`), with the header's checks. */
-static void fail_point(const scenario *s, fixture *f, kvq_backend_kind backend, uint64_t k, int lost, tally *t) {
+/* How a point is failed: alone, as a lost device, or with the first copy after it failed too. */
+enum { PLAIN, LOST, THEN_COPY };
+
+/* Point k of the mode failed (`how`), with the header's checks. THEN_COPY: a second failure in what
+ * the call does after its first, where the copies that put back what it overwrote are (the window,
+ * pages, device outputs); the call must then return KVQ_ERROR_DEVICE_LOST, saying to destroy the
+ * cache (kvq_undo_failed: after which the test destroys the cache and context), or, where the copy
+ * failed was not one that put something back, leave everything as it was. */
+static void fail_point(const scenario *s, fixture *f, kvq_backend_kind backend, uint64_t k, int how, tally *t) {
+  const int lost = how == LOST;
   kvq_status st = setup(s, f);
   if (st != KVQ_OK) {
     failure(&t->log, "point %llu: the setup failed: %s", (unsigned long long)k, kvq_context_last_error(f->ctx));
@@ -193,27 +202,34 @@ static void fail_point(const scenario *s, fixture *f, kvq_backend_kind backend, 
     failure(&t->log, "point %llu: saving before the call failed", (unsigned long long)k);
   float outputs[2][DEQ_TOKENS * TOKEN_FLOATS];
   memcpy(outputs, f->dequantized, sizeof outputs);
-  kvq_fault_arm(k, lost);
+  if (how == THEN_COPY) kvq_fault_arm_then(k, KVQ_FAULT_COPY);
+  else kvq_fault_arm(k, lost);
   st = s->call(f);
-  const int fired = kvq_fault_fired();
+  const int fired = kvq_fault_fired(), twice = kvq_fault_then_fired();
   const kvq_fault_kind kind = kvq_fault_fired_kind();
   kvq_fault_arm(0, 0);
   const char *message = kvq_context_last_error(f->ctx);
-  const char *how = lost ? " as a lost device" : "";
+  const char *how_text = lost ? " as a lost device" : how == THEN_COPY ? " with the next copy" : "";
+  const int undo_lost = twice && st == KVQ_ERROR_DEVICE_LOST; /* the cache is to be destroyed */
+  t->twice += twice;
+  t->undo_lost += undo_lost;
   if (!fired) {
     /* CUDA's timing events (tests/test_fault.c): the last two points may go unreached, reported */
     if (backend == KVQ_BACKEND_CUDA && k + 2 > t->counted) t->unreached++;
     else failure(&t->log, "point %llu was not reached: the call passes fewer points than counted", (unsigned long long)k);
   } else if (st == KVQ_OK) {
-    failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK", (unsigned long long)k, kind_names[kind], how);
+    failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK", (unsigned long long)k, kind_names[kind], how_text);
   } else if (!message || !message[0]) {
-    failure(&t->log, "point %llu (%s) failed%s: %s without a message", (unsigned long long)k, kind_names[kind], how,
+    failure(&t->log, "point %llu (%s) failed%s: %s without a message", (unsigned long long)k, kind_names[kind], how_text,
             kvq_status_string(st));
   } else if (lost && st != KVQ_ERROR_DEVICE_LOST) {
     failure(&t->log, "point %llu (%s) failed as a lost device: %s (%s), not KVQ_ERROR_DEVICE_LOST", (unsigned long long)k,
             kind_names[kind], kvq_status_string(st), message);
+  } else if (undo_lost && !strstr(message, "destroy the cache")) {
+    failure(&t->log, "point %llu (%s) failed with the next copy: KVQ_ERROR_DEVICE_LOST without saying to destroy the cache (%s)",
+            (unsigned long long)k, kind_names[kind], message);
   }
-  if (fired && !lost) {
+  if (fired && !lost && !undo_lost) {
     if (memcmp(outputs[0], f->dequantized[0], sizeof outputs[0]) || memcmp(outputs[1], f->dequantized[1], sizeof outputs[1]))
       failure(&t->log, "point %llu (%s): the failed call wrote its %s output", (unsigned long long)k, kind_names[kind],
               memcmp(outputs[0], f->dequantized[0], sizeof outputs[0]) ? "keys" : "values");
@@ -230,10 +246,10 @@ static void fail_point(const scenario *s, fixture *f, kvq_backend_kind backend, 
   free(before);
   free(after);
   teardown(f);
-  if (lost) { /* a lost device's context is only good for destroying */
+  if (lost || undo_lost) { /* a lost device's context is only good for destroying */
     kvq_context_destroy(f->ctx);
     f->ctx = NULL;
-    check_nothing_held(&t->log, backend, k, 1, "after a lost device's context was destroyed");
+    check_nothing_held(&t->log, backend, k, lost, "after a lost device's context was destroyed");
     if (context_on(backend, &f->ctx) != KVQ_OK) failure(&t->log, "point %llu: a new context after a lost device", (unsigned long long)k);
   }
 }
@@ -274,14 +290,21 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, tally *t) 
   teardown(f);
   if (st != KVQ_OK) failure(&t->log, "the counting run failed: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   for (uint64_t k = 1; !t->log.failures && k <= t->counted; k++) {
-    fail_point(s, f, backend, k, 0, t);
+    fail_point(s, f, backend, k, PLAIN, t);
     t->failed += !t->unreached;
   }
   for (uint64_t k = 1; !t->log.failures && can_be_lost(backend) && f->ctx && k <= lost_points; k++) {
     t->lost++;
-    fail_point(s, f, backend, k, 1, t);
+    fail_point(s, f, backend, k, LOST, t);
     if (f->ctx && !t->log.failures && warm_up(s, f) != KVQ_OK)
       failure(&t->log, "the scenario on a new context after a lost device: %s", kvq_context_last_error(f->ctx));
+  }
+  /* CUDA only: the CPU backend's copies are memcpy and no failure points */
+  for (uint64_t k = 1; !t->log.failures && backend == KVQ_BACKEND_CUDA && f->ctx && k <= t->counted; k++) {
+    const uint64_t undone = t->undo_lost;
+    fail_point(s, f, backend, k, THEN_COPY, t);
+    if (t->undo_lost > undone && f->ctx && !t->log.failures && warm_up(s, f) != KVQ_OK)
+      failure(&t->log, "the scenario on a new context after a failed undo: %s", kvq_context_last_error(f->ctx));
   }
   kvq_context_destroy(f->ctx);
   f->ctx = NULL;
@@ -327,9 +350,11 @@ int main(void) {
       char kinds[300];
       const uint64_t passed = kinds_text(t.by_kind, kinds, sizeof kinds);
       failed += t.log.failures != 0;
-      printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not reached%s%s\n",
+      printf("%s %d - %s %s: %llu points (%s): %llu failed, %llu failed as a lost device, %llu not reached; %llu failed "
+             "with the next copy, %llu of them in an undo (KVQ_ERROR_DEVICE_LOST)%s%s\n",
              t.log.failures ? "not ok" : "ok", number, names[b], s->name, (unsigned long long)passed, kinds,
              (unsigned long long)t.failed, (unsigned long long)t.lost, (unsigned long long)t.unreached,
+             (unsigned long long)t.twice, (unsigned long long)t.undo_lost,
              t.log.failures ? ": " : "", t.log.failures ? t.log.first : "");
       fflush(stdout);
     }
