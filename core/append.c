@@ -382,16 +382,18 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   /* On a backend that runs each operation as issued, pages holding what the cache was before the call
    * are kept before anything writes them (core/page_backup.c): slots the plan just evicted that the
    * append takes again (kvq_take_pages pops the top of the free stack and clears them in every layer),
-   * and this layer's pages that exist already and are quantized again (a page an earlier flush left
-   * partly filled). */
+   * and this layer's pages that exist already and are quantized again: a page an earlier flush left
+   * partly filled, or one an append of another layer took (its bytes of this layer zeros, put back
+   * by clearing them: decoding several layers copies nothing). */
   const int at_once = kvq_page_backup_wanted(ctx);
   for (uint32_t i = 0; at_once && i < new_pages && st == KVQ_OK; i++)
     if (cache->free_count - 1 - i >= free_before)
       for (uint32_t l = 0; l < cache->config.layer_count && st == KVQ_OK; l++)
-        st = kvq_page_backup_add(cache, &pages_undo, l, cache->free_pages[cache->free_count - 1 - i]);
+        st = kvq_page_backup_add(cache, &pages_undo, l, cache->free_pages[cache->free_count - 1 - i], 0);
   for (uint32_t page = F / P; at_once && page < F_new / P && st == KVQ_OK; page++) {
     const uint32_t e = kvq_page_entry(seq, page);
-    if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, layer, seq->pages[e]);
+    /* the layer quantized nothing into a page from its quantized count on */
+    if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, layer, seq->pages[e], page * P >= state->quantized);
   }
   if (st == KVQ_OK) st = kvq_page_backup_save(cache, &pages_undo);
   if (st != KVQ_OK) goto done;
@@ -510,7 +512,7 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
   for (uint32_t l = 0; kvq_page_backup_wanted(cache->ctx) && l < cache->config.layer_count && st == KVQ_OK; l++)
     for (uint32_t page = seq->layers[l].ring_start / P; page < ceil_div(seq->layers[l].tokens, P) && st == KVQ_OK; page++) {
       const uint32_t e = seq->layers[l].quantized < seq->layers[l].tokens ? kvq_page_entry(seq, page) : UINT32_MAX;
-      if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, l, seq->pages[e]);
+      if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, l, seq->pages[e], page * P >= seq->layers[l].quantized);
     }
   if (st == KVQ_OK) st = kvq_page_backup_save(cache, &pages_undo);
   if (st == KVQ_OK) st = kvq_take_pages(cache, seq, new_pages, NULL, 0);

@@ -22,11 +22,12 @@
 
 struct kvq_backed_page {
   uint32_t layer, slot;
+  int zeros; /* put back by clearing it: nothing saved */
 };
 
 int kvq_page_backup_wanted(const kvq_context *ctx) { return !(ctx->backend->features & KVQ_BACKEND_RECORDS); }
 
-kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32_t layer, uint32_t slot) {
+kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32_t layer, uint32_t slot, int zeros) {
   for (uint32_t i = 0; i < backup->count; i++)
     if (backup->pages[i].layer == layer && backup->pages[i].slot == slot) return KVQ_OK;
   if (backup->count == backup->capacity) {
@@ -36,7 +37,7 @@ kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32
     backup->pages = grown;
     backup->capacity = capacity;
   }
-  backup->pages[backup->count++] = (kvq_backed_page){layer, slot};
+  backup->pages[backup->count++] = (kvq_backed_page){layer, slot, zeros};
   return KVQ_OK;
 }
 
@@ -45,7 +46,8 @@ static uint64_t page_pair_bytes(const kvq_cache *cache, uint32_t layer) {
   return kvq_size_add(cache->storage[layer].side[0].layout.page_bytes, cache->storage[layer].side[1].layout.page_bytes);
 }
 
-/* Copies every named page, side by side, between its slot and its place in the backup. */
+/* Copies every named page, side by side, between its slot and its place in the backup (`back`: into
+ * the slot; a page of zeros is cleared instead, and has no place). */
 static kvq_status copy_all(kvq_cache *cache, kvq_page_backup *backup, int back) {
   kvq_backend *be = cache->ctx->backend;
   uint64_t at = 0;
@@ -54,10 +56,12 @@ static kvq_status copy_all(kvq_cache *cache, kvq_page_backup *backup, int back) 
       const kvq_backed_page *p = &backup->pages[i];
       const uint64_t pb = cache->storage[p->layer].side[s].layout.page_bytes;
       kvq_buffer *pool = cache->storage[p->layer].pages[s];
-      const kvq_status st = back ? be->ops->buffer_copy(be, pool, (uint64_t)p->slot * pb, backup->saved, at, pb)
-                                 : be->ops->buffer_copy(be, backup->saved, at, pool, (uint64_t)p->slot * pb, pb);
+      kvq_status st = KVQ_OK;
+      if (p->zeros) st = back ? be->ops->buffer_zero(be, pool, (uint64_t)p->slot * pb, pb) : KVQ_OK;
+      else if (back) st = be->ops->buffer_copy(be, pool, (uint64_t)p->slot * pb, backup->saved, at, pb);
+      else st = be->ops->buffer_copy(be, backup->saved, at, pool, (uint64_t)p->slot * pb, pb);
       if (st != KVQ_OK) return st;
-      at += pb;
+      at += p->zeros ? 0 : pb;
     }
   return KVQ_OK;
 }
@@ -65,7 +69,8 @@ static kvq_status copy_all(kvq_cache *cache, kvq_page_backup *backup, int back) 
 kvq_status kvq_page_backup_save(kvq_cache *cache, kvq_page_backup *backup) {
   if (!backup->count) return KVQ_OK;
   uint64_t total = 0;
-  for (uint32_t i = 0; i < backup->count; i++) total = kvq_size_add(total, page_pair_bytes(cache, backup->pages[i].layer));
+  for (uint32_t i = 0; i < backup->count; i++)
+    if (!backup->pages[i].zeros) total = kvq_size_add(total, page_pair_bytes(cache, backup->pages[i].layer));
   kvq_buffer *saved = NULL;
   kvq_status st = kvq_scratch(cache, KVQ_SCRATCH_PAGES, total, &saved);
   if (st != KVQ_OK) return st;

@@ -20,9 +20,11 @@ typedef struct kvq_page_backup {
 int kvq_page_backup_wanted(const kvq_context *ctx);
 
 /* Names page slot `slot` of layer `layer` (both sides) as one the call is about to overwrite; a pair
- * named twice is kept once. Host memory only: a failure (KVQ_ERROR_OUT_OF_MEMORY, with a message)
- * changes nothing on the device. */
-kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32_t layer, uint32_t slot);
+ * named twice is kept once. With `zeros`, the caller knows the layer's bytes of the page to be zeros
+ * (a page kvq_take_pages cleared that the layer has not quantized into: one another layer took):
+ * nothing is copied, and a failure clears them again. Host memory only: a failure
+ * (KVQ_ERROR_OUT_OF_MEMORY, with a message) changes nothing on the device. */
+kvq_status kvq_page_backup_add(kvq_cache *cache, kvq_page_backup *backup, uint32_t layer, uint32_t slot, int zeros);
 
 /* Copies the named pages into the cache's scratch, before the call writes any of them (the copies
  * are ordered before those writes on the device). Nothing to do when none is named. */

@@ -11,6 +11,8 @@
  *     page an earlier flush left partly filled (core/page_backup.c puts it back);
  *   - append-evicted-pages: an append whose policy step (H2O) evicts whole pages that the same append
  *     then takes again, clears and fills (core/page_backup.c);
+ *   - append-second-layer: layer 1's append into pages layer 0's append took (their layer-1 bytes
+ *     zeros, cleared again after a failure: core/page_backup.c);
  *   - dequantize-host-keys, dequantize-host-values (emulated CUDA): one output a host tensor and the
  *     other CUDA device memory, so that kvq_dequantize writes both through host memory (the staged
  *     path: kvq_tensors_write, core/tensor_device.c; the device one put back by core/output_undo.c).
@@ -65,16 +67,20 @@ static kvq_status attend(fixture *f) {
 }
 
 /* The fixture's base cache (QJL keys, 2-bit uniform values; tests/fault_fixture.c), with H2O or
- * with nothing evicted. */
-static kvq_status make_cache(fixture *f, int h2o) {
-  kvq_layer_config layer;
-  kvq_cache_config config = cache_config(BASE, &layer);
+ * with nothing evicted; with `two_layers`, two such layers. */
+static kvq_status make_cache_of(fixture *f, int h2o, int two_layers) {
+  kvq_layer_config layers[2];
+  kvq_cache_config config = cache_config(BASE, &layers[0]);
+  layers[1] = layers[0];
+  config.layers = layers;
+  config.layer_count = two_layers ? 2 : 1;
   if (!h2o) config.policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
   f->appended = 0;
   kvq_status st = kvq_cache_create(f->ctx, &config, &f->cache);
   if (st == KVQ_OK) st = kvq_sequence_add(f->cache, &f->sequence);
   return st;
 }
+static kvq_status make_cache(fixture *f, int h2o) { return make_cache_of(f, h2o, 0); }
 
 /* The setups (the ring holds WINDOW + PAGE = 32 slots; token t in slot t % 32). */
 /* 48 tokens: pages 0 and 1 quantized, the window tokens 32..47 in slots 0..15. */
@@ -109,7 +115,23 @@ static kvq_status setup_dequantize(fixture *f) {
   return st == KVQ_OK ? attend(f) : st;
 }
 
+/* Two layers, 40 tokens each; then 24 more in layer 0, which takes page 2 (tokens 16..47 quantized),
+ * cleared in both layers. */
+static kvq_status setup_two_layers(fixture *f) {
+  kvq_status st = make_cache_of(f, 0, 1);
+  kvq_tensor k = tokens(keys, 0, 40), v = tokens(values, 0, 40);
+  for (uint32_t l = 0; l < 2 && st == KVQ_OK; l++) st = kvq_append(f->cache, f->sequence, l, &k, &v);
+  k = tokens(keys, 40, MORE), v = tokens(values, 40, MORE);
+  return st == KVQ_OK ? kvq_append(f->cache, f->sequence, 0, &k, &v) : st;
+}
+
 /* The calls. */
+/* Layer 1's 24 tokens: its pages 1 and 2 quantized into pages the sequence holds (layer 0 took page
+ * 2), whose bytes of layer 1 are zeros. */
+static kvq_status call_append_layer_1(fixture *f) {
+  kvq_tensor k = tokens(keys, 40, MORE), v = tokens(values, 40, MORE);
+  return kvq_append(f->cache, f->sequence, 1, &k, &v);
+}
 /* 50 tokens onto a window [32, 48): the window moves to [80, 98), whose tokens take slots 16..31 and
  * 0..1: old tokens 32 and 33 are overwritten by a write two ring turns after them. */
 static kvq_status call_append_wrap(fixture *f) { return append(f, 50); }
@@ -142,6 +164,7 @@ static const scenario scenarios[] = {
     {"append-partial-page", setup_flushed, call_append_24, 0},
     {"flush-partial-page", setup_flushed_more, call_flush, 0},
     {"append-evicted-pages", setup_h2o, call_append_40, 0},
+    {"append-second-layer", setup_two_layers, call_append_layer_1, 0},
     {"dequantize-host-keys", setup_dequantize, call_dequantize_host_keys, 1},
     {"dequantize-host-values", setup_dequantize, call_dequantize_host_values, 1},
 };
