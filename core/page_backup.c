@@ -71,20 +71,15 @@ kvq_status kvq_page_backup_save(kvq_cache *cache, kvq_page_backup *backup) {
   uint64_t total = 0;
   for (uint32_t i = 0; i < backup->count; i++)
     if (!backup->pages[i].zeros) total = kvq_size_add(total, page_pair_bytes(cache, backup->pages[i].layer));
-  kvq_buffer *saved = NULL;
-  kvq_status st = kvq_scratch(cache, KVQ_SCRATCH_PAGES, total, &saved);
-  if (st != KVQ_OK) return st;
-  backup->saved = saved;
-  st = copy_all(cache, backup, 0);
-  if (st != KVQ_OK) {
-    backup->saved = NULL; /* nothing was overwritten yet: nothing to put back */
-    return kvq_fail_backend(cache->ctx, st, "keeping the pages the call overwrites");
-  }
-  return KVQ_OK;
+  /* pages of zeros only (decoding several layers): no scratch, which would stay the cache's */
+  kvq_status st = total ? kvq_scratch(cache, KVQ_SCRATCH_PAGES, total, &backup->saved) : KVQ_OK;
+  if (st == KVQ_OK && (st = copy_all(cache, backup, 0)) != KVQ_OK) st = kvq_fail_backend(cache->ctx, st, "keeping the pages the call overwrites");
+  backup->ready = st == KVQ_OK; /* else nothing was overwritten yet: nothing to put back */
+  return st;
 }
 
 kvq_status kvq_page_backup_restore(kvq_cache *cache, kvq_page_backup *backup, kvq_status status) {
-  if (!backup->saved || status == KVQ_OK || status == KVQ_ERROR_DEVICE_LOST) return status;
+  if (!backup->ready || status == KVQ_OK || status == KVQ_ERROR_DEVICE_LOST) return status;
   return copy_all(cache, backup, 1) == KVQ_OK ? status : kvq_undo_failed(cache->ctx, "the pages it overwrote");
 }
 

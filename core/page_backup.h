@@ -11,7 +11,8 @@ typedef struct kvq_backed_page kvq_backed_page;
 typedef struct kvq_page_backup {
   kvq_backed_page *pages; /* (layer, slot) pairs, both sides of each */
   uint32_t count, capacity;
-  kvq_buffer *saved; /* the cache's KVQ_SCRATCH_PAGES once saved, holding the copies */
+  kvq_buffer *saved; /* the cache's KVQ_SCRATCH_PAGES, holding the copies (NULL when all are zeros) */
+  int ready;         /* saved: a failure puts the pages back */
 } kvq_page_backup;
 
 /* Whether the context's backend needs the backup: one that runs each operation as it is issued (CPU,
