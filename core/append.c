@@ -13,6 +13,7 @@
 #include "checked.h"
 #include "internal.h"
 #include "memory_limits.h"
+#include "page_backup.h"
 #include "policy.h"
 #include "tensor.h"
 #include "token_check.h"
@@ -314,6 +315,7 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   kvq_policy_plan plan = {0};
   pending_errors pending = {0};
   append_undo undo = {0};
+  kvq_page_backup pages_undo = {0};
   /* Device keys and values are read in place on the device after the checks below; their finite
    * and range checks run there too (docs/VULKAN.md says what differs from host tensors). */
   const int in_place = kvq_tensor_on_device(ctx, keys) && kvq_tensor_on_device(ctx, values) && ctx->backend->ops->check_tokens;
@@ -377,6 +379,24 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   if ((st = undo_save(cache, seq, &plan, &undo)) != KVQ_OK) goto done;
   const uint32_t free_before = cache->free_count; /* slots above it: freed by the plan's evictions */
   kvq_policy_plan_apply(cache, seq, &plan);
+  /* On a backend that runs each operation as issued, pages holding what the cache was before the call
+   * are kept before anything writes them (core/page_backup.c): slots the plan just evicted that the
+   * append takes again (kvq_take_pages pops the top of the free stack and clears them in every layer),
+   * and this layer's pages that exist already and are quantized again: a page an earlier flush left
+   * partly filled, or one an append of another layer took (its bytes of this layer zeros, put back
+   * by clearing them: decoding several layers copies nothing). */
+  const int at_once = kvq_page_backup_wanted(ctx);
+  for (uint32_t i = 0; at_once && i < new_pages && st == KVQ_OK; i++)
+    if (cache->free_count - 1 - i >= free_before)
+      for (uint32_t l = 0; l < cache->config.layer_count && st == KVQ_OK; l++)
+        st = kvq_page_backup_add(cache, &pages_undo, l, cache->free_pages[cache->free_count - 1 - i], 0);
+  for (uint32_t page = F / P; at_once && page < F_new / P && st == KVQ_OK; page++) {
+    const uint32_t e = kvq_page_entry(seq, page);
+    /* the layer quantized nothing into a page from its quantized count on */
+    if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, layer, seq->pages[e], page * P >= state->quantized);
+  }
+  if (st == KVQ_OK) st = kvq_page_backup_save(cache, &pages_undo);
+  if (st != KVQ_OK) goto done;
   writes_recorded = 1; /* device work that changes the cache follows (behind the checks, if any) */
 
   /* From here on only backend (device) failures are possible, and the checks behind which the rest
@@ -398,19 +418,20 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     }
   /* The tokens that stay in the window go to their ring slots, written in place: a backend that runs
    * each copy at once (CUDA) has written one side's slots when the other side's copy, or anything
-   * after, fails. The window tokens those writes overwrite (old tokens [kept_from, kept_end): slots
-   * the new tokens [keep_from, n_new) share) are kept in scratch first and copied back on failure,
-   * so a failed append leaves the window as it was. One token at a time (decoding) overwrites none:
-   * the ring holds R + P slots and never more than R + P - 1 tokens. A backend that records the call
+   * after, fails. When the new tokens [keep_from, n_new) reach a ring turn past the old window's first
+   * token F, they may share slots with the old window [F, n), and then the whole old window is kept
+   * in scratch first and copied back on failure, so a failed append leaves the window as it was. (Not
+   * only the old tokens one turn before the new ones: an append of more than a turn overwrites old
+   * tokens two turns before it, and the slots shared can be two runs, at both ends of the old window.)
+   * One token at a time (decoding) keeps none: the ring holds R + P slots and never more than
+   * R + P - 1 tokens, so n + 1 <= F + R + P. A backend that records the call
    * (KVQ_BACKEND_RECORDS: Vulkan) needs none of it and must not: its copies are recorded, not run,
    * and a failed call runs none of them (its recording is discarded, kvq_call_end; a failed
    * submission runs nothing), the copy into scratch neither (a copy back would then write stale
    * scratch over the window). */
   const uint32_t keep_from = n > F_new ? n : F_new, cap = cache->ring_capacity;
-  const uint32_t kept_from = keep_from >= F + cap ? keep_from - cap : F;
-  const uint32_t kept_end = n_new >= n + cap ? n : (n_new > cap ? n_new - cap : 0);
-  const int at_once = !(ctx->backend->features & KVQ_BACKEND_RECORDS);
-  const uint32_t kept = st == KVQ_OK && at_once && kept_end > kept_from ? kept_end - kept_from : 0;
+  const uint32_t kept_from = F;
+  const uint32_t kept = st == KVQ_OK && at_once && n_new > F + cap ? n - F : 0;
   kvq_buffer *backup = NULL;
   int ring_written = 0;
   if (kept) st = kvq_scratch(cache, KVQ_SCRATCH_WINDOW, 2 * token_bytes * kept, &backup);
@@ -432,15 +453,21 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
     state->ring_start = F_new;
     state->quantized = quantized_new;
     pending_apply(cache, seq, &pending);
-  } else if (ring_written && kept) {
-    /* the overwritten window tokens back in their slots (status and message stay the failure's;
-     * on a lost device this cannot run, and the context is only good for destroying) */
-    for (int s = 0; s < 2; s++) {
+  } else if (ring_written && kept && st != KVQ_ERROR_DEVICE_LOST) {
+    /* the old window back in its slots (status and message stay the failure's, unless this fails
+     * too; a lost device's context is only good for destroying), ordered after the writes on the
+     * device, before anything that reads the window */
+    kvq_status back = KVQ_OK;
+    for (int s = 0; s < 2 && back == KVQ_OK; s++) {
       const token_source saved = {NULL, backup, (uint64_t)s * token_bytes * kept};
-      (void)ring_put(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, kept_from, kept, &saved, 0, NULL);
-    } /* ordered after the writes on the device, before anything that reads the window */
+      back = ring_put(cache, cache->storage[layer].ring[s], ring_offset, token_bytes, kept_from, kept, &saved, 0, NULL);
+    }
+    if (back != KVQ_OK) st = kvq_undo_failed(ctx, "the window tokens it overwrote");
   }
 done:
+  /* the pages it overwrote, after all it issued */
+  st = kvq_page_backup_restore(cache, &pages_undo, st);
+  kvq_page_backup_free(&pages_undo);
   /* refused by the checks, or a host or device failure after the bookkeeping changed */
   if (st != KVQ_OK && undo.saved) undo_restore(cache, seq, &undo);
   /* refused before anything was recorded behind the checks (capacity, host memory): the checks are
@@ -478,8 +505,21 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
   const kvq_policy_plan no_plan = {0};
   if ((st = undo_save(cache, seq, &no_plan, &undo)) != KVQ_OK) return st;
   pending_errors pending = {0};
-  if ((st = kvq_take_pages(cache, seq, new_pages, NULL, 0)) != KVQ_OK) {
+  /* Pages that exist already and are quantized again in place (a page an earlier flush left partly
+   * filled): kept first on a backend that runs each operation as issued, put back on failure
+   * (core/page_backup.c). */
+  kvq_page_backup pages_undo = {0};
+  for (uint32_t l = 0; kvq_page_backup_wanted(cache->ctx) && l < cache->config.layer_count && st == KVQ_OK; l++)
+    for (uint32_t page = seq->layers[l].ring_start / P; page < ceil_div(seq->layers[l].tokens, P) && st == KVQ_OK; page++) {
+      const uint32_t e = seq->layers[l].quantized < seq->layers[l].tokens ? kvq_page_entry(seq, page) : UINT32_MAX;
+      if (e != UINT32_MAX) st = kvq_page_backup_add(cache, &pages_undo, l, seq->pages[e], page * P >= seq->layers[l].quantized);
+    }
+  if (st == KVQ_OK) st = kvq_page_backup_save(cache, &pages_undo);
+  if (st == KVQ_OK) st = kvq_take_pages(cache, seq, new_pages, NULL, 0);
+  if (st != KVQ_OK) {
     undo_restore(cache, seq, &undo);
+    undo_free(&undo);
+    kvq_page_backup_free(&pages_undo);
     return st;
   }
   /* Every layer's pages first; the layers are marked flushed only once all of them are, and the
@@ -518,7 +558,10 @@ static kvq_status flush_call(kvq_cache *cache, uint32_t id) {
     pending_apply(cache, seq, &pending);
   } else {
     undo_restore(cache, seq, &undo);
+    st = kvq_page_backup_restore(cache, &pages_undo, st); /* after all the call issued */
   }
+  kvq_page_backup_free(&pages_undo);
+  undo_free(&undo);
   pending_free(&pending);
   return st;
 }

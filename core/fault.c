@@ -27,9 +27,15 @@ static int counts_for(kvq_fault_kind kind) {
   return lost ? kind == KVQ_FAULT_SUBMIT || kind == KVQ_FAULT_WAIT : kind != KVQ_FAULT_WAIT;
 }
 
+/* kvq_fault_arm_then: the kind whose first point after the armed one fails too (KVQ_FAULT_KINDS:
+ * none), and whether it did. */
+static kvq_fault_kind then_kind = KVQ_FAULT_KINDS;
+static int then_fired;
+
 int kvq_fault_point(kvq_fault_kind kind) {
   passed++;
   if (passed <= KVQ_FAULT_TRACE) trace[passed - 1] = (unsigned char)kind;
+  if (fired && !then_fired && kind == then_kind) return then_fired = 1;
   if (!counts_for(kind) || ++eligible != armed) return 0;
   fired = 1;
   fired_kind = kind;
@@ -43,7 +49,16 @@ void kvq_fault_arm(uint64_t k, int as_lost) {
   lost = as_lost;
   passed = eligible = 0;
   fired = 0;
+  then_kind = KVQ_FAULT_KINDS;
+  then_fired = 0;
 }
+
+void kvq_fault_arm_then(uint64_t k, kvq_fault_kind then) {
+  kvq_fault_arm(k, 0);
+  then_kind = then;
+}
+
+int kvq_fault_then_fired(void) { return then_fired; }
 
 uint64_t kvq_fault_count(void) { return passed; }
 uint64_t kvq_fault_eligible(void) { return eligible; }

@@ -39,6 +39,11 @@ int kvq_fault_lost(void);
  * every kind but KVQ_FAULT_WAIT (a failed wait is a lost device), or with `lost` the submissions and
  * waits, as a lost device. */
 void kvq_fault_arm(uint64_t k, int lost);
+/* As kvq_fault_arm(k, 0), and then the first point of kind `then` after point k fails too: a second
+ * failure, in what a call does after its first (tests/test_fault_undo.c: the copies that put back
+ * what a failed call overwrote). kvq_fault_then_fired says whether it did. */
+void kvq_fault_arm_then(uint64_t k, kvq_fault_kind then);
+int kvq_fault_then_fired(void);
 /* Points passed since kvq_fault_arm (all kinds; those the armed mode fails), and whether the armed
  * one was reached. */
 uint64_t kvq_fault_count(void);

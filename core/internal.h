@@ -104,6 +104,14 @@ kvq_status kvq_fail(kvq_context *ctx, kvq_status status, const char *format, ...
     ;
 /* Records a backend failure: its own message, prefixed. */
 kvq_status kvq_fail_backend(kvq_context *ctx, kvq_status status, const char *what);
+/* The status of a failed call whose undo failed too: a copy that puts back what the call overwrote
+ * (`what`: window tokens, pages, an output; core/append.c, core/page_backup.c, core/output_undo.c),
+ * after the call's own failure. KVQ_ERROR_DEVICE_LOST, the message the call's failure, then what
+ * could not be put back and the backend's message. A backend that cannot copy between buffers it
+ * holds, with ranges it checked, right after a first failure is not usable (on CUDA it is a sticky
+ * error of the context), and the cache holds some of the failed call's writes: it must be destroyed,
+ * as the status says (kvq.h). */
+kvq_status kvq_undo_failed(kvq_context *ctx, const char *what);
 
 /* A read whose bytes the call needs only after kvq_reads_wait: the backend's buffer_read_later where
  * it has one (then *later is set, and the bytes come with the call's one submission), else
@@ -182,6 +190,7 @@ enum kvq_scratch_kind {
   KVQ_SCRATCH_TOKENS, /* an append's new tokens from device tensors, both sides */
   KVQ_SCRATCH_WINDOW, /* window tokens an append overwrites, kept until it succeeds (core/append.c) */
   KVQ_SCRATCH_SAVED_OUTPUTS, /* caller device outputs as they were before the call (core/output_undo.c) */
+  KVQ_SCRATCH_PAGES, /* pages a failed append or flush overwrote, as they were (core/page_backup.c) */
   KVQ_SCRATCH_COUNT
 };
 

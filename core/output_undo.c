@@ -77,13 +77,16 @@ kvq_status kvq_output_undo_save(kvq_cache *cache, const kvq_tensor *const *outpu
 kvq_status kvq_output_undo_end(kvq_output_undo *undo, kvq_status status) {
   if (!undo->ctx) return status;
   kvq_backend *be = undo->ctx->backend;
-  if (status != KVQ_OK) {
+  if (status != KVQ_OK && status != KVQ_ERROR_DEVICE_LOST) { /* a lost device's context: only for destroying */
     /* every span was saved before any output was written: overlapping outputs too, in any order */
-    for (size_t i = 0; i < undo->count; i++) {
+    kvq_status back = KVQ_OK;
+    for (size_t i = 0; i < undo->count && back == KVQ_OK; i++) {
       const kvq_saved_output *s = &undo->spans[i];
-      (void)be->ops->buffer_copy(be, s->caller, s->first, undo->saved, s->at, s->bytes);
+      back = be->ops->buffer_copy(be, s->caller, s->first, undo->saved, s->at, s->bytes);
     }
-    (void)be->ops->finish(be); /* back in place when the call returns, as its writes would have been */
+    /* back in place when the call returns, as its writes would have been */
+    if (back == KVQ_OK) back = be->ops->finish(be);
+    if (back != KVQ_OK) status = kvq_undo_failed(undo->ctx, "its device outputs");
   }
   release(undo);
   return status;

@@ -28,8 +28,9 @@ kvq_status kvq_output_undo_save(kvq_cache *cache, const kvq_tensor *const *outpu
 
 /* Ends what kvq_output_undo_save began, after kvq_call_end (whose own failure counts): with `status`
  * an error, copies the saved bytes back over the outputs (after everything the call issued, in stream
- * order) and waits for them; then frees what was saved. Returns `status`: a copy back that fails too
- * (a second failure) leaves that output as the failed call left it, and the first error stands. */
+ * order) and waits for them; then frees what was saved. Returns `status`; a copy back, or its wait, that
+ * fails too (a second failure) leaves outputs as the failed call left them and returns
+ * KVQ_ERROR_DEVICE_LOST (kvq_undo_failed). A lost device's outputs are not copied to. */
 kvq_status kvq_output_undo_end(kvq_output_undo *undo, kvq_status status);
 
 #endif

@@ -49,6 +49,15 @@ kvq_status kvq_fail_backend(kvq_context *ctx, kvq_status status, const char *wha
   return status;
 }
 
+kvq_status kvq_undo_failed(kvq_context *ctx, const char *what) {
+  char first[sizeof ctx->error];
+  snprintf(first, sizeof first, "%s", ctx->error); /* the call's own failure, kept at the front */
+  return kvq_fail(ctx, KVQ_ERROR_DEVICE_LOST,
+                  "%s; then putting back %s failed too (%s): the cache and the outputs are no longer as they were "
+                  "before the call; destroy the cache and the context",
+                  first, what, ctx->backend ? ctx->backend->message : "");
+}
+
 void kvq_clear_error(kvq_context *ctx) {
   if (ctx) ctx->error[0] = 0;
 }

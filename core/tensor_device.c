@@ -91,7 +91,14 @@ kvq_status kvq_tensors_write(kvq_context *ctx, size_t count, const kvq_tensor *c
     if ((st = be->ops->buffer_write(be, staged[i].buffer, first, staged[i].copy, bytes)) != KVQ_OK)
       st = kvq_fail_backend(ctx, st, "writing a device tensor");
   }
-  /* host tensors last: nothing after them can fail */
+  /* On a backend that runs each operation as issued (CUDA), the writes, and the timing event the
+   * call's end records after them, are waited for here, so that nothing can fail after the host
+   * tensors below are written but the call's end wait, which fails only with a lost device (a failed
+   * call leaves its outputs as they were: core/output_undo.c puts the device ones back, and the host
+   * ones are not written yet). A backend that records the call runs them with its end instead. */
+  if (st == KVQ_OK && devices && !(be->features & KVQ_BACKEND_RECORDS) && (st = be->ops->finish(be)) != KVQ_OK)
+    st = kvq_fail_backend(ctx, st, "waiting for the writes of device tensors");
+  /* host tensors last */
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
     if (t[i]->memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(t[i], src[i]);
   for (size_t i = 0; staged && i < count; i++) {

@@ -68,7 +68,10 @@ typedef enum kvq_status {
   KVQ_ERROR_TRUNCATED = 13,          /* a file or buffer ends early */
   KVQ_ERROR_CHECKSUM = 14,           /* content does not match its checksum */
   KVQ_ERROR_VERSION = 15,            /* a file format version this library cannot read */
-  KVQ_ERROR_DEVICE_LOST = 16,        /* the GPU device was lost or hung: destroy the caches and the context */
+  KVQ_ERROR_DEVICE_LOST = 16,        /* the GPU device was lost or hung, or a failed call could not put back
+                                        what it had written (its undo's copies failed too: the cache, and
+                                        the call's device outputs, may hold part of its work):
+                                        destroy the caches and the context */
   KVQ_ERROR_DEVICE_MEMORY = 17,      /* GPU memory exhausted */
   KVQ_ERROR_INTERNAL = 18,           /* a bug in kvq; please report it with the message */
   KVQ_ERROR_NO_CODEBOOK = 19         /* the layer's method needs codebooks: learn or load them first */
