@@ -296,4 +296,10 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_nibble_entry(kvq_u32 v, kvq_f32 p0, kvq_f32 p1, kv
   return sum + kvq_qjl_signed(v, 0u, p0);
 }
 
+/* A table need only hold its 8 entries with bit 3 set: entry v of the others is exactly -entry(15 - v)
+ * (every sign flipped, and round-to-nearest rounds -x to -round(x), so each partial sum is negated
+ * exactly). Where entry v's magnitude lies among entries 8 .. 15 (stored at 0 .. 7): v & 7 for
+ * v >= 8, (15 - v) & 7 = ~v & 7 below; its sign is bit 3 of v. */
+KVQ_SHARED_FN kvq_u32 kvq_qjl_half_index(kvq_u32 v) { return (v ^ ((v >> 3u) - 1u)) & 7u; }
+
 #endif /* KVQ_CORE_METHODS_QJL_H */

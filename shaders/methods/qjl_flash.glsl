@@ -35,12 +35,12 @@
 // and their comparison, at most 3 x 8 (pages after the first x words of a list).
 #define KVQ_FLASH_SPLIT_SCORES
 
-#define KVQ_QJL_FLASH_ROWS 128u                                 // sketch rows x sets of one chunk
+#define KVQ_QJL_FLASH_ROWS 256u                                 // sketch rows x sets of one chunk
 #define KVQ_QJL_FLASH_PAGES (KVQ_FLASH_SPLIT / KVQ_MIN_PAGE_SIZE) // pages a split spans at most
 shared uint kvq_qjl_lists[KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];   // 512 bytes
 // the query's values at the pages' outlier channels, [quad][page][j]: 4 KiB
 shared vec4 kvq_qjl_query[KVQ_FLASH_HEADS_PER_PASS / 4u * KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];
-shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 16u];            // 8 KiB: [set][group][nibble], 4 heads
+shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 8u];             // 8 KiB: [set][group][entry 8 + e], 4 heads
 
 // One sketch part's terms of the logits (outer = 1: the outlier sketch S_o), added to logit (outer =
 // 0 sets them). Called with a constant outer, so that every choice between the sketches (the matrix,
@@ -86,20 +86,24 @@ void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine
         // the group's table, straight from the parts (no barrier between parts and tables): entry v
         // is kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads; with v and g constant
         // (unrolled) the signs fold and the partial sums that entries share are formed once
-        for (uint v = 0u; v < 16u; v++) {
+        for (uint v = 8u; v < 16u; v++) { // the entries with bit 3 set; the others are their negations
           vec4 entry;
           for (uint g = 0u; g < 4u; g++) entry[g] = kvq_qjl_nibble_entry(v, p0[g], p1[g], p2[g], p3[g]);
-          kvq_qjl_tables[i * 16u + v] = entry;
+          kvq_qjl_tables[i * 8u + v - 8u] = entry;
         }
       }
       barrier();
       if (mine) { // set s's groups start at s * used / 4
-        uint table = set * used * 4u;
+        uint table = set * used * 2u;
         // a loop to used / 32 rather than a guarded loop of constant bound: llvmpipe would run the
         // guarded-off words' lookups masked (k = 8: 16 of 32 per chunk; 193 to 183 CPU ms)
         for (uint w = 0u; w < used / 32u; w++) {
           uint bits = pages[words + c0 / 32u + w];
-          for (uint j = 0u; j < 8u; j++) sum += kvq_qjl_tables[table + (w * 8u + j) * 16u + ((bits >> (4u * j)) & 15u)];
+          for (uint j = 0u; j < 8u; j++) {
+            uint v = (bits >> (4u * j)) & 15u;
+            vec4 e = kvq_qjl_tables[table + (w * 8u + j) * 8u + kvq_qjl_half_index(v)];
+            sum += (v & 8u) != 0u ? e : -e;
+          }
         }
       }
     }
