@@ -208,9 +208,14 @@ KVQ_SHARED_FN kvq_acc kvq_qjl_outlier_product(KVQ_IO_PARAM kvq_u32 outer, kvq_u3
 
 /* Row i of a sketch part of the query from `outliers`, the sum over the page's outlier channels c in
  * list order of S[i][c] q_c (S_o for outer = 1): for the inlier sketch the prepared (S q)_i (from
- * prepared element p) less that sum, for the outlier sketch the sum itself. */
+ * prepared element p) less that sum, for the outlier sketch the sum itself. kvq_qjl_part_of takes
+ * (S q)_i read by the caller (the Vulkan fused pass reads 4 rows with one load); the read is only
+ * made for the inlier sketch. */
+KVQ_SHARED_FN kvq_acc kvq_qjl_part_of(kvq_u32 outer, kvq_acc prepared, kvq_acc outliers) {
+  return outer == 0u ? prepared - outliers : outliers;
+}
 KVQ_SHARED_FN kvq_acc kvq_qjl_query_part_from(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 p, kvq_acc outliers) {
-  return outer == 0u ? KVQ_ACC(KVQ_PREPARED(p + i)) - outliers : outliers;
+  return outer == 0u ? kvq_qjl_part_of(outer, KVQ_ACC(KVQ_PREPARED(p + i)), outliers) : outliers;
 }
 
 /* Rows i .. i + 3 of S q_in (outer = 0: the prepared S q from prepared element p, less the outlier

@@ -35,6 +35,10 @@
 // and their comparison, at most 3 x 8 (pages after the first x words of a list).
 #define KVQ_FLASH_SPLIT_SCORES
 
+// The prepared queries (results) 4 floats a load, where a group's 4 rows of S q are read: llvmpipe
+// runs each load lane by lane, so one uvec4 load costs much less than 4 scalar ones.
+layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer KvqQjlResults4 { uvec4 kvq_qjl_results4[]; };
+
 #define KVQ_QJL_FLASH_ROWS 256u                                 // sketch rows x sets of one chunk
 #define KVQ_QJL_FLASH_PAGES (KVQ_FLASH_SPLIT / KVQ_MIN_PAGE_SIZE) // pages a split spans at most
 shared uint kvq_qjl_lists[KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];   // 512 bytes
@@ -77,11 +81,14 @@ void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine
         vec4 p0 = vec4(0.0), p1 = vec4(0.0), p2 = vec4(0.0), p3 = vec4(0.0);
         for (uint g = 0u; g < 4u; g++) { // constant trips (unrolled); heads past the pass's stay 0
           if (h4 + g >= heads) continue;
-          uint at = (row0 + h4 + g) * kvq_prepared_floats();
-          p0[g] = kvq_qjl_query_part_from(outer, row, at, o0[g]);
-          p1[g] = kvq_qjl_query_part_from(outer, row + 1u, at, o1[g]);
-          p2[g] = kvq_qjl_query_part_from(outer, row + 2u, at, o2[g]);
-          p3[g] = kvq_qjl_query_part_from(outer, row + 3u, at, o3[g]);
+          // the 4 rows' (S q) with one load (the inlier sketch only): 16-byte aligned, as m and row
+          // are multiples of 4
+          vec4 sq = outer == 0u ? uintBitsToFloat(kvq_qjl_results4[((row0 + h4 + g) * kvq_prepared_floats() + row) / 4u])
+                                : vec4(0.0);
+          p0[g] = kvq_qjl_part_of(outer, sq.x, o0[g]);
+          p1[g] = kvq_qjl_part_of(outer, sq.y, o1[g]);
+          p2[g] = kvq_qjl_part_of(outer, sq.z, o2[g]);
+          p3[g] = kvq_qjl_part_of(outer, sq.w, o3[g]);
         }
         // the group's table, straight from the parts (no barrier between parts and tables): entry v
         // is kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads; with v and g constant
