@@ -10,16 +10,21 @@
 //      one set: QJL k = 4 on keys with 4 persistent outlier channels, 171 -> 150 CPU ms per fused
 //      call on lavapipe, docs/BENCH.md, "QJL pages that share an outlier list"), one invocation computes the 4 rows'
 //      query parts for the quad's 4 heads (S's outlier columns read once for the 4 heads, the list
-//      and the query's values once for the 4 rows) and from them, in registers, the group's table:
-//      16 entries, each a vec4 of the 4 heads' signed sums;
-//   2. each token adds its rows / 4 table entries (a nibble of its sign words each) to a vec4 sum:
-//      one load per nibble for 4 heads, where llvmpipe, which runs each divergent load lane by lane
-//      (docs/VULKAN.md), paid one load per nibble and head with a table per head.
+//      and the query's values once for the 4 rows, the 4 rows' S q with one load per head) and from
+//      them, in registers, the group's table: its 8 entries with bit 3 set (the other 8 are their
+//      negations, kvq_qjl_half_index), each a vec4 of the 4 heads' signed sums;
+//   2. each token adds its rows / 4 table entries (a nibble of its sign words each, negated where
+//      the nibble's bit 3 is clear) to a vec4 sum: one load per nibble for 4 heads, where llvmpipe,
+//      which runs each divergent load lane by lane (docs/VULKAN.md), paid one load per nibble and
+//      head with a table per head.
+// Half tables and the one S q load: QJL k = 8's fused call on lavapipe 173 -> 160 CPU ms against
+// exact fp16's 173 (2-core AMD EPYC, docs/BENCH.md, "QJL k8: half tables").
+// The entries -e are exact negations, so the logits are the same floats as with 16-entry tables.
 // Parts in registers, not in shared memory between a loop that computes them row by row and one
 // that builds the tables, and the query's values read 4 heads at a time from shared memory: with
 // outliers (k = 8) 309 -> 213 CPU ms per fused call on lavapipe, and with the two choices below 183,
 // against exact fp16's 158 (docs/BENCH.md, "QJL outliers on the fused path"). On a GPU only sets x
-// chunk / 4 invocations (32 of 64) build tables, a step that is short next to the lookups.
+// chunk / 4 invocations (all 64) build tables, a step that is short next to the lookups.
 // Each head's sum takes the same entries in the same order as with a table per head, so the logits
 // are the same floats. Rounding: core/methods/qjl.h says why docs/ACCURACY.md's QJL bound covers the
 // tables' order.
@@ -27,11 +32,11 @@
 // entries that the workgroup builds for the tokens of one page, more work per token than the 8
 // lookups it saves; and a nibble table holds for any subgroup size, unlike broadcasting the parts.
 // Loops whose trip count is not constant, for lavapipe's loop limit (docs/VULKAN.md), per
-// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x ((k + 3) + (chunk / 32 + 1)) (one
-// group per invocation and chunk: sets x chunk / 4 <= 32; the token's sign words of the chunk), at
-// most 2 x 2 x 32 x 40 = 5120 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
-// table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 14 =
-// 112 at m = m_o = 256, k = 8, 32-token pages and 4 heads; the lists' loop, at most 2 x 3 trips;
+// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 16) x ((k + 3) + (chunk / 32 + 1)) (one
+// group per invocation and chunk: sets x chunk / 4 <= 64; the token's sign words of the chunk), at
+// most 2 x 2 x 16 x 38 = 2432 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
+// table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 2 x 16 =
+// 64 at m = m_o = 256, k = 8, 32-token pages and 4 heads; the lists' loop, at most 2 x 3 trips;
 // and their comparison, at most 3 x 8 (pages after the first x words of a list).
 #define KVQ_FLASH_SPLIT_SCORES
 
