@@ -208,9 +208,14 @@ KVQ_SHARED_FN kvq_acc kvq_qjl_outlier_product(KVQ_IO_PARAM kvq_u32 outer, kvq_u3
 
 /* Row i of a sketch part of the query from `outliers`, the sum over the page's outlier channels c in
  * list order of S[i][c] q_c (S_o for outer = 1): for the inlier sketch the prepared (S q)_i (from
- * prepared element p) less that sum, for the outlier sketch the sum itself. */
+ * prepared element p) less that sum, for the outlier sketch the sum itself. kvq_qjl_part_of takes
+ * (S q)_i read by the caller (the Vulkan fused pass reads 4 rows with one load); the read is only
+ * made for the inlier sketch. */
+KVQ_SHARED_FN kvq_acc kvq_qjl_part_of(kvq_u32 outer, kvq_acc prepared, kvq_acc outliers) {
+  return outer == 0u ? prepared - outliers : outliers;
+}
 KVQ_SHARED_FN kvq_acc kvq_qjl_query_part_from(KVQ_IO_PARAM kvq_u32 outer, kvq_u32 i, kvq_u32 p, kvq_acc outliers) {
-  return outer == 0u ? KVQ_ACC(KVQ_PREPARED(p + i)) - outliers : outliers;
+  return outer == 0u ? kvq_qjl_part_of(outer, KVQ_ACC(KVQ_PREPARED(p + i)), outliers) : outliers;
 }
 
 /* Rows i .. i + 3 of S q_in (outer = 0: the prepared S q from prepared element p, less the outlier
@@ -295,5 +300,11 @@ KVQ_SHARED_FN kvq_f32 kvq_qjl_nibble_entry(kvq_u32 v, kvq_f32 p0, kvq_f32 p1, kv
   sum += kvq_qjl_signed(v, 1u, p1);
   return sum + kvq_qjl_signed(v, 0u, p0);
 }
+
+/* A table need only hold its 8 entries with bit 3 set: entry v of the others is exactly -entry(15 - v)
+ * (every sign flipped, and round-to-nearest rounds -x to -round(x), so each partial sum is negated
+ * exactly). Where entry v's magnitude lies among entries 8 .. 15 (stored at 0 .. 7): v & 7 for
+ * v >= 8, (15 - v) & 7 = ~v & 7 below; its sign is bit 3 of v. */
+KVQ_SHARED_FN kvq_u32 kvq_qjl_half_index(kvq_u32 v) { return (v ^ ((v >> 3u) - 1u)) & 7u; }
 
 #endif /* KVQ_CORE_METHODS_QJL_H */

@@ -10,16 +10,21 @@
 //      one set: QJL k = 4 on keys with 4 persistent outlier channels, 171 -> 150 CPU ms per fused
 //      call on lavapipe, docs/BENCH.md, "QJL pages that share an outlier list"), one invocation computes the 4 rows'
 //      query parts for the quad's 4 heads (S's outlier columns read once for the 4 heads, the list
-//      and the query's values once for the 4 rows) and from them, in registers, the group's table:
-//      16 entries, each a vec4 of the 4 heads' signed sums;
-//   2. each token adds its rows / 4 table entries (a nibble of its sign words each) to a vec4 sum:
-//      one load per nibble for 4 heads, where llvmpipe, which runs each divergent load lane by lane
-//      (docs/VULKAN.md), paid one load per nibble and head with a table per head.
+//      and the query's values once for the 4 rows, the 4 rows' S q with one load per head) and from
+//      them, in registers, the group's table: its 8 entries with bit 3 set (the other 8 are their
+//      negations, kvq_qjl_half_index), each a vec4 of the 4 heads' signed sums;
+//   2. each token adds its rows / 4 table entries (a nibble of its sign words each, negated where
+//      the nibble's bit 3 is clear) to a vec4 sum: one load per nibble for 4 heads, where llvmpipe,
+//      which runs each divergent load lane by lane (docs/VULKAN.md), paid one load per nibble and
+//      head with a table per head.
+// Half tables and the one S q load: QJL k = 8's fused call on lavapipe 173 -> 160 CPU ms against
+// exact fp16's 173 (2-core AMD EPYC, docs/BENCH.md, "QJL k8: half tables").
+// The entries -e are exact negations, so the logits are the same floats as with 16-entry tables.
 // Parts in registers, not in shared memory between a loop that computes them row by row and one
 // that builds the tables, and the query's values read 4 heads at a time from shared memory: with
 // outliers (k = 8) 309 -> 213 CPU ms per fused call on lavapipe, and with the two choices below 183,
 // against exact fp16's 158 (docs/BENCH.md, "QJL outliers on the fused path"). On a GPU only sets x
-// chunk / 4 invocations (32 of 64) build tables, a step that is short next to the lookups.
+// chunk / 4 invocations (all 64) build tables, a step that is short next to the lookups.
 // Each head's sum takes the same entries in the same order as with a table per head, so the logits
 // are the same floats. Rounding: core/methods/qjl.h says why docs/ACCURACY.md's QJL bound covers the
 // tables' order.
@@ -27,20 +32,24 @@
 // entries that the workgroup builds for the tokens of one page, more work per token than the 8
 // lookups it saves; and a nibble table holds for any subgroup size, unlike broadcasting the parts.
 // Loops whose trip count is not constant, for lavapipe's loop limit (docs/VULKAN.md), per
-// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 32) x ((k + 3) + (chunk / 32 + 1)) (one
-// group per invocation and chunk: sets x chunk / 4 <= 32; the token's sign words of the chunk), at
-// most 2 x 2 x 32 x 40 = 5120 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
-// table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 4 x 14 =
-// 112 at m = m_o = 256, k = 8, 32-token pages and 4 heads; the lists' loop, at most 2 x 3 trips;
+// invocation: sketch parts (<= 2) x quads (<= 2) x chunks (<= 16) x ((k + 3) + (chunk / 32 + 1)) (one
+// group per invocation and chunk: sets x chunk / 4 <= 64; the token's sign words of the chunk), at
+// most 2 x 2 x 16 x 38 = 2432 at m = m_o = 1024, k = 32, 16-token pages and 8 heads (36352 with a
+// table per head and 64-row steps; the per-token path before those took 67584), 2 x 1 x 2 x 16 =
+// 64 at m = m_o = 256, k = 8, 32-token pages and 4 heads; the lists' loop, at most 2 x 3 trips;
 // and their comparison, at most 3 x 8 (pages after the first x words of a list).
 #define KVQ_FLASH_SPLIT_SCORES
 
-#define KVQ_QJL_FLASH_ROWS 128u                                 // sketch rows x sets of one chunk
+// The prepared queries (results) 4 floats a load, where a group's 4 rows of S q are read: llvmpipe
+// runs each load lane by lane, so one uvec4 load costs much less than 4 scalar ones.
+layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer KvqQjlResults4 { uvec4 kvq_qjl_results4[]; };
+
+#define KVQ_QJL_FLASH_ROWS 256u                                 // sketch rows x sets of one chunk
 #define KVQ_QJL_FLASH_PAGES (KVQ_FLASH_SPLIT / KVQ_MIN_PAGE_SIZE) // pages a split spans at most
 shared uint kvq_qjl_lists[KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];   // 512 bytes
 // the query's values at the pages' outlier channels, [quad][page][j]: 4 KiB
 shared vec4 kvq_qjl_query[KVQ_FLASH_HEADS_PER_PASS / 4u * KVQ_QJL_FLASH_PAGES * KVQ_MAX_OUTLIERS];
-shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 16u];            // 8 KiB: [set][group][nibble], 4 heads
+shared vec4 kvq_qjl_tables[KVQ_QJL_FLASH_ROWS / 4u * 8u];             // 8 KiB: [set][group][entry 8 + e], 4 heads
 
 // One sketch part's terms of the logits (outer = 1: the outlier sketch S_o), added to logit (outer =
 // 0 sets them). Called with a constant outer, so that every choice between the sketches (the matrix,
@@ -77,29 +86,36 @@ void kvq_qjl_flash_part(uint outer, uint heads, uint sets, uint chunk, bool mine
         vec4 p0 = vec4(0.0), p1 = vec4(0.0), p2 = vec4(0.0), p3 = vec4(0.0);
         for (uint g = 0u; g < 4u; g++) { // constant trips (unrolled); heads past the pass's stay 0
           if (h4 + g >= heads) continue;
-          uint at = (row0 + h4 + g) * kvq_prepared_floats();
-          p0[g] = kvq_qjl_query_part_from(outer, row, at, o0[g]);
-          p1[g] = kvq_qjl_query_part_from(outer, row + 1u, at, o1[g]);
-          p2[g] = kvq_qjl_query_part_from(outer, row + 2u, at, o2[g]);
-          p3[g] = kvq_qjl_query_part_from(outer, row + 3u, at, o3[g]);
+          // the 4 rows' (S q) with one load (the inlier sketch only): 16-byte aligned, as m and row
+          // are multiples of 4
+          vec4 sq = outer == 0u ? uintBitsToFloat(kvq_qjl_results4[((row0 + h4 + g) * kvq_prepared_floats() + row) / 4u])
+                                : vec4(0.0);
+          p0[g] = kvq_qjl_part_of(outer, sq.x, o0[g]);
+          p1[g] = kvq_qjl_part_of(outer, sq.y, o1[g]);
+          p2[g] = kvq_qjl_part_of(outer, sq.z, o2[g]);
+          p3[g] = kvq_qjl_part_of(outer, sq.w, o3[g]);
         }
         // the group's table, straight from the parts (no barrier between parts and tables): entry v
         // is kvq_qjl_nibble_entry's ((+-p3 +- p2) +- p1) +- p0 for the 4 heads; with v and g constant
         // (unrolled) the signs fold and the partial sums that entries share are formed once
-        for (uint v = 0u; v < 16u; v++) {
+        for (uint v = 8u; v < 16u; v++) { // the entries with bit 3 set; the others are their negations
           vec4 entry;
           for (uint g = 0u; g < 4u; g++) entry[g] = kvq_qjl_nibble_entry(v, p0[g], p1[g], p2[g], p3[g]);
-          kvq_qjl_tables[i * 16u + v] = entry;
+          kvq_qjl_tables[i * 8u + v - 8u] = entry;
         }
       }
       barrier();
       if (mine) { // set s's groups start at s * used / 4
-        uint table = set * used * 4u;
+        uint table = set * used * 2u;
         // a loop to used / 32 rather than a guarded loop of constant bound: llvmpipe would run the
         // guarded-off words' lookups masked (k = 8: 16 of 32 per chunk; 193 to 183 CPU ms)
         for (uint w = 0u; w < used / 32u; w++) {
           uint bits = pages[words + c0 / 32u + w];
-          for (uint j = 0u; j < 8u; j++) sum += kvq_qjl_tables[table + (w * 8u + j) * 16u + ((bits >> (4u * j)) & 15u)];
+          for (uint j = 0u; j < 8u; j++) {
+            uint v = (bits >> (4u * j)) & 15u;
+            vec4 e = kvq_qjl_tables[table + (w * 8u + j) * 8u + kvq_qjl_half_index(v)];
+            sum += (v & 8u) != 0u ? e : -e;
+          }
         }
       }
     }
