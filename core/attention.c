@@ -501,6 +501,9 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
   size_t staged = 0;
   for (size_t i = 0; i < count; i++) staged += items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST;
   if (st == KVQ_OK && staged) st = write_staged(ctx, requests, items, count, staged);
+  /* their writes run (recorded, Vulkan) before the statistics change: a failed submission leaves
+   * the cache as it was */
+  if (st == KVQ_OK && staged) st = kvq_call_settle(ctx, 0, "kvq_attention: writing device outputs");
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
     if (items[i].output && requests[i].output.memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(&requests[i].output, items[i].output);
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
