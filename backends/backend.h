@@ -365,8 +365,8 @@ typedef struct kvq_backend_ops {
    * running any of it, as a failed submission would: buffer_read_later's destinations stay unwritten
    * (the caller may free them once it returns), buffers destroyed meanwhile are freed, and buffers
    * created meanwhile are still zero-filled before their first use (buffer_create's contract). Work
-   * submitted earlier in the call (a read, finish, or a resource of the recording running out) is
-   * not undone. Core calls it when a deferred call fails (kvq_call_discard), so that a failed call
+   * submitted earlier in the call (a read, finish, or, in a call deferred in parts, the staging space
+   * running out) is not undone. Core calls it when a deferred call fails (kvq_call_discard), so that a failed call
    * does not run what it recorded before it failed. */
   void (*discard)(kvq_backend *backend);
 
