@@ -29,7 +29,7 @@
 #include "core/config.h"
 #include "kvq/kvq.h"
 
-#define KVQ_BACKEND_ABI_VERSION 6u
+#define KVQ_BACKEND_ABI_VERSION 7u
 
 typedef struct kvq_backend kvq_backend;
 typedef struct kvq_buffer kvq_buffer;
@@ -233,6 +233,10 @@ typedef struct kvq_backend_stats {
   uint64_t waits;           /* host waits for submitted work (fence waits) */
   uint64_t bytes_to_device; /* host -> device */
   uint64_t bytes_to_host;   /* device -> host */
+  /* A recording that outgrew a resource of its command buffer (Vulkan): overflow staging buffers it
+   * took, and steps to the next descriptor pool of the chain (tests check their calls outgrew them) */
+  uint64_t staging_overflows;
+  uint64_t pool_steps;
 } kvq_backend_stats;
 
 /* Caller tensors in place: one strided rank-3 tensor (elements at offset + i0 strides[0] + i1
@@ -361,10 +365,18 @@ typedef struct kvq_backend_ops {
    * running any of it, as a failed submission would: buffer_read_later's destinations stay unwritten
    * (the caller may free them once it returns), buffers destroyed meanwhile are freed, and buffers
    * created meanwhile are still zero-filled before their first use (buffer_create's contract). Work
-   * submitted earlier in the call (a read, finish, or a resource of the recording running out) is
-   * not undone. Core calls it when a deferred call fails (kvq_call_discard), so that a failed call
+   * submitted earlier in the call (a read, finish, or, in a call deferred in parts, the staging space
+   * running out) is not undone. Core calls it when a deferred call fails (kvq_call_discard), so that a failed call
    * does not run what it recorded before it failed. */
   void (*discard)(kvq_backend *backend);
+
+  /* Optional (NULL: core calls defer). As defer, for a call that may be submitted part way where a
+   * resource of the backend's recording runs out (staging memory), because a failure after such a
+   * submission leaves nothing of the caller's changed: the calls that make a new cache (create,
+   * load) and the save, which only reads. After defer, a backend with KVQ_BACKEND_RECORDS submits
+   * nothing before end_deferred but reads and finish (it grows what the recording needs instead),
+   * so that discard drops the whole failed call. */
+  void (*defer_parts)(kvq_backend *backend);
 } kvq_backend_ops;
 
 /* What a backend can do beyond the table (kvq_backend.features; a backend allocated zero-filled has

@@ -450,13 +450,21 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
    * call's batches follow each other so: one read per batch), where each item's output points. */
   uint64_t total_rows = 0;
   int host_outputs = 0;
+  int staged_outputs = 0;
   for (size_t i = 0; i < count && st == KVQ_OK; i++) {
     /* device tensors are read and written in place (and checked there) where the backend can */
     if (kvq_tensor_on_device(ctx, &requests[i].queries)) items[i].device_queries = &requests[i].queries;
     if (kvq_tensor_on_device(ctx, &requests[i].output)) items[i].device_output = &requests[i].output;
+    staged_outputs |= !items[i].device_output && requests[i].output.memory != KVQ_MEMORY_HOST;
     host_outputs |= !items[i].device_output;
     total_rows += items[i].rows;
   }
+  /* A device output written through host memory (staged: kvq_tensor_on_device) is read and written
+   * after the wait for the rows it needs, which would run the in-place writes of the others with it,
+   * so that a failure staging it would leave those written. With one staged, every device output is
+   * (as kvq_dequantize does): all written together by the call's last recording, which a failed call
+   * drops whole. */
+  for (size_t i = 0; i < count && staged_outputs; i++) items[i].device_output = NULL;
   float *outputs = st == KVQ_OK && host_outputs ? malloc(total_rows * row_floats * 4 + 4) : NULL;
   if (st == KVQ_OK && host_outputs && !outputs) st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_attention: out of host memory");
   for (size_t i = 0, row = 0; i < count && st == KVQ_OK; row += items[i].rows, i++) {
@@ -493,6 +501,9 @@ static kvq_status attention_call(kvq_cache *cache, uint32_t layer, const kvq_att
   size_t staged = 0;
   for (size_t i = 0; i < count; i++) staged += items[i].output && requests[i].output.memory != KVQ_MEMORY_HOST;
   if (st == KVQ_OK && staged) st = write_staged(ctx, requests, items, count, staged);
+  /* their writes run (recorded, Vulkan) before the statistics change: a failed submission leaves
+   * the cache as it was */
+  if (st == KVQ_OK && staged) st = kvq_call_settle(ctx, 0, "kvq_attention: writing device outputs");
   for (size_t i = 0; i < count && st == KVQ_OK; i++)
     if (items[i].output && requests[i].output.memory == KVQ_MEMORY_HOST) kvq_tensor_scatter(&requests[i].output, items[i].output);
   for (size_t i = 0; i < count && st == KVQ_OK; i++)

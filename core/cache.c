@@ -204,7 +204,7 @@ static kvq_status create_call(kvq_context *ctx, const kvq_cache_config *config, 
 kvq_status kvq_cache_create(kvq_context *ctx, const kvq_cache_config *config, kvq_cache **out) {
   if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
-  kvq_call_begin(ctx); /* the uploads of matrices and codebooks: one submission */
+  kvq_call_begin_parts(ctx); /* the uploads of matrices and codebooks: one submission */
   return kvq_call_end_waiting(ctx, create_call(ctx, config, out));
 }
 

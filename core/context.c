@@ -135,6 +135,12 @@ void kvq_call_begin(kvq_context *ctx) {
   if (ctx->backend->ops->defer) ctx->backend->ops->defer(ctx->backend);
 }
 
+void kvq_call_begin_parts(kvq_context *ctx) {
+  kvq_backend *be = ctx->backend;
+  if (be->ops->defer_parts) be->ops->defer_parts(be);
+  else if (be->ops->defer) be->ops->defer(be);
+}
+
 void kvq_reads_drop(kvq_context *ctx, int *later) {
   if (!*later) return;
   *later = 0;

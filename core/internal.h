@@ -69,6 +69,11 @@ kvq_status kvq_context_backend_stats(kvq_context *ctx, kvq_backend_stats *out, i
  * last submission, so it must not have submitted a change to the cache or to an output before
  * every step that can fail succeeded (tests/test_fault.c). */
 void kvq_call_begin(kvq_context *ctx);
+/* As kvq_call_begin, for a call whose recording the backend may submit part way when a resource of
+ * it runs out (the backend's defer_parts, backends/backend.h), since a failure after that changes
+ * nothing the caller had: the calls that make a new cache (kvq_cache_create, kvq_cache_load*) and
+ * kvq_cache_save*, which only reads. Every other call's recording runs whole or not at all. */
+void kvq_call_begin_parts(kvq_context *ctx);
 kvq_status kvq_call_end(kvq_context *ctx, kvq_status status);
 /* The same for calls that are synchronous in every mode (creating and loading caches, loading
  * codebooks): their one submission is waited for before they return. */

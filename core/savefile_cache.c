@@ -121,11 +121,12 @@ static kvq_status write_contents(kvq_cache *cache, kvq_writer *w, int *later) {
   return st;
 }
 
-/* The reads of one save are one deferred call (kvq_call_begin): they share one submission. */
+/* The reads of one save are one deferred call (kvq_call_begin_parts: a save only reads, so running
+ * out of staging space may submit part way): they share one submission. */
 static kvq_status write_file(kvq_cache *cache, kvq_writer *w) {
   int later = 0;
   if (!w->data) return write_contents(cache, w, &later); /* measuring reads nothing */
-  kvq_call_begin(cache->ctx);
+  kvq_call_begin_parts(cache->ctx);
   return kvq_call_end_waiting(cache->ctx, write_contents(cache, w, &later));
 }
 
@@ -392,7 +393,7 @@ fail:
 kvq_status kvq_cache_load_from_memory(kvq_context *ctx, const void *buffer, size_t size, kvq_cache **out) {
   if (out) *out = NULL;
   if (!ctx) return KVQ_ERROR_INVALID_ARGUMENT;
-  kvq_call_begin(ctx); /* every upload of the file's contents: one submission */
+  kvq_call_begin_parts(ctx); /* every upload of the file's contents: one submission */
   return kvq_call_end_waiting(ctx, load_call(ctx, buffer, size, out));
 }
 

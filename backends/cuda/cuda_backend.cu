@@ -155,6 +155,7 @@ const kvq_backend_ops cuda_ops = {
     KVQ_CUDA_IN_CONTEXT(cuda_check_tokens),
     nullptr, // buffer_read_later: a read synchronizes the stream, which submits nothing of its own
     nullptr, // discard: each operation runs as it is issued, nothing is recorded to drop
+    nullptr, // defer_parts: defer serves (nothing is recorded, so nothing runs out)
 };
 
 // Why the runtime cannot start, as kvq_availability: no driver (or one too old for this runtime), no

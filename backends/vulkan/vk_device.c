@@ -388,10 +388,32 @@ static uint64_t fence_timeout_ns(void) {
   return 120ull * 1000 * 1000 * 1000;
 }
 
+/* A limit from the environment variable `name` (a decimal number) where it is smaller than `limit`
+ * and at least `least`, else `limit`: the variable can only shrink it. */
+static uint64_t shrunk_limit(const char *name, uint64_t limit, uint64_t least) {
+  const char *v = getenv(name);
+  char *end;
+  if (v && *v) {
+    const unsigned long long n = strtoull(v, &end, 10);
+    if (*end == '\0' && n >= least && n < limit) return n;
+  }
+  return limit;
+}
+
+/* What one recording may use before it needs more: the staging buffer's bytes and the descriptor
+ * sets of one pool (vk.h). For tests only, KVQ_VULKAN_STAGING_BYTES (at least 256, rounded down to
+ * 16 bytes, the staging offsets' alignment) and KVQ_VULKAN_DESCRIPTOR_SETS (at least 1) make them
+ * smaller, so that small calls outgrow them (tests/test_fault_partial.c); never larger. */
+static void resource_limits(vk_backend *b) {
+  b->staging_limit = shrunk_limit("KVQ_VULKAN_STAGING_BYTES", KVQ_VK_STAGING_BYTES, 256) / 16 * 16;
+  b->sets_limit = (uint32_t)shrunk_limit("KVQ_VULKAN_DESCRIPTOR_SETS", KVQ_VK_SETS_PER_BATCH, 1);
+}
+
 /* Command pool and buffer, fence and timestamp queries. */
 static kvq_status create_submission(vk_backend *b) {
   VkResult r;
   b->fence_timeout_ns = fence_timeout_ns();
+  resource_limits(b);
   VkCommandPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = b->queue_family};
   if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateCommandPool(b->device, &pool, NULL, &b->command_pool))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreateCommandPool");
@@ -419,8 +441,7 @@ static void vk_destroy(kvq_backend *backend) {
   vk_backend *b = (vk_backend *)backend;
   if (b->device && b->vk.vkDeviceWaitIdle) { /* the table is loaded once the device is known good */
     b->vk.vkDeviceWaitIdle(b->device);
-    for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
-    free(b->retired);
+    kvq_vk_free_retired(b);
     free(b->later);
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);
@@ -468,6 +489,7 @@ static const kvq_backend_ops vk_ops = {
     .check_tokens = kvq_vk_check_tokens,
     .buffer_read_later = kvq_vk_buffer_read_later,
     .discard = kvq_vk_discard,
+    .defer_parts = kvq_vk_defer_parts,
 };
 
 kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend **out, kvq_availability *availability,
@@ -507,7 +529,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
     b->subgroups = subgroup_arithmetic(b);
     st = create_submission(b);
     if (st == KVQ_OK) st = kvq_vk_pipelines_init(b);
-    if (st == KVQ_OK) st = kvq_vk_buffer_make(b, KVQ_VK_STAGING_BYTES, 1, &b->staging);
+    if (st == KVQ_OK) st = kvq_vk_buffer_make(b, b->staging_limit, 1, &b->staging);
     if (st == KVQ_OK) st = kvq_vk_buffer_make(b, 1u << 16, 1, &b->metadata);
     if (st == KVQ_OK) st = kvq_vk_buffer_make(b, 16, 0, &b->dummy);
     if (st != KVQ_OK) snprintf(why, why_size, "%s", b->base.message);

@@ -24,6 +24,22 @@ static const shader_code shader_table[KVQ_VK_SHADER_COUNT] = {
 #undef KVQ_VK_SHADER_CODE
 };
 
+/* One more descriptor pool of b->sets_limit sets at the end of the chain (b->pools). */
+static kvq_status grow_pools(vk_backend *b) {
+  VkDescriptorPool *grown = realloc(b->pools, sizeof *grown * (b->pool_count + 1));
+  if (!grown) return kvq_vk_error(b, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory");
+  b->pools = grown;
+  VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = b->sets_limit * KVQ_VK_BINDINGS};
+  VkDescriptorPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                     .maxSets = b->sets_limit,
+                                     .poolSizeCount = 1,
+                                     .pPoolSizes = &size};
+  VkResult r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateDescriptorPool(b->device, &pool, NULL, &b->pools[b->pool_count]));
+  if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkCreateDescriptorPool");
+  b->pool_count++;
+  return KVQ_OK;
+}
+
 kvq_status kvq_vk_pipelines_init(vk_backend *b) {
   VkResult r;
   if (sizeof(kvq_push) > b->properties.limits.maxPushConstantsSize) {
@@ -49,13 +65,8 @@ kvq_status kvq_vk_pipelines_init(vk_backend *b) {
                                        .pPushConstantRanges = &range};
   if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreatePipelineLayout(b->device, &layout, NULL, &b->pipeline_layout))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreatePipelineLayout");
-  VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = KVQ_VK_SETS_PER_BATCH * KVQ_VK_BINDINGS};
-  VkDescriptorPoolCreateInfo pool = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                     .maxSets = KVQ_VK_SETS_PER_BATCH,
-                                     .poolSizeCount = 1,
-                                     .pPoolSizes = &size};
-  if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreateDescriptorPool(b->device, &pool, NULL, &b->descriptor_pool))) != VK_SUCCESS)
-    return kvq_vk_fail(b, r, "vkCreateDescriptorPool");
+  kvq_status st = grow_pools(b);
+  if (st != KVQ_OK) return st;
   VkPipelineCacheCreateInfo cache = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   if ((r = KVQ_VK_TRY(KVQ_FAULT_OBJECT, b->vk.vkCreatePipelineCache(b->device, &cache, NULL, &b->pipeline_cache))) != VK_SUCCESS)
     return kvq_vk_fail(b, r, "vkCreatePipelineCache");
@@ -68,7 +79,10 @@ void kvq_vk_pipelines_destroy(vk_backend *b) {
     if (b->modules[i]) b->vk.vkDestroyShaderModule(b->device, b->modules[i], NULL);
   }
   if (b->pipeline_cache) b->vk.vkDestroyPipelineCache(b->device, b->pipeline_cache, NULL);
-  if (b->descriptor_pool) b->vk.vkDestroyDescriptorPool(b->device, b->descriptor_pool, NULL);
+  for (uint32_t i = 0; i < b->pool_count; i++) b->vk.vkDestroyDescriptorPool(b->device, b->pools[i], NULL);
+  free(b->pools);
+  b->pools = NULL;
+  b->pool_count = 0;
   if (b->pipeline_layout) b->vk.vkDestroyPipelineLayout(b->device, b->pipeline_layout, NULL);
   if (b->set_layout) b->vk.vkDestroyDescriptorSetLayout(b->device, b->set_layout, NULL);
 }
@@ -110,21 +124,9 @@ void kvq_vk_transfer_barrier(vk_backend *b) {
 
 void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer) {
   if (!buffer) return;
-  if (b->recording || b->in_flight) {
-    if (b->retired_count == b->retired_capacity) {
-      const uint32_t capacity = b->retired_capacity ? 2 * b->retired_capacity : 8;
-      kvq_buffer **grown = realloc(b->retired, sizeof *grown * capacity);
-      if (!grown) { /* no room to remember it: wait for the device, then free it */
-        if (b->recording) kvq_vk_submit(b);
-        kvq_vk_wait(b);
-        /* after a failed wait the device may still use it: leaking it is the safe choice */
-        if (!b->lost) kvq_vk_buffer_free(b, buffer);
-        return;
-      }
-      b->retired = grown;
-      b->retired_capacity = capacity;
-    }
-    b->retired[b->retired_count++] = buffer;
+  if (b->recording || b->in_flight) { /* a list through the buffer: nothing to allocate, nothing to submit */
+    buffer->next_retired = b->retired;
+    b->retired = buffer;
     return;
   }
   kvq_vk_buffer_free(b, buffer);
@@ -160,15 +162,27 @@ static void fills_submitted(vk_backend *b) {
   }
 }
 
-/* Once a submission is done (or failed to start): its command buffer, descriptor sets and the
- * buffers retired while it was recorded or in flight are released. */
+/* Frees the retired buffers (the device is done with them). */
+void kvq_vk_free_retired(vk_backend *b) {
+  while (b->retired) {
+    kvq_buffer *r = b->retired;
+    b->retired = r->next_retired;
+    kvq_vk_buffer_free(b, r);
+  }
+}
+
+/* Once a submission is done (or failed to start): its command buffer, descriptor sets (every pool of
+ * the chain it used), overflow staging and the buffers retired while it was recorded or in flight
+ * are released. */
 static void release_submission(vk_backend *b) {
   b->vk.vkResetCommandPool(b->device, b->command_pool, 0);
-  b->vk.vkResetDescriptorPool(b->device, b->descriptor_pool, 0);
+  for (uint32_t i = 0; i <= b->pool_at && i < b->pool_count; i++) b->vk.vkResetDescriptorPool(b->device, b->pools[i], 0);
+  b->pool_at = 0;
   b->sets_used = 0;
   b->bound_set = VK_NULL_HANDLE;
-  for (uint32_t i = 0; i < b->retired_count; i++) kvq_vk_buffer_free(b, b->retired[i]);
-  b->retired_count = 0;
+  kvq_vk_free_retired(b);
+  b->stage = b->staging;
+  b->staging_used = 0;
   b->later_count = 0; /* delivered by kvq_vk_wait, or dropped with a submission that failed */
 }
 
@@ -191,7 +205,7 @@ kvq_status kvq_vk_wait(vk_backend *b) {
   /* buffer_read_later's bytes: in the staging buffer now, reused by the next recording */
   for (uint32_t i = 0; i < b->later_count; i++) {
     const struct kvq_vk_later *l = &b->later[i];
-    memcpy(l->dst, (const uint8_t *)b->staging->mapped + l->at, (size_t)l->bytes);
+    memcpy(l->dst, l->src, (size_t)l->bytes);
     b->stats.bytes_to_host += l->bytes;
   }
   release_submission(b);
@@ -213,6 +227,7 @@ kvq_status kvq_vk_begin(vk_backend *b) {
   VkResult r = KVQ_VK_TRY(KVQ_FAULT_LAUNCH, b->vk.vkBeginCommandBuffer(b->cmd, &info));
   if (r != VK_SUCCESS) return kvq_vk_fail(b, r, "vkBeginCommandBuffer");
   b->recording = 1;
+  b->stage = b->staging;
   b->staging_used = b->metadata_used = 0;
   b->resident_recorded = 0;
   if (b->timestamps) {
@@ -266,11 +281,22 @@ kvq_status kvq_vk_done(vk_backend *b, kvq_status st) {
   return st == KVQ_OK ? submitted : st;
 }
 
-void kvq_vk_defer(kvq_backend *backend) { ((vk_backend *)backend)->deferring = 1; }
+void kvq_vk_defer(kvq_backend *backend) {
+  vk_backend *b = (vk_backend *)backend;
+  b->deferring = 1;
+  b->in_parts = 0;
+}
+
+void kvq_vk_defer_parts(kvq_backend *backend) {
+  vk_backend *b = (vk_backend *)backend;
+  b->deferring = 1;
+  b->in_parts = 1;
+}
 
 kvq_status kvq_vk_end_deferred(kvq_backend *backend, int wait) {
   vk_backend *b = (vk_backend *)backend;
   b->deferring = 0;
+  b->in_parts = 0;
   return wait ? kvq_vk_submit(b) : kvq_vk_submit_nowait(b);
 }
 
@@ -286,10 +312,25 @@ void kvq_vk_discard(kvq_backend *backend) {
   release_submission(b);
 }
 
-kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, uint64_t *offset) {
+kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, kvq_buffer **buffer, uint64_t *offset) {
   kvq_status st;
-  if (b->recording && b->staging_used + bytes > KVQ_VK_STAGING_BYTES && (st = kvq_vk_submit(b)) != KVQ_OK) return st;
+  if (bytes > b->staging_limit) return kvq_vk_error(b, KVQ_ERROR_INTERNAL, "%llu bytes of staging asked for at once", (unsigned long long)bytes);
+  if (b->recording && b->staging_used + bytes > b->staging_limit) {
+    if (b->deferring && !b->in_parts) {
+      /* A call that must not submit part way (a failed call drops its whole recording): an overflow
+       * buffer for the rest of it, freed once its submission is done or dropped. */
+      kvq_buffer *overflow;
+      if ((st = kvq_vk_buffer_make(b, b->staging_limit, 1, &overflow)) != KVQ_OK) return st;
+      kvq_vk_retire(b, overflow);
+      b->stage = overflow;
+      b->staging_used = 0;
+      b->stats.staging_overflows++;
+    } else if ((st = kvq_vk_submit(b)) != KVQ_OK) {
+      return st;
+    }
+  }
   if ((st = kvq_vk_begin(b)) != KVQ_OK) return st;
+  *buffer = b->stage;
   *offset = b->staging_used;
   b->staging_used += (bytes + 15) / 16 * 16;
   return KVQ_OK;
@@ -320,15 +361,16 @@ kvq_status kvq_vk_device_time(kvq_backend *backend, uint64_t *ns) {
 static kvq_status bind_buffers(vk_backend *b, const VkBuffer handles[KVQ_VK_BINDINGS]) {
   kvq_status st;
   if ((st = kvq_vk_begin(b)) != KVQ_OK) return st; /* (waiting for work in flight resets the pool) */
-  if (b->sets_used == KVQ_VK_SETS_PER_BATCH) {
-    /* the pool is spent: run what is recorded first (an extra submission). The job being recorded
-     * still reads its metadata: later jobs write theirs after it. */
-    const uint64_t metadata_used = b->metadata_used;
-    if ((st = kvq_vk_submit(b)) != KVQ_OK || (st = kvq_vk_begin(b)) != KVQ_OK) return st;
-    b->metadata_used = metadata_used;
+  if (b->sets_used == b->sets_limit) {
+    /* the pool is spent: the next of the chain (made now the first time), not a submission, so that
+     * a failed call still drops everything it recorded */
+    if (b->pool_at + 1 == b->pool_count && (st = grow_pools(b)) != KVQ_OK) return st;
+    b->pool_at++;
+    b->sets_used = 0;
+    b->stats.pool_steps++;
   }
   VkDescriptorSetAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                       .descriptorPool = b->descriptor_pool,
+                                       .descriptorPool = b->pools[b->pool_at],
                                        .descriptorSetCount = 1,
                                        .pSetLayouts = &b->set_layout};
   VkDescriptorSet set;

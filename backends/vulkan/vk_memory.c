@@ -148,12 +148,13 @@ kvq_status kvq_vk_buffer_write(kvq_backend *backend, kvq_buffer *buffer, uint64_
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a write");
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
-    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    const uint64_t chunk = bytes - done < b->staging_limit ? bytes - done : b->staging_limit;
+    kvq_buffer *stage;
     uint64_t at;
-    if ((st = kvq_vk_staging(b, chunk, &at)) != KVQ_OK) break;
-    memcpy((uint8_t *)b->staging->mapped + at, (const uint8_t *)src + done, (size_t)chunk);
+    if ((st = kvq_vk_staging(b, chunk, &stage, &at)) != KVQ_OK) break;
+    memcpy((uint8_t *)stage->mapped + at, (const uint8_t *)src + done, (size_t)chunk);
     b->stats.bytes_to_device += chunk;
-    copy_region(b, buffer, offset + done, b->staging, at, chunk);
+    copy_region(b, buffer, offset + done, stage, at, chunk);
     kvq_vk_transfer_barrier(b);
     done += chunk;
   }
@@ -166,7 +167,7 @@ kvq_status kvq_vk_buffer_read_later(kvq_backend *backend, kvq_buffer *buffer, ui
   vk_backend *b = (vk_backend *)backend;
   kvq_status st = kvq_vk_check_range(b, buffer, offset, bytes, "a read");
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
-    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    const uint64_t chunk = bytes - done < b->staging_limit ? bytes - done : b->staging_limit;
     if (b->later_count == b->later_capacity) { /* before the staging space, which may submit and deliver */
       const uint32_t capacity = b->later_capacity ? 2 * b->later_capacity : 8;
       struct kvq_vk_later *grown = realloc(b->later, sizeof *grown * capacity);
@@ -177,11 +178,12 @@ kvq_status kvq_vk_buffer_read_later(kvq_backend *backend, kvq_buffer *buffer, ui
       b->later = grown;
       b->later_capacity = capacity;
     }
+    kvq_buffer *stage;
     uint64_t at;
-    if ((st = kvq_vk_staging(b, chunk, &at)) != KVQ_OK) break;
-    copy_region(b, b->staging, at, buffer, offset + done, chunk);
+    if ((st = kvq_vk_staging(b, chunk, &stage, &at)) != KVQ_OK) break;
+    copy_region(b, stage, at, buffer, offset + done, chunk);
     kvq_vk_transfer_barrier(b);
-    b->later[b->later_count++] = (struct kvq_vk_later){(uint8_t *)dst + done, at, chunk};
+    b->later[b->later_count++] = (struct kvq_vk_later){(uint8_t *)dst + done, (const uint8_t *)stage->mapped + at, chunk};
     done += chunk;
   }
   if (st != KVQ_OK) /* a failed call writes nothing: the caller may free dst */
@@ -215,13 +217,14 @@ kvq_status kvq_vk_buffer_copy(kvq_backend *backend, kvq_buffer *dst, uint64_t ds
    * chunk by chunk in the direction memmove would take. */
   const int forward = dst_offset < src_offset;
   for (uint64_t done = 0; st == KVQ_OK && done < bytes;) {
-    const uint64_t chunk = bytes - done < KVQ_VK_STAGING_BYTES ? bytes - done : KVQ_VK_STAGING_BYTES;
+    const uint64_t chunk = bytes - done < b->staging_limit ? bytes - done : b->staging_limit;
     const uint64_t at = forward ? done : bytes - done - chunk;
+    kvq_buffer *stage;
     uint64_t through;
-    if ((st = kvq_vk_staging(b, chunk, &through)) != KVQ_OK) break;
-    copy_region(b, b->staging, through, src, src_offset + at, chunk);
+    if ((st = kvq_vk_staging(b, chunk, &stage, &through)) != KVQ_OK) break;
+    copy_region(b, stage, through, src, src_offset + at, chunk);
     kvq_vk_transfer_barrier(b);
-    copy_region(b, dst, dst_offset + at, b->staging, through, chunk);
+    copy_region(b, dst, dst_offset + at, stage, through, chunk);
     kvq_vk_transfer_barrier(b);
     done += chunk;
   }
