@@ -192,6 +192,12 @@ static const scenario cold_scenarios[] = {
     {"learn-codebooks", LEARNED_CACHE, call_learn},
     {"apply-policy", FILLED_CACHE, call_policy},
 };
+/* Cold and asynchronous: the calls that may return with work in flight and whose first use creates
+ * the most (flush's jobs are append's). */
+static const scenario cold_async_scenarios[] = {
+    {"append", EMPTY_CACHE, call_append},
+    {"attention", FILLED_CACHE, call_attention},
+};
 static const scenario cold_method_scenarios[] = {
     {"append", EMPTY_CACHE, call_append},
     {"attention", FILLED_CACHE, call_attention},
@@ -586,10 +592,12 @@ static const row_mode modes[] = {
     {"vulkan-runtime-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 1, BASE, RUNTIME_ROWS},
     {"cuda-runtime", KVQ_BACKEND_CUDA, 0, 0, 0, 1, BASE, RUNTIME_ROWS},
     /* Cold Vulkan contexts: run by the argument `cold` (test fault_injection_cold), alone: every
-     * call on the base cache, then append and attention on the caches of the other methods. */
+     * call on the base cache, then append and attention on the caches of the other methods, and
+     * append and attention on an asynchronous cold context. */
     {"vulkan-cold", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, BASE, COLD_ROWS},
     {"vulkan-cold-polar-kivi", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, POLAR_KIVI, COLD_ROWS},
     {"vulkan-cold-exact", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, EXACT, COLD_ROWS},
+    {"vulkan-cold-async", KVQ_BACKEND_VULKAN, 1, 1, 0, 0, BASE, COLD_ROWS},
 };
 enum { MODES = sizeof modes / sizeof modes[0] };
 
@@ -597,6 +605,7 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 #define LIST(a) (*list = (a), *count = sizeof(a) / sizeof(a)[0])
   if (m->runtime && m->backend == KVQ_BACKEND_CUDA) LIST(cuda_runtime_scenarios);
   else if (m->runtime && !m->async) LIST(vulkan_runtime_scenarios);
+  else if (m->cold && m->async) LIST(cold_async_scenarios);
   else if (m->cold && m->which == BASE) LIST(cold_scenarios);
   else if (m->cold) LIST(cold_method_scenarios);
   else if (m->cuda_tensors && m->async) LIST(device_async_scenarios);
