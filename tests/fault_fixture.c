@@ -25,16 +25,20 @@ void fill_inputs(uint32_t seed) {
 }
 
 kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer) {
+  static const kvq_method keys[] = {[BASE] = KVQ_METHOD_QJL, [LEARNED] = KVQ_METHOD_CQ, [POLAR_KIVI] = KVQ_METHOD_POLAR,
+                                    [EXACT] = KVQ_METHOD_EXACT};
+  static const kvq_method values[] = {[BASE] = KVQ_METHOD_UNIFORM, [LEARNED] = KVQ_METHOD_UNIFORM,
+                                      [POLAR_KIVI] = KVQ_METHOD_KIVI, [EXACT] = KVQ_METHOD_EXACT};
   *layer = (kvq_layer_config){.query_heads = HQ, .kv_heads = HKV, .head_dim = D,
-                              .keys = kvq_method_defaults(which == BASE ? KVQ_METHOD_QJL : KVQ_METHOD_CQ, D),
-                              .values = kvq_method_defaults(KVQ_METHOD_UNIFORM, D)};
+                              .keys = kvq_method_defaults(keys[which], D), .values = kvq_method_defaults(values[which], D)};
   if (which == LEARNED) {
     layer->keys.cq.bits = 4;
     layer->keys.cq.iterations = 4;
   }
+  if (which == EXACT) layer->values.exact.dtype = KVQ_DTYPE_BF16;
   kvq_cache_config config = {.layer_count = 1, .layers = layer, .input_dtype = KVQ_DTYPE_F32, .page_size = PAGE,
                              .residual_window = WINDOW, .max_pages = 16, .max_sequences = 2, .seed = 11};
-  if (which == BASE) {
+  if (which != LEARNED) {
     config.policy = kvq_policy_defaults(KVQ_POLICY_H2O);
     config.policy.heavy_fraction = 0;
     config.policy.heavy = 4;

@@ -29,10 +29,13 @@ enum { KV_FLOATS = (TOKENS + MORE) * HKV * D, Q_FLOATS = NQ * HQ * D, MAX_FAILUR
 extern float keys_in[KV_FLOATS], values_in[KV_FLOATS], queries_in[Q_FLOATS];
 void fill_inputs(uint32_t seed);
 
-/* The two caches of the scenarios: `base` (QJL keys, 2-bit uniform values, H2O) for everything but
- * learning, `learned` (CQ keys: codebooks to learn, 4 channels of 4 bits) for kvq_codebooks_learn.
- * `layer` receives the layer the configuration points at. */
-typedef enum which_cache { BASE, LEARNED } which_cache;
+/* The caches of the scenarios: `base` (QJL keys, 2-bit uniform values, H2O) for everything but
+ * learning, `learned` (CQ keys: codebooks to learn, 4 channels of 4 bits) for kvq_codebooks_learn;
+ * and, for the cold rows of the other methods (tests/test_fault_more.c), `polar_kivi` (PolarQuant
+ * keys with its defaults, dense rotation and offline codebooks; 2-bit KIVI values) and `exact`
+ * (fp16 keys, bf16 values), both with base's H2O. `layer` receives the layer the configuration points
+ * at. */
+typedef enum which_cache { BASE, LEARNED, POLAR_KIVI, EXACT } which_cache;
 kvq_cache_config cache_config(which_cache which, kvq_layer_config *layer);
 
 /* The calls both tests run with host tensors: save into a buffer of the saved size (then freed),

@@ -5,7 +5,10 @@
  *     layouts, pools, stream and first buffers): a failed create returns a status and NULL, and kvq
  *     then holds no host block (and, on the emulated CUDA backend, no device object);
  *   - cold contexts: every run of the call on a context made for it, so that the call is the first
- *     use of its shaders (the lazy creation of shader modules and pipelines, scratch and staging);
+ *     use of its shaders (the lazy creation of shader modules and pipelines, scratch, staging and
+ *     read backs), every call on the base cache and append and attention on the other methods'
+ *     caches; the Vulkan ones, about 0.4 s of CPU time a point, run by the argument `cold` (test
+ *     fault_injection_cold);
  *   - asynchronous contexts (kvq_context_set_async): the call and then kvq_context_wait, whose wait
  *     is where an asynchronous call's lost device shows;
  *   - CUDA device tensors (kvq_tensor_cuda) on the emulated CUDA backend, where device memory is the
@@ -22,8 +25,9 @@
  * The checks are test_fault.c's: for k = 1..N (N counted in a run with none armed), point k failed:
  * the call returns an error with a message (a lost device: KVQ_ERROR_DEVICE_LOST), its outputs are
  * as they were, the cache saves to the same bytes as before, the same call then succeeds; contexts
- * destroyed, kvq holds no host block. One cache method set (QJL keys, 2-bit uniform values, H2O), to
- * keep the cold rows' time reasonable. A plain TAP program, one thread (the fault counter counts on
+ * destroyed, kvq holds no host block. The base cache (QJL keys, 2-bit uniform values, H2O) and CQ for
+ * learning; the cold rows also the caches of the other methods (tests/fault_fixture.h). A plain TAP
+ * program, one thread (the fault counter counts on
  * the calling thread's order).
  */
 #include <stdio.h>
@@ -38,6 +42,10 @@
 #include "backends/cuda/cuda_create.h"
 #endif
 
+/* Which test runs a row: the program's argument (none, `runtimes`, `cold`), so that meson runs the
+ * three groups side by side, each near a minute of CPU time or a few (tests/meson.build). */
+typedef enum row_group { CONTEXT_ROWS, RUNTIME_ROWS, COLD_ROWS } row_group;
+
 /* How a row runs its scenarios. */
 typedef struct row_mode {
   const char *name;
@@ -46,8 +54,15 @@ typedef struct row_mode {
   int async;        /* kvq_context_set_async(ctx, 1) */
   int cuda_tensors; /* tensors are CUDA device memory (kvq_tensor_cuda; the emulator's is the heap) */
   int runtime;      /* the context is on the runtime's device: vulkan_runtime or cuda_runtime */
+  which_cache which; /* the cache of every scenario but learning (tests/fault_fixture.h) */
+  row_group group;
 } row_mode;
 static const row_mode *mode;
+
+/* Cold rows, load: the file the row's reference run saved (run_scenario), so that the setup of every
+ * later run makes the context only and the load is the first thing it does. */
+static unsigned char *cold_file;
+static size_t cold_file_size;
 
 /* The runtime's devices. Vulkan: made once, before the first row on it (runtime_device_start), and
  * destroyed at the end. CUDA: the emulated driver takes any non-null CUcontext, and its streams are
@@ -141,7 +156,12 @@ static kvq_status call_dequantize(fixture *f) {
 }
 static kvq_status call_save(fixture *f) { return settled(f, fault_save(f->cache)); }
 static kvq_status call_load(fixture *f) { return settled(f, fault_load(f->ctx, f->file, f->file_size, &f->fired_before_destroy)); }
-static kvq_status call_learn(fixture *f) { return settled(f, fault_learn(f->cache)); }
+/* The calibration keys: the first TOKENS keys, CUDA device memory in the cuda-device rows (kvq reads
+ * them through host memory: learning runs on the host's copy). */
+static kvq_status call_learn(fixture *f) {
+  kvq_tensor k = tensor3(keys_in, TOKENS, HKV, D);
+  return settled(f, kvq_codebooks_learn(f->cache, 0, &k, NULL, NULL));
+}
 static kvq_status call_policy(fixture *f) { return settled(f, kvq_sequence_apply_policy(f->cache, f->sequence)); }
 
 /* What the setup makes: no cache (a create), an empty base cache, one holding TOKENS tokens that has
@@ -156,16 +176,29 @@ typedef struct scenario {
 
 static const scenario create_scenarios[] = {{"create", NO_CACHE, call_create}};
 /* On a cold context each call is the first use of what it needs: append of the quantizing jobs, the
- * others (after the setup's append) of theirs. */
+ * others (after the setup's append) of theirs; load and learning of their uploads and jobs. Every call
+ * on the base cache, and (the rows of the other methods) the calls whose jobs are the method's own.
+ * On Vulkan a cold context costs about 0.4 s of CPU time per point under ASan (an instance and
+ * device with the validation layer, pipelines compiled by llvmpipe; about 1 s of wall time at a load
+ * of 12), so its rows are a test of their own (`cold`, fault_injection_cold). */
 static const scenario cold_scenarios[] = {
-    {"append", EMPTY_CACHE, call_append},         {"attention", FILLED_CACHE, call_attention},
-    {"attention-unfused", FILLED_CACHE, call_attention_unfused}, {"scores", FILLED_CACHE, call_scores},
+    {"append", EMPTY_CACHE, call_append},
+    {"attention", FILLED_CACHE, call_attention},
+    {"attention-unfused", FILLED_CACHE, call_attention_unfused},
+    {"scores", FILLED_CACHE, call_scores},
     {"dequantize", FILLED_CACHE, call_dequantize},
+    {"save", FILLED_CACHE, call_save},
+    {"load", SAVED_FILE, call_load},
+    {"learn-codebooks", LEARNED_CACHE, call_learn},
+    {"apply-policy", FILLED_CACHE, call_policy},
 };
-/* On Vulkan a cold context costs about 0.4 s per point under ASan (an instance and device with the
- * validation layer, pipelines compiled by llvmpipe, about 1 s at a load of 12): the decode path only
- * (the pipelines of the unfused jobs, scores and dequantize are not failed cold; docs/RELIABILITY.md). */
-static const scenario vulkan_cold_scenarios[] = {
+/* Cold and asynchronous: the calls that may return with work in flight and whose first use creates
+ * the most (flush's jobs are append's). */
+static const scenario cold_async_scenarios[] = {
+    {"append", EMPTY_CACHE, call_append},
+    {"attention", FILLED_CACHE, call_attention},
+};
+static const scenario cold_method_scenarios[] = {
     {"append", EMPTY_CACHE, call_append},
     {"attention", FILLED_CACHE, call_attention},
 };
@@ -175,11 +208,14 @@ static const scenario async_scenarios[] = {
     {"flush", FILLED_CACHE, call_flush},
     {"attention", FILLED_CACHE, call_attention},
 };
-/* The device-tensor scenarios: those whose tensors can be device memory (a flush has none). */
+/* The device-tensor scenarios: those whose tensors can be device memory (a flush has none), and the
+ * policy step, which has no tensor but whose H2O sums the setup's attention gathered from device
+ * tensors. */
 static const scenario device_scenarios[] = {
     {"append", FILLED_CACHE, call_append},        {"attention", FILLED_CACHE, call_attention},
     {"attention-unfused", FILLED_CACHE, call_attention_unfused}, {"scores", FILLED_CACHE, call_scores},
-    {"dequantize", FILLED_CACHE, call_dequantize},
+    {"dequantize", FILLED_CACHE, call_dequantize}, {"learn-codebooks", LEARNED_CACHE, call_learn},
+    {"apply-policy", FILLED_CACHE, call_policy},
 };
 static const scenario device_async_scenarios[] = {
     {"append", FILLED_CACHE, call_append},
@@ -219,8 +255,14 @@ static kvq_status setup(const scenario *s, fixture *f) {
   kvq_status st = KVQ_OK;
   if (!f->ctx && s->setup != NO_CACHE) st = make_context(mode->backend, &f->ctx);
   if (st != KVQ_OK || s->setup == NO_CACHE) return st;
+  if (s->setup == SAVED_FILE && mode->cold && cold_file) { /* the reference run's file: the context does nothing first */
+    if (!(f->file = malloc(cold_file_size))) return KVQ_ERROR_OUT_OF_MEMORY;
+    memcpy(f->file, cold_file, cold_file_size);
+    f->file_size = cold_file_size;
+    return st;
+  }
   kvq_layer_config layer;
-  kvq_cache_config config = cache_config(s->setup == LEARNED_CACHE ? LEARNED : BASE, &layer);
+  kvq_cache_config config = cache_config(s->setup == LEARNED_CACHE ? LEARNED : mode->which, &layer);
   st = kvq_cache_create(f->ctx, &config, &f->cache);
   if (st == KVQ_OK) st = kvq_sequence_add(f->cache, &f->sequence);
   if (st == KVQ_OK && (s->setup == FILLED_CACHE || s->setup == SAVED_FILE)) {
@@ -257,6 +299,12 @@ typedef struct tally {
   uint64_t by_kind[KVQ_FAULT_KINDS], failed, lost, unreached, counted, absorbed, in_wait;
   uint64_t lost_in_destroy; /* of `lost`: in kvq_cache_destroy, reported by the context's next call */
   expected expect;
+  /* Cold rows: the cache's saved bytes after the setup, from the reference run's context (the same
+   * setup gives the same bytes; test determinism), so that no save runs on a cold context before
+   * its call: a save is a read back, and would make the call's read path warm (the save row's
+   * whole call). */
+  unsigned char *reference;
+  size_t reference_size;
   fault_log log;
 } tally;
 
@@ -301,8 +349,11 @@ static void absorbed(const scenario *s, fixture *f, uint64_t k, kvq_fault_kind k
   if (!same)
     failure(&t->log, "point %llu (%s) failed%s, yet the call returned KVQ_OK%s", (unsigned long long)k, kind_names[kind],
             lost ? " as a lost device" : "", lost ? "" : " with other outputs or another cache than without the failure");
-  else
+  else {
+    printf("#   point %llu (%s) absorbed: the call returned KVQ_OK with the outputs and cache of no failure\n",
+           (unsigned long long)k, kind_names[kind]);
     t->absorbed++;
+  }
 }
 
 /* The k-th point the mode fails, failed; the header's checks. */
@@ -315,7 +366,12 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   }
   unsigned char *before = NULL, *after = NULL;
   size_t before_size = 0, after_size = 0;
-  if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) failure(&t->log, "point %llu: saving before the call", (unsigned long long)k);
+  if (f->cache && mode->cold) { /* the reference run's bytes (tally) */
+    if ((before = malloc(t->reference_size))) memcpy(before, t->reference, before_size = t->reference_size);
+    else failure(&t->log, "point %llu: out of memory", (unsigned long long)k);
+  } else if (f->cache && saved_bytes(f->cache, &before, &before_size) != KVQ_OK) {
+    failure(&t->log, "point %llu: saving before the call", (unsigned long long)k);
+  }
   const struct outputs outputs = f->outputs;
   kvq_fault_arm(k, lost);
   st = s->call(f);
@@ -397,13 +453,26 @@ static void run_scenario(const scenario *s, tally *t) {
   const int cold = mode->cold || s->setup == NO_CACHE;
   kvq_status st = cold ? KVQ_OK : make_context(mode->backend, &f->ctx);
   if (st == KVQ_OK && !cold) st = warm_up(s, f);
+  if (st == KVQ_OK && mode->cold && s->setup != NO_CACHE) {
+    /* the reference run, on a context of its own: the cache's bytes before the call, and the file a
+     * load scenario loads (tally, cold_file) */
+    st = setup(s, f);
+    if (st == KVQ_OK && f->cache) st = saved_bytes(f->cache, &t->reference, &t->reference_size);
+    if (st == KVQ_OK && f->file) {
+      cold_file = f->file, cold_file_size = f->file_size;
+      f->file = NULL;
+    }
+    teardown(f);
+    kvq_context_destroy(f->ctx);
+    f->ctx = NULL;
+  }
   if (st != KVQ_OK) failure(&t->log, "the scenario fails without a fault: %s", f->ctx ? kvq_context_last_error(f->ctx) : "no context");
   st = setup(s, f);
-  /* the save that fail_point makes before the call, made here too: on a cold context it is the
-   * first read back, which grows what later reads reuse, so the counted run must pass it as well */
+  /* warm rows: the save that fail_point makes before the call, made here too (a context's first read
+   * back grows what later reads reuse, so the counted run must pass it as well); cold rows make none */
   unsigned char *before = NULL;
   size_t before_size = 0;
-  if (st == KVQ_OK && f->cache) st = saved_bytes(f->cache, &before, &before_size);
+  if (st == KVQ_OK && f->cache && !mode->cold) st = saved_bytes(f->cache, &before, &before_size);
   free(before);
   kvq_fault_arm(0, 0);
   if (st == KVQ_OK) st = s->call(f);
@@ -444,6 +513,9 @@ static void run_scenario(const scenario *s, tally *t) {
   check_nothing_held(&t->log, mode->backend, 0, 0, "once the scenario's context is destroyed");
   check_context_stack(t, 0);
   free(t->expect.saved);
+  free(t->reference);
+  free(cold_file);
+  cold_file = NULL;
   free(f);
 }
 
@@ -505,19 +577,27 @@ static void row(const scenario *s, const char *skip, const char *broken, totals 
 
 /* The rows: each mode with its scenarios. */
 static const row_mode modes[] = {
-    {"cpu", KVQ_BACKEND_CPU, 0, 0, 0, 0},
-    {"vulkan", KVQ_BACKEND_VULKAN, 0, 0, 0, 0},
-    {"cuda", KVQ_BACKEND_CUDA, 0, 0, 0, 0},
-    {"vulkan-cold", KVQ_BACKEND_VULKAN, 1, 0, 0, 0},
-    {"cuda-cold", KVQ_BACKEND_CUDA, 1, 0, 0, 0},
-    {"vulkan-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 0},
-    {"cuda-device", KVQ_BACKEND_CUDA, 0, 0, 1, 0},
-    {"cuda-device-async", KVQ_BACKEND_CUDA, 0, 1, 1, 0},
+    {"cpu", KVQ_BACKEND_CPU, 0, 0, 0, 0, BASE, CONTEXT_ROWS},
+    {"vulkan", KVQ_BACKEND_VULKAN, 0, 0, 0, 0, BASE, CONTEXT_ROWS},
+    {"cuda", KVQ_BACKEND_CUDA, 0, 0, 0, 0, BASE, CONTEXT_ROWS},
+    {"cuda-cold", KVQ_BACKEND_CUDA, 1, 0, 0, 0, BASE, CONTEXT_ROWS},
+    {"cuda-cold-polar-kivi", KVQ_BACKEND_CUDA, 1, 0, 0, 0, POLAR_KIVI, CONTEXT_ROWS},
+    {"cuda-cold-exact", KVQ_BACKEND_CUDA, 1, 0, 0, 0, EXACT, CONTEXT_ROWS},
+    {"vulkan-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 0, BASE, CONTEXT_ROWS},
+    {"cuda-device", KVQ_BACKEND_CUDA, 0, 0, 1, 0, BASE, CONTEXT_ROWS},
+    {"cuda-device-async", KVQ_BACKEND_CUDA, 0, 1, 1, 0, BASE, CONTEXT_ROWS},
     /* The rows on a runtime's device: run by the argument `runtimes` (test fault_injection_runtimes,
      * tests/meson.build: a test of its own, so that each stays near a minute of CPU time), alone. */
-    {"vulkan-runtime", KVQ_BACKEND_VULKAN, 0, 0, 0, 1},
-    {"vulkan-runtime-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 1},
-    {"cuda-runtime", KVQ_BACKEND_CUDA, 0, 0, 0, 1},
+    {"vulkan-runtime", KVQ_BACKEND_VULKAN, 0, 0, 0, 1, BASE, RUNTIME_ROWS},
+    {"vulkan-runtime-async", KVQ_BACKEND_VULKAN, 0, 1, 0, 1, BASE, RUNTIME_ROWS},
+    {"cuda-runtime", KVQ_BACKEND_CUDA, 0, 0, 0, 1, BASE, RUNTIME_ROWS},
+    /* Cold Vulkan contexts: run by the argument `cold` (test fault_injection_cold), alone: every
+     * call on the base cache, then append and attention on the caches of the other methods, and
+     * append and attention on an asynchronous cold context. */
+    {"vulkan-cold", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, BASE, COLD_ROWS},
+    {"vulkan-cold-polar-kivi", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, POLAR_KIVI, COLD_ROWS},
+    {"vulkan-cold-exact", KVQ_BACKEND_VULKAN, 1, 0, 0, 0, EXACT, COLD_ROWS},
+    {"vulkan-cold-async", KVQ_BACKEND_VULKAN, 1, 1, 0, 0, BASE, COLD_ROWS},
 };
 enum { MODES = sizeof modes / sizeof modes[0] };
 
@@ -525,8 +605,9 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 #define LIST(a) (*list = (a), *count = sizeof(a) / sizeof(a)[0])
   if (m->runtime && m->backend == KVQ_BACKEND_CUDA) LIST(cuda_runtime_scenarios);
   else if (m->runtime && !m->async) LIST(vulkan_runtime_scenarios);
-  else if (m->cold && m->backend == KVQ_BACKEND_VULKAN) LIST(vulkan_cold_scenarios);
-  else if (m->cold) LIST(cold_scenarios);
+  else if (m->cold && m->async) LIST(cold_async_scenarios);
+  else if (m->cold && m->which == BASE) LIST(cold_scenarios);
+  else if (m->cold) LIST(cold_method_scenarios);
   else if (m->cuda_tensors && m->async) LIST(device_async_scenarios);
   else if (m->cuda_tensors) LIST(device_scenarios);
   else if (m->async) LIST(async_scenarios);
@@ -537,10 +618,12 @@ static void scenarios_of(const row_mode *m, const scenario **list, size_t *count
 int main(int argc, char **argv) {
   fill_inputs(7);
   vulkan_drivers_hold();
-  /* no argument: the rows on kvq's own devices; `runtimes`: those on a runtime's */
-  const int runtimes = argc > 1 && !strcmp(argv[1], "runtimes");
-  if (argc > 2 || (argc == 2 && !runtimes)) {
-    printf("1..1\nnot ok 1 - arguments: none, or `runtimes`\n");
+  /* no argument: the rows on kvq's own devices; `runtimes`: those on a runtime's; `cold`: the cold
+   * Vulkan contexts */
+  const int group = argc < 2 ? CONTEXT_ROWS : !strcmp(argv[1], "runtimes") ? RUNTIME_ROWS
+                    : !strcmp(argv[1], "cold") ? COLD_ROWS : -1;
+  if (argc > 2 || group < 0) {
+    printf("1..1\nnot ok 1 - arguments: none, `runtimes` or `cold`\n");
     return 1;
   }
   kvq_backend_info infos[4];
@@ -554,13 +637,13 @@ int main(int argc, char **argv) {
     const scenario *list;
     size_t n;
     scenarios_of(&modes[m], &list, &n);
-    rows += modes[m].runtime == runtimes ? n : 0;
+    rows += (int)modes[m].group == group ? n : 0;
   }
   printf("1..%zu\n", rows);
   totals all = {0};
   for (size_t m = 0; m < MODES; m++) {
     mode = &modes[m];
-    if (mode->runtime != runtimes) continue;
+    if ((int)mode->group != group) continue;
     const char *skip = NULL;
     char why[300];
     for (size_t b = 0; b < count; b++)
