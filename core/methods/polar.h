@@ -38,6 +38,19 @@
 #define KVQ_POLAR_TABLE(i) KVQ_FIXED1(i)
 
 
+/* Centroid `code` of a level's table at element `table` of fixed1: its cos into c, its sin into s
+ * (elements table + 2 code and table + 2 code + 1; table is even, every level's and head's tables
+ * being multiples of 4 floats, core/layout.h). A backend may define KVQ_POLAR_CENTROID before this
+ * header to read the pair another way, with the same two floats: the Vulkan shaders read it with one
+ * 8-byte load, since llvmpipe pays per load instruction (shaders/methods/polar.glsl). */
+#ifndef KVQ_POLAR_CENTROID
+#define KVQ_POLAR_CENTROID(c, s, table, code)              \
+  {                                                         \
+    c = KVQ_POLAR_TABLE((table) + 2u * (code));             \
+    s = KVQ_POLAR_TABLE((table) + 2u * (code) + 1u);        \
+  }
+#endif
+
 /* The first element in fixed1 of the tables of kv head h, and of level l's: 2^b (cos, sin)
  * centroids, then 2^b (cos^2, sin^2) boundaries. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_tables(kvq_u32 h, kvq_u32 codebook, kvq_u32 L, kvq_u32 bits) {
@@ -288,16 +301,19 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
   for (kvq_u32 l = L; l >= 1u; l--) {
     kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l), cpw = 32u / b, mask = (1u << b) - 1u;
     kvq_u32 last = t * angles + angles - 1u, word = (codes >> 2u) + last / cpw, slot = last % cpw;
-    for (kvq_u32 a = angles; a > 0u; a--) {
-      kvq_f32 r = y[a - 1u];
-      kvq_u32 code = (KVQ_PAGE(word) >> (slot * b)) & mask;
-      y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
-      y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
-      if (slot == 0u) { /* the previous code ends the previous word */
-        word--;
-        slot = cpw;
+    /* Word by word, each read once for all its codes of the token (slot + 1 of them in the first
+     * word, cpw in the next ones, fewer in the last): one code word read per cpw angles. */
+    for (kvq_u32 a = angles; a > 0u; word--) {
+      kvq_u32 packed = KVQ_PAGE(word), in_word = slot + 1u < a ? slot + 1u : a;
+      for (kvq_u32 k = 0u; k < in_word; k++) {
+        kvq_f32 r = y[a - 1u], c, s;
+        KVQ_POLAR_CENTROID(c, s, table, (packed >> (slot * b)) & mask)
+        y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, s);
+        y[2u * (a - 1u)] = KVQ_FMUL(r, c);
+        slot--;
+        a--;
       }
-      slot--;
+      slot = cpw - 1u; /* the previous code ends the previous word */
     }
     if (l > 1u) {
       codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
@@ -334,6 +350,18 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0,
   return packed;
 }
 
+/* The fp16 half `high` (0: bits 0-15, 1: bits 16-31) of a word of radii as fp32, for decoding only:
+ * kvq_f16_read (core/halfconv.h: the same floats as kvq_f16_bits_to_f32 for every stored value; GLSL
+ * converts both halves at once without branches, kvq_f16_read2). */
+KVQ_SHARED_FN kvq_f32 kvq_polar_f16_half(kvq_u32 word, kvq_u32 high) {
+#if defined(KVQ_LANG_GLSL)
+  vec2 halves = kvq_f16_read2(word);
+  return high != 0u ? halves.y : halves.x;
+#else
+  return kvq_f16_read(high != 0u ? word >> 16u : word & 0xffffu);
+#endif
+}
+
 KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c0, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                         kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_POLAR_RUN]) {
   kvq_u32 codes = block, table = tables;
@@ -342,12 +370,22 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
     table += 4u << kvq_polar_level_bits(bits, l);
   }
   kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u + 2u * t * (d >> L);
-  kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS, span = 1u << inner;
-  /* The radius of every block that starts in the run (one block, or KVQ_POLAR_RUN >> L of them). */
-  for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k++) {
-    y[k] = 0.0f;
-    if ((k & (span - 1u)) == 0u) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * ((c0 + k) >> L)));
-  }
+  kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS;
+  /* The radius of every block that starts in the run: one block for L >= 3 (y[0]), KVQ_POLAR_RUN >> L
+   * of them below (y[0], y[4] at L = 2; y[0], y[2], y[4], y[6] at L = 1), at byte `first` on. Their
+   * 2-byte fields lie in one word for L >= 2 (at L = 2 the two start a word: the byte 2 (t d + c0) / 4
+   * is a multiple of 4) and in two words at L = 1 (bytes t d + c0, a multiple of 8, to + 7): two
+   * loads and selects, the same for every L, instead of a load and a branch per coordinate (llvmpipe
+   * runs each masked load as a loop over the lanes). Every other entry is written by the levels
+   * below before it is read. */
+  kvq_u32 first = radii + 2u * (c0 >> L), w0 = KVQ_PAGE(first >> 2u), w1 = KVQ_PAGE((first >> 2u) + (L == 1u ? 1u : 0u));
+  kvq_f32 h0 = kvq_polar_f16_half(w0, 0u), h1 = kvq_polar_f16_half(w0, 1u);
+  kvq_f32 h2 = kvq_polar_f16_half(w1, 0u), h3 = kvq_polar_f16_half(w1, 1u);
+  for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k++) y[k] = 0.0f;
+  y[0] = (first & 2u) != 0u ? h1 : h0;
+  y[2] = L == 1u ? h1 : 0.0f;
+  y[4] = L == 1u ? h2 : (L == 2u ? h1 : 0.0f);
+  y[6] = L == 1u ? h3 : 0.0f;
   /* Levels L .. 4: the half of the level's sub-block that holds the run. */
   for (kvq_u32 l = L; l > inner; l--) {
     kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), kvq_polar_level_bits(bits, l));
@@ -363,10 +401,10 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
     kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u), mask = (1u << b) - 1u; /* width: a half */
     kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), KVQ_POLAR_RUN >> l, b);
     for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u * width) {
-      kvq_f32 r = y[k];
-      kvq_u32 code = (run >> ((k >> l) * b)) & mask;
-      y[k + width] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
-      y[k] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
+      kvq_f32 r = y[k], c, s;
+      KVQ_POLAR_CENTROID(c, s, table, (run >> ((k >> l) * b)) & mask)
+      y[k + width] = KVQ_FMUL(r, s);
+      y[k] = KVQ_FMUL(r, c);
     }
     if (l > 1u) {
       codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;

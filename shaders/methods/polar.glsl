@@ -7,6 +7,17 @@
 // the CPU's floats bit for bit. Tokens are read once into
 // arrays (applying R per channel of every token would pass the loop limit, docs/VULKAN.md).
 #extension GL_EXT_control_flow_attributes : require
+// A centroid's cos and sin (kvq_polar_decode_token, kvq_polar_decode_run) with one 8-byte load of the
+// codebook table instead of two 4-byte ones: the same two floats. llvmpipe runs every load as a
+// loop over the lanes whatever its width, so this halves the decoding's table loads there
+// (docs/BENCH.md, "PolarQuant fused decode: centroid pairs and code words read once").
+layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Vec2 { uvec2 fixed1_vec2[]; };
+#define KVQ_POLAR_CENTROID(c, s, table, code)                                   \
+  {                                                                             \
+    vec2 kvq_polar_pair = uintBitsToFloat(fixed1_vec2[((table) >> 1u) + (code)]); \
+    c = kvq_polar_pair.x;                                                       \
+    s = kvq_polar_pair.y;                                                       \
+  }
 #include "core/methods/polar.h"
 #include "shaders/work_units.h"
 
