@@ -350,6 +350,23 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0,
   return packed;
 }
 
+/* One level l (a literal) of kvq_polar_decode_run's levels inside the run, with its variables. */
+#define KVQ_POLAR_RUN_LEVEL(l)                                                                                    \
+  if ((l) <= inner) {                                                                                             \
+    kvq_u32 b = kvq_polar_level_bits(bits, (l)), mask = (1u << b) - 1u;                                           \
+    kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, (l)) + (c0 >> (l)), KVQ_POLAR_RUN >> (l), b); \
+    for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u << ((l) - 1u)) {                                              \
+      kvq_f32 r = y[k], c, s;                                                                                     \
+      KVQ_POLAR_CENTROID(c, s, table, (run >> ((k >> (l)) * b)) & mask)                                           \
+      y[k + (1u << ((l) - 1u))] = KVQ_FMUL(r, s);                                                                 \
+      y[k] = KVQ_FMUL(r, c);                                                                                      \
+    }                                                                                                             \
+    if ((l) > 1u) {                                                                                               \
+      codes -= kvq_code_words(P * kvq_polar_angles(d, (l) - 1u), kvq_polar_level_bits(bits, (l) - 1u)) * 4u;      \
+      table -= 4u << kvq_polar_level_bits(bits, (l) - 1u);                                                        \
+    }                                                                                                             \
+  }
+
 /* The fp16 half `high` (0: bits 0-15, 1: bits 16-31) of a word of radii as fp32, for decoding only:
  * kvq_f16_read (core/halfconv.h: the same floats as kvq_f16_bits_to_f32 for every stored value; GLSL
  * converts both halves at once without branches, kvq_f16_read2). */
@@ -395,22 +412,11 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
   }
   /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in
    * kvq_polar_decode_token (the first half overwrites the sub-block's own entry); the level's codes
-   * for the run come from one read (kvq_polar_run_codes), code k / 2^l at bits (k >> l) b. */
-  for (kvq_u32 l = KVQ_POLAR_RUN_LEVELS; l >= 1u; l--) {
-    if (l > inner) continue;
-    kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u), mask = (1u << b) - 1u; /* width: a half */
-    kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), KVQ_POLAR_RUN >> l, b);
-    for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u * width) {
-      kvq_f32 r = y[k], c, s;
-      KVQ_POLAR_CENTROID(c, s, table, (run >> ((k >> l) * b)) & mask)
-      y[k + width] = KVQ_FMUL(r, s);
-      y[k] = KVQ_FMUL(r, c);
-    }
-    if (l > 1u) {
-      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
-      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
-    }
-  }
+   * for the run come from one read (kvq_polar_run_codes), code k / 2^l at bits (k >> l) b. Written
+   * out per level (KVQ_POLAR_RUN_LEVEL with a literal l) so that every index into y is a constant. */
+  KVQ_POLAR_RUN_LEVEL(3u)
+  KVQ_POLAR_RUN_LEVEL(2u)
+  KVQ_POLAR_RUN_LEVEL(1u)
 }
 
 /* Channel c of the unrotated token t (one GPU thread's DEQUANTIZE): (R^T y)_c = sum_i R[i][c] y_i,
