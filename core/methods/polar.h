@@ -354,6 +354,7 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0,
 #define KVQ_POLAR_RUN_LEVEL(l)                                                                                    \
   if ((l) <= inner) {                                                                                             \
     kvq_u32 b = kvq_polar_level_bits(bits, (l)), mask = (1u << b) - 1u;                                           \
+    kvq_u32 codes = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, (l)), table = tables + KVQ_POLAR_RUN_TABLE_AT(bits, (l)); \
     kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, (l)) + (c0 >> (l)), KVQ_POLAR_RUN >> (l), b); \
     for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u << ((l) - 1u)) {                                              \
       kvq_f32 r = y[k], c, s;                                                                                     \
@@ -361,11 +362,17 @@ KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0,
       y[k + (1u << ((l) - 1u))] = KVQ_FMUL(r, s);                                                                 \
       y[k] = KVQ_FMUL(r, c);                                                                                      \
     }                                                                                                             \
-    if ((l) > 1u) {                                                                                               \
-      codes -= kvq_code_words(P * kvq_polar_angles(d, (l) - 1u), kvq_polar_level_bits(bits, (l) - 1u)) * 4u;      \
-      table -= 4u << kvq_polar_level_bits(bits, (l) - 1u);                                                        \
-    }                                                                                                             \
   }
+
+/* Where kvq_polar_decode_run finds level l (1 .. L, L + 1: the radii) of a head block: the byte
+ * offset of its codes in the block, and the first element of its table in the kv head's tables
+ * (core/layout.h). A backend may define both before this header to read offsets it computed once for
+ * the cache's layout (they divide by the codes a word holds, per level), as the Vulkan shaders do
+ * (shaders/methods/polar.glsl), instead of once per run. */
+#ifndef KVQ_POLAR_RUN_CODES_AT
+#define KVQ_POLAR_RUN_CODES_AT(P, d, bits, l) kvq_polar_level_offset(P, d, bits, l)
+#define KVQ_POLAR_RUN_TABLE_AT(bits, l) kvq_polar_table_level_offset(bits, l)
+#endif
 
 /* The fp16 half `high` (0: bits 0-15, 1: bits 16-31) of a word of radii as fp32, for decoding only:
  * kvq_f16_read (core/halfconv.h: the same floats as kvq_f16_bits_to_f32 for every stored value; GLSL
@@ -381,12 +388,7 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_f16_half(kvq_u32 word, kvq_u32 high) {
 
 KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c0, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                         kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_POLAR_RUN]) {
-  kvq_u32 codes = block, table = tables;
-  for (kvq_u32 l = 1u; l < L; l++) {
-    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
-    table += 4u << kvq_polar_level_bits(bits, l);
-  }
-  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u + 2u * t * (d >> L);
+  kvq_u32 radii = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, L + 1u) + 2u * t * (d >> L);
   kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS;
   /* The radius of every block that starts in the run: one block for L >= 3 (y[0]), KVQ_POLAR_RUN >> L
    * of them below (y[0], y[4] at L = 2; y[0], y[2], y[4], y[6] at L = 1), at byte `first` on. Their
@@ -405,10 +407,9 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
   y[6] = L == 1u ? h3 : 0.0f;
   /* Levels L .. 4: the half of the level's sub-block that holds the run. */
   for (kvq_u32 l = L; l > inner; l--) {
+    kvq_u32 codes = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, l), table = tables + KVQ_POLAR_RUN_TABLE_AT(bits, l);
     kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), kvq_polar_level_bits(bits, l));
     y[0] = KVQ_FMUL(y[0], KVQ_POLAR_TABLE(table + 2u * code + ((c0 >> (l - 1u)) & 1u)));
-    codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
-    table -= 4u << kvq_polar_level_bits(bits, l - 1u);
   }
   /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in
    * kvq_polar_decode_token (the first half overwrites the sub-block's own entry); the level's codes

@@ -18,6 +18,31 @@ layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Vec2 { uvec2 
     c = kvq_polar_pair.x;                                                       \
     s = kvq_polar_pair.y;                                                       \
   }
+// Where each level's codes and table lie (kvq_polar_level_offset, kvq_polar_table_level_offset;
+// entry L + 1 of polar_codes_at: the radii), computed once per invocation for the cache's layout
+// (push constants) by the global initializer, which runs at the start of main: the run decoding of
+// the fused value pass (kvq_polar_decode_run) reads them instead of stepping through the levels
+// with two integer divisions per level and run, which llvmpipe runs lane by lane (about 10% of a
+// polar-b4222 fused call, docs/BENCH.md). Constant trip counts, so that the indices are constants.
+#include "core/layout.h"
+#define POLAR_LEVEL_SLOTS 10u // levels 1 .. KVQ_POLAR_MAX_LEVELS (8) and the radii
+uint polar_codes_at[POLAR_LEVEL_SLOTS], polar_table_at[POLAR_LEVEL_SLOTS];
+bool polar_offsets() {
+  polar_codes_at[0] = 0u;
+  polar_table_at[0] = 0u;
+  polar_codes_at[1] = 0u;
+  polar_table_at[1] = 0u;
+  [[unroll]] for (uint l = 1u; l + 1u < POLAR_LEVEL_SLOTS; l++) {
+    bool level = l <= pc.levels;
+    uint b = level ? kvq_polar_level_bits(pc.level_bits, l) : 1u;
+    polar_codes_at[l + 1u] = polar_codes_at[l] + (level ? kvq_code_words(pc.page_size * kvq_polar_angles(pc.head_dim, l), b) * 4u : 0u);
+    polar_table_at[l + 1u] = polar_table_at[l] + (level ? 4u << b : 0u);
+  }
+  return true;
+}
+bool polar_offsets_set = polar_offsets();
+#define KVQ_POLAR_RUN_CODES_AT(P, d, bits, l) polar_codes_at[(l)]
+#define KVQ_POLAR_RUN_TABLE_AT(bits, l) polar_table_at[(l)]
 #include "core/methods/polar.h"
 #include "shaders/work_units.h"
 
