@@ -316,29 +316,38 @@ float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return dot;
 }
 
-// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): each token's key decoded once,
-// whole, and dotted with every head of the pass, instead of being decoded again per head through
-// kvq_score_dot (issue 11: PolarQuant decoded once per token, shared by the GQA heads). Per head the
-// sum runs as kvq_score_dot's, coordinate by coordinate: the same logits. The prepared queries are
-// read from results four floats at a time (llvmpipe runs each load in a loop lane by lane, so a
-// vec4 load is a quarter of the loads; p and the stride are multiples of 16 floats, d being one).
-// They stay in results (in shared memory they would take 8 KiB; this file's QUANTIZE arrays are no
-// longer in this shader since KVQ_QUANTIZE_SHADER, so that is an option not yet measured).
+// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): each token's key decoded once for
+// every head of the pass (issue 11: PolarQuant decoded once per token, shared by the GQA heads), run
+// by run (kvq_polar_decode_run, the value pass's decoding: 8 coordinates in registers, the level
+// offsets computed once per invocation) and each run dotted with every head's 8 prepared query
+// floats, read two vec4 at a time (llvmpipe runs each load as a loop over the lanes, whatever its
+// width; p and the stride are multiples of 16 floats, d being one). The same floats as the whole
+// token's decoding (tests/test_polar.c), summed per head coordinate by coordinate in the same order as
+// kvq_score_dot: the same logits. The whole-token decoding (kvq_polar_decode_token) keeps d floats per
+// invocation, which llvmpipe holds in memory: run by run took about 10% less CPU per fused call on
+// lavapipe once the run decoding was cheap (docs/BENCH.md). The queries stay in results (in shared
+// memory they would take 8 KiB; not measured).
 #define KVQ_SCORES_HEADS
 layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer ResultsVec4 { uvec4 results_vec4[]; };
 void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
-  float y[KVQ_MAX_HEAD_DIM];
-  kvq_polar_decode_token(block, t, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), y);
-  uint stride = kvq_prepared_floats();
-  for (uint i = 0u; i < pc.head_dim; i += 4u)
+  uint stride = kvq_prepared_floats(), tables = polar_tables(block);
+  for (uint c0 = 0u; c0 < pc.head_dim; c0 += KVQ_POLAR_RUN) {
+    float y[KVQ_POLAR_RUN];
+    kvq_polar_decode_run(block, t, c0, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, tables, y);
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) // a constant trip count: unrolled, logit[g] in registers
       if (g < heads) {
-        vec4 q = uintBitsToFloat(results_vec4[(p + g * stride + i) >> 2u]);
-        logit[g] += q.x * y[i];
-        logit[g] += q.y * y[i + 1u];
-        logit[g] += q.z * y[i + 2u];
-        logit[g] += q.w * y[i + 3u];
+        vec4 q = uintBitsToFloat(results_vec4[(p + g * stride + c0) >> 2u]);
+        vec4 q1 = uintBitsToFloat(results_vec4[((p + g * stride + c0) >> 2u) + 1u]);
+        logit[g] += q.x * y[0];
+        logit[g] += q.y * y[1];
+        logit[g] += q.z * y[2];
+        logit[g] += q.w * y[3];
+        logit[g] += q1.x * y[4];
+        logit[g] += q1.y * y[5];
+        logit[g] += q1.z * y[6];
+        logit[g] += q1.w * y[7];
       }
+  }
 }
 
 // The weighted sum's rotated page sum (d floats at element s of dst) rotated back, into x.
