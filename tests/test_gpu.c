@@ -168,7 +168,8 @@ Test(gpu, polarquant_at_the_largest_head_dim_agrees_with_the_cpu, .timeout = 600
  * read with two word loads and selects, and the level offsets come from the arrays that
  * shaders/methods/polar.glsl fills once per invocation; 5-, 6- and 3-bit levels, whose words hold
  * 6, 5 and 10 codes, so that a run's codes of a level may cross into the next word. The other
- * PolarQuant cases here have three or more levels (one radius per run). Bounds as check_cases.
+ * PolarQuant cases here have three or more levels (one radius per run). Bounds as check_cases. With
+ * the shaders reading every radius from the low half of its word, this case fails.
  */
 Test(gpu, polarquant_runs_of_several_radii_agree_with_the_cpu, .timeout = 300) {
   require_gpu();
