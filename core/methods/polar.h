@@ -15,10 +15,11 @@
  * element of the tables of the block's kv head (kvq_polar_tables). Work unit: one token. Arguments as
  * in core/methods/exact.h; L levels, bits the packed level bits, rotation a kvq_rotation value.
  *
- * Decoding comes in two forms that give the same floats bit for bit (tests/test_polar.c): a whole
+ * Decoding comes in three forms that give the same floats bit for bit (tests/test_polar.c): a whole
  * token top down (kvq_polar_decode_token: every level splits each sub-block's radius, for the CPU and
- * a GPU thread that scores a whole key) and one coordinate (kvq_polar_decode_coord, for a GPU thread
- * that needs one): both multiply the block radius by
+ * the GPU's unfused score job), a run of 8 coordinates (kvq_polar_decode_run, for the Vulkan fused
+ * passes' keys and values) and one coordinate (kvq_polar_decode_coord, for a GPU thread that needs
+ * one): all multiply the block radius by
  * the level L factor first and the level 1 factor last, each product rounded on its own.
  *
  * On GPUs, the loops over d x d entries take four columns per trip and the codebook searches two
@@ -286,8 +287,9 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32
  * so going through a downwards one array serves in place. The code of sub-block a is code
  * t * angles + a of the level's array, in word j / cpw, slot j % cpw (kvq_io_code, cpw = 32 / b,
  * which need not be a power of two): the word and slot are divided out once per level and then
- * stepped down with a, so that no division is left per code (a GPU thread decoding a key whole,
- * shaders/methods/polar.glsl, runs this for every key it scores). The levels' code arrays and tables
+ * stepped down with a, so that no division is left per code, and each word is read once for its codes
+ * (the Vulkan score job, shaders/methods/polar.glsl's kvq_score_dot, runs this for every key it
+ * scores). The levels' code arrays and tables
  * follow each other (core/layout.h), as in kvq_polar_decode_coord. */
 KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                           kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
@@ -323,8 +325,8 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
 }
 
 /* Rotated coordinates c0 .. c0 + KVQ_POLAR_RUN - 1 of token t (c0 a multiple of KVQ_POLAR_RUN, which
- * divides every head_dim), for a GPU thread that sums a run of a value's coordinates (the Vulkan fused
- * value pass): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
+ * divides every head_dim), for a GPU thread that sums a run of a value's coordinates or scores a
+ * key run by run (the Vulkan fused passes): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
  * order and the same floats bit for bit (tests/test_polar.c). The run is a sub-block of 2^3
  * coordinates: the levels above 3 each split a sub-block that holds the whole run, so
  * they give one factor for the run (one code and one table read a level); the levels from min(L, 3)

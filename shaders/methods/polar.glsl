@@ -3,7 +3,7 @@
 // too. Work unit: KVQ_POLAR_GROUP_TOKENS tokens, encoded by a whole workgroup. As on the CPU, keys
 // are scored in the rotated space against the prepared query R q, and values are summed there and
 // rotated back once per output row; a thread decodes one rotated coordinate
-// (kvq_polar_decode_coord) or, in the fused value pass, a run of 8 (kvq_polar_decode_run), which give
+// (kvq_polar_decode_coord) or, in the fused passes (keys and values), a run of 8 (kvq_polar_decode_run), which give
 // the CPU's floats bit for bit. Tokens are read once into
 // arrays (applying R per channel of every token would pass the loop limit, docs/VULKAN.md).
 #extension GL_EXT_control_flow_attributes : require
