@@ -52,6 +52,14 @@
   }
 #endif
 
+/* Where code i of b bits lies in its level's array (kvq_io_code_place: word, slot, codes a word
+ * holds), for kvq_polar_decode_run; a backend may define it before this header to compute the same
+ * three numbers another way (the Vulkan shaders: without an integer division, which llvmpipe runs
+ * lane by lane and in both branches of kvq_io_code_place). */
+#ifndef KVQ_POLAR_CODE_PLACE
+#define KVQ_POLAR_CODE_PLACE(i, b, place) kvq_io_code_place((i), (b), place);
+#endif
+
 /* The first element in fixed1 of the tables of kv head h, and of level l's: 2^b (cos, sin)
  * centroids, then 2^b (cos^2, sin^2) boundaries. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_tables(kvq_u32 h, kvq_u32 codebook, kvq_u32 L, kvq_u32 bits) {
@@ -346,7 +354,7 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
  * whose codes are appended behind the first word's. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0, kvq_u32 n, kvq_u32 b) {
   kvq_u32 place[3]; /* word, slot, codes a word holds: kvq_io_code's */
-  kvq_io_code_place(j0, b, place);
+  KVQ_POLAR_CODE_PLACE(j0, b, place)
   kvq_u32 packed = KVQ_PAGE(base + place[0]) >> (place[1] * b), in_first = place[2] - place[1];
   if (in_first < n) packed = (packed & ((1u << (in_first * b)) - 1u)) | (KVQ_PAGE(base + place[0] + 1u) << (in_first * b));
   return packed;
@@ -410,7 +418,9 @@ KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, k
   /* Levels L .. 4: the half of the level's sub-block that holds the run. */
   for (kvq_u32 l = L; l > inner; l--) {
     kvq_u32 codes = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, l), table = tables + KVQ_POLAR_RUN_TABLE_AT(bits, l);
-    kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), kvq_polar_level_bits(bits, l));
+    kvq_u32 b = kvq_polar_level_bits(bits, l), place[3];
+    KVQ_POLAR_CODE_PLACE(t * kvq_polar_angles(d, l) + (c0 >> l), b, place)
+    kvq_u32 code = (KVQ_PAGE((codes >> 2u) + place[0]) >> (place[1] * b)) & ((1u << b) - 1u); /* kvq_io_code's */
     y[0] = KVQ_FMUL(y[0], KVQ_POLAR_TABLE(table + 2u * code + ((c0 >> (l - 1u)) & 1u)));
   }
   /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in

@@ -41,6 +41,20 @@ bool polar_offsets() {
   return true;
 }
 bool polar_offsets_set = polar_offsets();
+// kvq_io_code_place's word, slot and codes per word of code i at b bits (1 .. 8, PolarQuant's
+// widths), for kvq_polar_decode_run, without an integer division: 32 / b from a packed byte table,
+// the word from a float product (exact to within one below for i < 2^16, where i is at most
+// 256 x 128: the float error is under 2^-9, less than 1 / cpw), then one correction on the slot.
+void polar_code_place(uint i, uint b, out uint place[3]) {
+  uint cpw = ((b <= 4u ? 0x080A1020u : 0x04040506u) >> (8u * ((b - 1u) & 3u))) & 0xffu;
+  uint word = uint(float(i) * (1.0 / float(cpw)));
+  uint slot = i - word * cpw;
+  bool over = slot >= cpw;
+  place[0] = over ? word + 1u : word;
+  place[1] = over ? slot - cpw : slot;
+  place[2] = cpw;
+}
+#define KVQ_POLAR_CODE_PLACE(i, b, place) polar_code_place((i), (b), place);
 #define KVQ_POLAR_RUN_CODES_AT(P, d, bits, l) polar_codes_at[(l)]
 #define KVQ_POLAR_RUN_TABLE_AT(bits, l) polar_table_at[(l)]
 #include "core/methods/polar.h"
