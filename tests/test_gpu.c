@@ -162,6 +162,36 @@ Test(gpu, polarquant_at_the_largest_head_dim_agrees_with_the_cpu, .timeout = 600
   check_cases(cases, 2, 10000u, 100u);
 }
 
+/*
+ * PolarQuant at one and two levels: a run of 8 rotated coordinates (kvq_polar_decode_run, which the
+ * Vulkan fused passes use for keys and values) then holds four or two block radii, which the shaders
+ * read with two word loads and selects, and the level offsets come from the arrays that
+ * shaders/methods/polar.glsl fills once per invocation; 5-, 6- and 3-bit levels, whose words hold
+ * 6, 5 and 10 codes, so that a run's codes of a level may cross into the next word. The other
+ * PolarQuant cases here have three or more levels (one radius per run). Bounds as check_cases. With
+ * the shaders reading every radius from the low half of its word, this case fails.
+ */
+Test(gpu, polarquant_runs_of_several_radii_agree_with_the_cpu, .timeout = 300) {
+  require_gpu();
+  kvq_method_config keys = th_polar(KVQ_ROTATION_HADAMARD), values = th_polar(KVQ_ROTATION_DENSE);
+  keys.polar.levels = 1;
+  keys.polar.bits[0] = 5;
+  values.polar.levels = 2;
+  values.polar.bits[0] = 6, values.polar.bits[1] = 3;
+  golden_case c;
+  memset(&c, 0, sizeof c);
+  c.name = "polar-l1-l2";
+  c.input = KVQ_DTYPE_F32;
+  c.page_size = 16;
+  c.layer_count = 1;
+  c.layers[0] = th_layer(4, 2, 64, keys, values);
+  c.lengths[0] = 3 * 16 + 5;
+  c.lengths[1] = 16;
+  c.seed = 3100;
+  c.policy = kvq_policy_defaults(KVQ_POLICY_KEEP_ALL);
+  check_cases(&c, 1, 5000u, 100u);
+}
+
 /* ---- Long sequences ---------------------------------------------------------------------------------- */
 
 /*

@@ -108,7 +108,7 @@ Test(polar, token_and_coordinate_decodings_agree_bit_for_bit) {
   cr_assert(compared == 2 * 5 * 16 * 64);
 }
 
-/* kvq_polar_decode_run (the Vulkan value pass's decoding of KVQ_POLAR_RUN coordinates) against the
+/* kvq_polar_decode_run (the Vulkan fused passes' decoding of KVQ_POLAR_RUN coordinates) against the
  * whole token, bit for bit, for every level count from 1 (several radii in a run) through 3 (one
  * radius, every level inside the run) to 6 (three levels above the run), mixed code widths from 1
  * to 8 bits, among them widths whose words hold 10, 6 or 5 codes, where a run's codes of a level

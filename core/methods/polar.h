@@ -15,10 +15,11 @@
  * element of the tables of the block's kv head (kvq_polar_tables). Work unit: one token. Arguments as
  * in core/methods/exact.h; L levels, bits the packed level bits, rotation a kvq_rotation value.
  *
- * Decoding comes in two forms that give the same floats bit for bit (tests/test_polar.c): a whole
+ * Decoding comes in three forms that give the same floats bit for bit (tests/test_polar.c): a whole
  * token top down (kvq_polar_decode_token: every level splits each sub-block's radius, for the CPU and
- * a GPU thread that scores a whole key) and one coordinate (kvq_polar_decode_coord, for a GPU thread
- * that needs one): both multiply the block radius by
+ * the GPU's unfused score job), a run of 8 coordinates (kvq_polar_decode_run, for the Vulkan fused
+ * passes' keys and values) and one coordinate (kvq_polar_decode_coord, for a GPU thread that needs
+ * one): all multiply the block radius by
  * the level L factor first and the level 1 factor last, each product rounded on its own.
  *
  * On GPUs, the loops over d x d entries take four columns per trip and the codebook searches two
@@ -37,6 +38,27 @@
 #define KVQ_POLAR_ROTATION(i) KVQ_FIXED0(i)
 #define KVQ_POLAR_TABLE(i) KVQ_FIXED1(i)
 
+
+/* Centroid `code` of a level's table at element `table` of fixed1: its cos into c, its sin into s
+ * (elements table + 2 code and table + 2 code + 1; table is even, every level's and head's tables
+ * being multiples of 4 floats, core/layout.h). A backend may define KVQ_POLAR_CENTROID before this
+ * header to read the pair another way, with the same two floats: the Vulkan shaders read it with one
+ * 8-byte load, since llvmpipe pays per load instruction (shaders/methods/polar.glsl). */
+#ifndef KVQ_POLAR_CENTROID
+#define KVQ_POLAR_CENTROID(c, s, table, code)              \
+  {                                                         \
+    c = KVQ_POLAR_TABLE((table) + 2u * (code));             \
+    s = KVQ_POLAR_TABLE((table) + 2u * (code) + 1u);        \
+  }
+#endif
+
+/* Where code i of b bits lies in its level's array (kvq_io_code_place: word, slot, codes a word
+ * holds), for kvq_polar_decode_run; a backend may define it before this header to compute the same
+ * three numbers another way (the Vulkan shaders: without an integer division, which llvmpipe runs
+ * lane by lane and in both branches of kvq_io_code_place). */
+#ifndef KVQ_POLAR_CODE_PLACE
+#define KVQ_POLAR_CODE_PLACE(i, b, place) kvq_io_code_place((i), (b), place);
+#endif
 
 /* The first element in fixed1 of the tables of kv head h, and of level l's: 2^b (cos, sin)
  * centroids, then 2^b (cos^2, sin^2) boundaries. */
@@ -273,8 +295,9 @@ KVQ_SHARED_FN kvq_f32 kvq_polar_decode_coord(KVQ_IO_PARAM kvq_u32 block, kvq_u32
  * so going through a downwards one array serves in place. The code of sub-block a is code
  * t * angles + a of the level's array, in word j / cpw, slot j % cpw (kvq_io_code, cpw = 32 / b,
  * which need not be a power of two): the word and slot are divided out once per level and then
- * stepped down with a, so that no division is left per code (a GPU thread decoding a key whole,
- * shaders/methods/polar.glsl, runs this for every key it scores). The levels' code arrays and tables
+ * stepped down with a, so that no division is left per code, and each word is read once for its codes
+ * (the Vulkan score job, shaders/methods/polar.glsl's kvq_score_dot, runs this for every key it
+ * scores). The levels' code arrays and tables
  * follow each other (core/layout.h), as in kvq_polar_decode_coord. */
 KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                           kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_MAX_HEAD_DIM]) {
@@ -288,16 +311,19 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
   for (kvq_u32 l = L; l >= 1u; l--) {
     kvq_u32 b = kvq_polar_level_bits(bits, l), angles = kvq_polar_angles(d, l), cpw = 32u / b, mask = (1u << b) - 1u;
     kvq_u32 last = t * angles + angles - 1u, word = (codes >> 2u) + last / cpw, slot = last % cpw;
-    for (kvq_u32 a = angles; a > 0u; a--) {
-      kvq_f32 r = y[a - 1u];
-      kvq_u32 code = (KVQ_PAGE(word) >> (slot * b)) & mask;
-      y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
-      y[2u * (a - 1u)] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
-      if (slot == 0u) { /* the previous code ends the previous word */
-        word--;
-        slot = cpw;
+    /* Word by word, each read once for all its codes of the token (slot + 1 of them in the first
+     * word, cpw in the next ones, fewer in the last): one code word read per cpw angles. */
+    for (kvq_u32 a = angles; a > 0u; word--) {
+      kvq_u32 packed = KVQ_PAGE(word), in_word = slot + 1u < a ? slot + 1u : a;
+      for (kvq_u32 k = 0u; k < in_word; k++) {
+        kvq_f32 r = y[a - 1u], c, s;
+        KVQ_POLAR_CENTROID(c, s, table, (packed >> (slot * b)) & mask)
+        y[2u * (a - 1u) + 1u] = KVQ_FMUL(r, s);
+        y[2u * (a - 1u)] = KVQ_FMUL(r, c);
+        slot--;
+        a--;
       }
-      slot--;
+      slot = cpw - 1u; /* the previous code ends the previous word */
     }
     if (l > 1u) {
       codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
@@ -307,8 +333,8 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
 }
 
 /* Rotated coordinates c0 .. c0 + KVQ_POLAR_RUN - 1 of token t (c0 a multiple of KVQ_POLAR_RUN, which
- * divides every head_dim), for a GPU thread that sums a run of a value's coordinates (the Vulkan fused
- * value pass): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
+ * divides every head_dim), for a GPU thread that sums a run of a value's coordinates or scores a
+ * key run by run (the Vulkan fused passes): kvq_polar_decode_token's tree cut down to the run, so the same products in the same
  * order and the same floats bit for bit (tests/test_polar.c). The run is a sub-block of 2^3
  * coordinates: the levels above 3 each split a sub-block that holds the whole run, so
  * they give one factor for the run (one code and one table read a level); the levels from min(L, 3)
@@ -328,51 +354,82 @@ KVQ_SHARED_FN void kvq_polar_decode_token(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t,
  * whose codes are appended behind the first word's. */
 KVQ_SHARED_FN kvq_u32 kvq_polar_run_codes(KVQ_IO_PARAM kvq_u32 base, kvq_u32 j0, kvq_u32 n, kvq_u32 b) {
   kvq_u32 place[3]; /* word, slot, codes a word holds: kvq_io_code's */
-  kvq_io_code_place(j0, b, place);
+  KVQ_POLAR_CODE_PLACE(j0, b, place)
   kvq_u32 packed = KVQ_PAGE(base + place[0]) >> (place[1] * b), in_first = place[2] - place[1];
   if (in_first < n) packed = (packed & ((1u << (in_first * b)) - 1u)) | (KVQ_PAGE(base + place[0] + 1u) << (in_first * b));
   return packed;
 }
 
+/* One level l (a literal) of kvq_polar_decode_run's levels inside the run, with its variables. */
+#define KVQ_POLAR_RUN_LEVEL(l)                                                                                    \
+  if ((l) <= inner) {                                                                                             \
+    kvq_u32 b = kvq_polar_level_bits(bits, (l)), mask = (1u << b) - 1u;                                           \
+    kvq_u32 codes = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, (l)), table = tables + KVQ_POLAR_RUN_TABLE_AT(bits, (l)); \
+    kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, (l)) + (c0 >> (l)), KVQ_POLAR_RUN >> (l), b); \
+    for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u << ((l) - 1u)) {                                              \
+      kvq_f32 r = y[k], c, s;                                                                                     \
+      KVQ_POLAR_CENTROID(c, s, table, (run >> ((k >> (l)) * b)) & mask)                                           \
+      y[k + (1u << ((l) - 1u))] = KVQ_FMUL(r, s);                                                                 \
+      y[k] = KVQ_FMUL(r, c);                                                                                      \
+    }                                                                                                             \
+  }
+
+/* Where kvq_polar_decode_run finds level l (1 .. L, L + 1: the radii) of a head block: the byte
+ * offset of its codes in the block, and the first element of its table in the kv head's tables
+ * (core/layout.h). A backend may define both before this header to read offsets it computed once for
+ * the cache's layout (they divide by the codes a word holds, per level), as the Vulkan shaders do
+ * (shaders/methods/polar.glsl), instead of once per run. */
+#ifndef KVQ_POLAR_RUN_CODES_AT
+#define KVQ_POLAR_RUN_CODES_AT(P, d, bits, l) kvq_polar_level_offset(P, d, bits, l)
+#define KVQ_POLAR_RUN_TABLE_AT(bits, l) kvq_polar_table_level_offset(bits, l)
+#endif
+
+/* The fp16 half `high` (0: bits 0-15, 1: bits 16-31) of a word of radii as fp32, for decoding only:
+ * kvq_f16_read (core/halfconv.h: the same floats as kvq_f16_bits_to_f32 for every stored value; GLSL
+ * converts both halves at once without branches, kvq_f16_read2). */
+KVQ_SHARED_FN kvq_f32 kvq_polar_f16_half(kvq_u32 word, kvq_u32 high) {
+#if defined(KVQ_LANG_GLSL)
+  vec2 halves = kvq_f16_read2(word);
+  return high != 0u ? halves.y : halves.x;
+#else
+  return kvq_f16_read(high != 0u ? word >> 16u : word & 0xffffu);
+#endif
+}
+
 KVQ_SHARED_FN void kvq_polar_decode_run(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c0, kvq_u32 P, kvq_u32 d, kvq_u32 L,
                                         kvq_u32 bits, kvq_u32 tables, KVQ_OUT KVQ_PRECISE kvq_f32 y[KVQ_POLAR_RUN]) {
-  kvq_u32 codes = block, table = tables;
-  for (kvq_u32 l = 1u; l < L; l++) {
-    codes += kvq_code_words(P * kvq_polar_angles(d, l), kvq_polar_level_bits(bits, l)) * 4u;
-    table += 4u << kvq_polar_level_bits(bits, l);
-  }
-  kvq_u32 radii = codes + kvq_code_words(P * kvq_polar_angles(d, L), kvq_polar_level_bits(bits, L)) * 4u + 2u * t * (d >> L);
-  kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS, span = 1u << inner;
-  /* The radius of every block that starts in the run (one block, or KVQ_POLAR_RUN >> L of them). */
-  for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k++) {
-    y[k] = 0.0f;
-    if ((k & (span - 1u)) == 0u) y[k] = kvq_f16_bits_to_f32(kvq_io_u16(KVQ_IO radii + 2u * ((c0 + k) >> L)));
-  }
+  kvq_u32 radii = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, L + 1u) + 2u * t * (d >> L);
+  kvq_u32 inner = L < KVQ_POLAR_RUN_LEVELS ? L : KVQ_POLAR_RUN_LEVELS;
+  /* The radius of every block that starts in the run: one block for L >= 3 (y[0]), KVQ_POLAR_RUN >> L
+   * of them below (y[0], y[4] at L = 2; y[0], y[2], y[4], y[6] at L = 1), at byte `first` on. Their
+   * 2-byte fields lie in one word for L >= 2 (at L = 2 the two start a word: the byte 2 (t d + c0) / 4
+   * is a multiple of 4) and in two words at L = 1 (bytes t d + c0, a multiple of 8, to + 7): two
+   * loads and selects, the same for every L, instead of a load and a branch per coordinate (llvmpipe
+   * runs each masked load as a loop over the lanes). Every other entry is written by the levels
+   * below before it is read. */
+  kvq_u32 first = radii + 2u * (c0 >> L), w0 = KVQ_PAGE(first >> 2u), w1 = KVQ_PAGE((first >> 2u) + (L == 1u ? 1u : 0u));
+  kvq_f32 h0 = kvq_polar_f16_half(w0, 0u), h1 = kvq_polar_f16_half(w0, 1u);
+  kvq_f32 h2 = kvq_polar_f16_half(w1, 0u), h3 = kvq_polar_f16_half(w1, 1u);
+  for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k++) y[k] = 0.0f;
+  y[0] = (first & 2u) != 0u ? h1 : h0;
+  y[2] = L == 1u ? h1 : 0.0f;
+  y[4] = L == 1u ? h2 : (L == 2u ? h1 : 0.0f);
+  y[6] = L == 1u ? h3 : 0.0f;
   /* Levels L .. 4: the half of the level's sub-block that holds the run. */
   for (kvq_u32 l = L; l > inner; l--) {
-    kvq_u32 code = kvq_io_code(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), kvq_polar_level_bits(bits, l));
+    kvq_u32 codes = block + KVQ_POLAR_RUN_CODES_AT(P, d, bits, l), table = tables + KVQ_POLAR_RUN_TABLE_AT(bits, l);
+    kvq_u32 b = kvq_polar_level_bits(bits, l), place[3];
+    KVQ_POLAR_CODE_PLACE(t * kvq_polar_angles(d, l) + (c0 >> l), b, place)
+    kvq_u32 code = (KVQ_PAGE((codes >> 2u) + place[0]) >> (place[1] * b)) & ((1u << b) - 1u); /* kvq_io_code's */
     y[0] = KVQ_FMUL(y[0], KVQ_POLAR_TABLE(table + 2u * code + ((c0 >> (l - 1u)) & 1u)));
-    codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
-    table -= 4u << kvq_polar_level_bits(bits, l - 1u);
   }
   /* Levels min(L, 3) .. 1: sub-block k of 2^l coordinates into its halves, second half first as in
    * kvq_polar_decode_token (the first half overwrites the sub-block's own entry); the level's codes
-   * for the run come from one read (kvq_polar_run_codes), code k / 2^l at bits (k >> l) b. */
-  for (kvq_u32 l = KVQ_POLAR_RUN_LEVELS; l >= 1u; l--) {
-    if (l > inner) continue;
-    kvq_u32 b = kvq_polar_level_bits(bits, l), width = 1u << (l - 1u), mask = (1u << b) - 1u; /* width: a half */
-    kvq_u32 run = kvq_polar_run_codes(KVQ_IO codes >> 2u, t * kvq_polar_angles(d, l) + (c0 >> l), KVQ_POLAR_RUN >> l, b);
-    for (kvq_u32 k = 0u; k < KVQ_POLAR_RUN; k += 2u * width) {
-      kvq_f32 r = y[k];
-      kvq_u32 code = (run >> ((k >> l) * b)) & mask;
-      y[k + width] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code + 1u));
-      y[k] = KVQ_FMUL(r, KVQ_POLAR_TABLE(table + 2u * code));
-    }
-    if (l > 1u) {
-      codes -= kvq_code_words(P * kvq_polar_angles(d, l - 1u), kvq_polar_level_bits(bits, l - 1u)) * 4u;
-      table -= 4u << kvq_polar_level_bits(bits, l - 1u);
-    }
-  }
+   * for the run come from one read (kvq_polar_run_codes), code k / 2^l at bits (k >> l) b. Written
+   * out per level (KVQ_POLAR_RUN_LEVEL with a literal l) so that every index into y is a constant. */
+  KVQ_POLAR_RUN_LEVEL(3u)
+  KVQ_POLAR_RUN_LEVEL(2u)
+  KVQ_POLAR_RUN_LEVEL(1u)
 }
 
 /* Channel c of the unrotated token t (one GPU thread's DEQUANTIZE): (R^T y)_c = sum_i R[i][c] y_i,

@@ -3,10 +3,60 @@
 // too. Work unit: KVQ_POLAR_GROUP_TOKENS tokens, encoded by a whole workgroup. As on the CPU, keys
 // are scored in the rotated space against the prepared query R q, and values are summed there and
 // rotated back once per output row; a thread decodes one rotated coordinate
-// (kvq_polar_decode_coord) or, in the fused value pass, a run of 8 (kvq_polar_decode_run), which give
+// (kvq_polar_decode_coord) or, in the fused passes (keys and values), a run of 8 (kvq_polar_decode_run), which give
 // the CPU's floats bit for bit. Tokens are read once into
 // arrays (applying R per channel of every token would pass the loop limit, docs/VULKAN.md).
 #extension GL_EXT_control_flow_attributes : require
+// A centroid's cos and sin (kvq_polar_decode_token, kvq_polar_decode_run) with one 8-byte load of the
+// codebook table instead of two 4-byte ones: the same two floats. llvmpipe runs every load as a
+// loop over the lanes whatever its width, so this halves the decoding's table loads there
+// (docs/BENCH.md, "PolarQuant fused decode: centroid pairs and code words read once").
+layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Vec2 { uvec2 fixed1_vec2[]; };
+#define KVQ_POLAR_CENTROID(c, s, table, code)                                   \
+  {                                                                             \
+    vec2 kvq_polar_pair = uintBitsToFloat(fixed1_vec2[((table) >> 1u) + (code)]); \
+    c = kvq_polar_pair.x;                                                       \
+    s = kvq_polar_pair.y;                                                       \
+  }
+// Where each level's codes and table lie (kvq_polar_level_offset, kvq_polar_table_level_offset;
+// entry L + 1 of polar_codes_at: the radii), computed once per invocation for the cache's layout
+// (push constants) by the global initializer, which runs at the start of main: the run decoding of
+// the fused value pass (kvq_polar_decode_run) reads them instead of stepping through the levels
+// with two integer divisions per level and run, which llvmpipe runs lane by lane (about 10% of a
+// polar-b4222 fused call, docs/BENCH.md). Constant trip counts, so that the indices are constants.
+#include "core/layout.h"
+#define POLAR_LEVEL_SLOTS 10u // levels 1 .. KVQ_POLAR_MAX_LEVELS (8) and the radii
+uint polar_codes_at[POLAR_LEVEL_SLOTS], polar_table_at[POLAR_LEVEL_SLOTS];
+bool polar_offsets() {
+  polar_codes_at[0] = 0u;
+  polar_table_at[0] = 0u;
+  polar_codes_at[1] = 0u;
+  polar_table_at[1] = 0u;
+  [[unroll]] for (uint l = 1u; l + 1u < POLAR_LEVEL_SLOTS; l++) {
+    bool level = l <= pc.levels;
+    uint b = level ? kvq_polar_level_bits(pc.level_bits, l) : 1u;
+    polar_codes_at[l + 1u] = polar_codes_at[l] + (level ? kvq_code_words(pc.page_size * kvq_polar_angles(pc.head_dim, l), b) * 4u : 0u);
+    polar_table_at[l + 1u] = polar_table_at[l] + (level ? 4u << b : 0u);
+  }
+  return true;
+}
+bool polar_offsets_set = polar_offsets();
+// kvq_io_code_place's word, slot and codes per word of code i at b bits (1 .. 8, PolarQuant's
+// widths), for kvq_polar_decode_run, without an integer division: 32 / b from a packed byte table,
+// the word from a float product (exact to within one below for i < 2^16, where i is at most
+// 256 x 128: the float error is under 2^-9, less than 1 / cpw), then one correction on the slot.
+void polar_code_place(uint i, uint b, out uint place[3]) {
+  uint cpw = ((b <= 4u ? 0x080A1020u : 0x04040506u) >> (8u * ((b - 1u) & 3u))) & 0xffu;
+  uint word = uint(float(i) * (1.0 / float(cpw)));
+  uint slot = i - word * cpw;
+  bool over = slot >= cpw;
+  place[0] = over ? word + 1u : word;
+  place[1] = over ? slot - cpw : slot;
+  place[2] = cpw;
+}
+#define KVQ_POLAR_CODE_PLACE(i, b, place) polar_code_place((i), (b), place);
+#define KVQ_POLAR_RUN_CODES_AT(P, d, bits, l) polar_codes_at[(l)]
+#define KVQ_POLAR_RUN_TABLE_AT(bits, l) polar_table_at[(l)]
 #include "core/methods/polar.h"
 #include "shaders/work_units.h"
 
@@ -280,29 +330,38 @@ float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return dot;
 }
 
-// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): each token's key decoded once,
-// whole, and dotted with every head of the pass, instead of being decoded again per head through
-// kvq_score_dot (issue 11: PolarQuant decoded once per token, shared by the GQA heads). Per head the
-// sum runs as kvq_score_dot's, coordinate by coordinate: the same logits. The prepared queries are
-// read from results four floats at a time (llvmpipe runs each load in a loop lane by lane, so a
-// vec4 load is a quarter of the loads; p and the stride are multiples of 16 floats, d being one).
-// They stay in results (in shared memory they would take 8 KiB; this file's QUANTIZE arrays are no
-// longer in this shader since KVQ_QUANTIZE_SHADER, so that is an option not yet measured).
+// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): each token's key decoded once for
+// every head of the pass (issue 11: PolarQuant decoded once per token, shared by the GQA heads), run
+// by run (kvq_polar_decode_run, the value pass's decoding: 8 coordinates in registers, the level
+// offsets computed once per invocation) and each run dotted with every head's 8 prepared query
+// floats, read two vec4 at a time (llvmpipe runs each load as a loop over the lanes, whatever its
+// width; p and the stride are multiples of 16 floats, d being one). The same floats as the whole
+// token's decoding (tests/test_polar.c), summed per head coordinate by coordinate in the same order as
+// kvq_score_dot: the same logits. The whole-token decoding (kvq_polar_decode_token) keeps d floats per
+// invocation, which llvmpipe holds in memory: run by run took about 10% less CPU per fused call on
+// lavapipe once the run decoding was cheap (docs/BENCH.md). The queries stay in results (in shared
+// memory they would take 8 KiB; not measured).
 #define KVQ_SCORES_HEADS
 layout(std430, binding = KVQ_BINDING_RESULTS) readonly buffer ResultsVec4 { uvec4 results_vec4[]; };
 void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
-  float y[KVQ_MAX_HEAD_DIM];
-  kvq_polar_decode_token(block, t, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, polar_tables(block), y);
-  uint stride = kvq_prepared_floats();
-  for (uint i = 0u; i < pc.head_dim; i += 4u)
+  uint stride = kvq_prepared_floats(), tables = polar_tables(block);
+  for (uint c0 = 0u; c0 < pc.head_dim; c0 += KVQ_POLAR_RUN) {
+    float y[KVQ_POLAR_RUN];
+    kvq_polar_decode_run(block, t, c0, pc.page_size, pc.head_dim, pc.levels, pc.level_bits, tables, y);
     for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) // a constant trip count: unrolled, logit[g] in registers
       if (g < heads) {
-        vec4 q = uintBitsToFloat(results_vec4[(p + g * stride + i) >> 2u]);
-        logit[g] += q.x * y[i];
-        logit[g] += q.y * y[i + 1u];
-        logit[g] += q.z * y[i + 2u];
-        logit[g] += q.w * y[i + 3u];
+        vec4 q = uintBitsToFloat(results_vec4[(p + g * stride + c0) >> 2u]);
+        vec4 q1 = uintBitsToFloat(results_vec4[((p + g * stride + c0) >> 2u) + 1u]);
+        logit[g] += q.x * y[0];
+        logit[g] += q.y * y[1];
+        logit[g] += q.z * y[2];
+        logit[g] += q.w * y[3];
+        logit[g] += q1.x * y[4];
+        logit[g] += q1.y * y[5];
+        logit[g] += q1.z * y[6];
+        logit[g] += q1.w * y[7];
       }
+  }
 }
 
 // The weighted sum's rotated page sum (d floats at element s of dst) rotated back, into x.
