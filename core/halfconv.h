@@ -61,7 +61,7 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
 
 /* fp16 bits (low 16 bits) -> fp32 for values that are only read, never where a stored code is
  * decided: UNIFORM's and KIVI's scales and minimums when scoring and summing, and the exact fp16
- * cache's values in the fused value pass (shaders/methods/exact.glsl; docs/ACCURACY.md: the
+ * cache's keys and values in the fused passes (shaders/methods/exact.glsl; docs/ACCURACY.md: the
  * bit-exact rules bind encoding). GLSL uses the hardware conversion (unpackHalf2x16: one instruction
  * on GPUs, against kvq_f16_bits_to_f32's branches and subnormal loop), which is exact for every
  * normal fp16 value and for zeros (each is an fp32 normal or zero); Vulkan lets a device flush fp16

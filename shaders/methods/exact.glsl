@@ -8,8 +8,9 @@ void kvq_encode_unit(uint block, uint t, uint n, uint x) {
 
 float kvq_decode(uint block, uint t, uint c) { return kvq_exact_decode(block, t, c, pc.head_dim, pc.dtype); }
 
-// A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl): the
-// run's 8 stored values in one 16-byte load (fp16, bf16) or two (fp32) instead of a load and a dtype choice per channel, which llvmpipe
+// A run of KVQ_DECODE_RUN channels, for the value pass and the fused logits' paged keys
+// (KVQ_DECODES_RUN, KVQ_RUNS_ALWAYS: shaders/method.glsl): the run's 8 stored values in one 16-byte
+// load (fp16, bf16) or two (fp32) instead of a load and a dtype choice per channel, which llvmpipe
 // runs lane by lane (docs/VULKAN.md), and fp16 converted by the hardware (kvq_f16_read2:
 // unpackHalf2x16 with the subnormals made exactly) instead of core/halfconv.h's branches and loop.
 // Same floats as kvq_decode for every value an exact cache holds (all finite: core/methods/range.h
@@ -21,6 +22,7 @@ float kvq_decode(uint block, uint t, uint c) { return kvq_exact_decode(block, t,
 // The dtype's branch is uniform (a push constant).
 layout(std430, binding = KVQ_BINDING_PAGES) readonly buffer PagesQuads { uvec4 kvq_exact_quads[]; };
 #define KVQ_DECODES_RUN
+#define KVQ_RUNS_ALWAYS
 bool kvq_decode_run(uvec3 token, uint c0, out float v[KVQ_DECODE_RUN]) {
   uint at = (token.x + kvq_exact_offset(pc.head_dim, pc.dtype, token.y, c0)) >> 4u;
   uvec4 w = kvq_exact_quads[at];
