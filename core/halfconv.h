@@ -60,14 +60,16 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
 }
 
 /* fp16 bits (low 16 bits) -> fp32 for values that are only read, never where a stored code is
- * decided: UNIFORM's and KIVI's scales and minimums when scoring and summing (docs/ACCURACY.md: the
+ * decided: UNIFORM's and KIVI's scales and minimums when scoring and summing, and the exact fp16
+ * cache's keys and values in the fused passes (shaders/methods/exact.glsl; docs/ACCURACY.md: the
  * bit-exact rules bind encoding). GLSL uses the hardware conversion (unpackHalf2x16: one instruction
  * on GPUs, against kvq_f16_bits_to_f32's branches and subnormal loop), which is exact for every
  * normal fp16 value and for zeros (each is an fp32 normal or zero); Vulkan lets a device flush fp16
  * subnormal inputs to zero (shaderDenormPreserveFloat16 is optional), so those, exponent field 0, are
  * made here exactly as mantissa * 2^-24 (an integer below 1024 times a power of two: no rounding).
  * Inf and NaN convert to Inf and NaN as the spec says, but side data never holds them (the range
- * checks of core/methods/range.h refuse tokens whose minimum or scale would overflow). So it returns
+ * checks of core/methods/range.h refuse tokens whose minimum or scale would overflow), and neither do
+ * exact fp16 caches (core/methods/range.h refuses tokens that would overflow the dtype). So it returns
  * the same floats as kvq_f16_bits_to_f32 for every stored scale and minimum; C and CUDA call that. */
 #if defined(KVQ_LANG_GLSL)
 /* GLSL reads both fp16 halves of a word at once (x: the low half, y: the high one), as side data

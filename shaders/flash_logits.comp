@@ -56,6 +56,15 @@ void main() {
       for (uint g = 0u; g < heads; g++)
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
+#elif defined(KVQ_RUNS_ALWAYS)
+    if (paged) { // the method's run decode (exact caches: a run in one or two 16-byte loads)
+      for (uint c0 = 0u; c0 < d; c0 += KVQ_DECODE_RUN) {
+        float k[KVQ_DECODE_RUN];
+        kvq_decode_run(token, c0, k);
+        for (uint j = 0u; j < KVQ_DECODE_RUN; j++) // constant trips: k stays in registers
+          for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c0 + j]) * k[j];
+      }
+    } else
 #endif
 #ifdef KVQ_DECODES_AFFINE
     if (paged) { // runs of channels sharing a scale and minimum: those read once per run
