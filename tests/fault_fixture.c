@@ -230,6 +230,49 @@ void runtime_device_stop(kvq_vulkan_device *handed) {
   if (handed->instance) vkDestroyInstance(handed->instance, NULL);
   memset(handed, 0, sizeof *handed);
 }
+
+const char *runtime_buffers_make(const kvq_vulkan_device *handed, int count, const size_t *sizes,
+                                 const float *const *inputs, int outputs_from, runtime_buffer *out) {
+  VkDevice device = handed->device;
+  VkPhysicalDeviceMemoryProperties mp;
+  vkGetPhysicalDeviceMemoryProperties(handed->physical_device, &mp);
+  for (int b = 0; b < count; b++) {
+    VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = sizes[b],
+                               .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
+    VkBuffer buffer;
+    if (vkCreateBuffer(device, &info, NULL, &buffer) != VK_SUCCESS) return "vkCreateBuffer";
+    out[b].buffer = (uint64_t)(uintptr_t)buffer;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device, buffer, &req);
+    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    uint32_t type = UINT32_MAX;
+    for (uint32_t i = 0; i < mp.memoryTypeCount && type == UINT32_MAX; i++)
+      if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = i;
+    if (type == UINT32_MAX) return "host-visible memory";
+    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
+                                  .memoryTypeIndex = type};
+    VkDeviceMemory memory;
+    if (vkAllocateMemory(device, &alloc, NULL, &memory) != VK_SUCCESS) return "vkAllocateMemory";
+    out[b].memory = (uint64_t)(uintptr_t)memory;
+    if (vkBindBufferMemory(device, buffer, memory, 0) != VK_SUCCESS) return "vkBindBufferMemory";
+    if (vkMapMemory(device, memory, 0, VK_WHOLE_SIZE, 0, &out[b].mapped) != VK_SUCCESS) return "vkMapMemory";
+    out[b].bytes = sizes[b];
+    if (b < outputs_from) memcpy(out[b].mapped, inputs[b], sizes[b]);
+    else memset(out[b].mapped, 0x5a, sizes[b]);
+  }
+  return NULL;
+}
+
+void runtime_buffers_free(const kvq_vulkan_device *handed, int count, runtime_buffer *buffers) {
+  VkDevice device = handed->device;
+  for (int b = 0; b < count && device; b++) {
+    if (buffers[b].mapped) vkUnmapMemory(device, (VkDeviceMemory)(uintptr_t)buffers[b].memory);
+    if (buffers[b].buffer) vkDestroyBuffer(device, (VkBuffer)(uintptr_t)buffers[b].buffer, NULL);
+    if (buffers[b].memory) vkFreeMemory(device, (VkDeviceMemory)(uintptr_t)buffers[b].memory, NULL);
+  }
+  memset(buffers, 0, (size_t)count * sizeof *buffers);
+}
 #else
 const char *runtime_device_start(kvq_vulkan_device *handed) {
   memset(handed, 0, sizeof *handed);

@@ -114,4 +114,21 @@ const char *runtime_device_start(kvq_vulkan_device *device);
 /* Destroys what runtime_device_start made and clears `device`. */
 void runtime_device_stop(kvq_vulkan_device *device);
 
+/* A runtime's buffer: host-visible, coherent and mapped, so that a test can fill and compare it. */
+typedef struct runtime_buffer {
+  uint64_t buffer, memory; /* VkBuffer, VkDeviceMemory */
+  void *mapped;
+  size_t bytes;
+} runtime_buffer;
+#ifdef KVQ_HAVE_VULKAN
+/* Makes `count` such buffers on the runtime's device (storage and transfer use), buffer b of sizes[b]
+ * bytes, holding inputs[b] for b < outputs_from and 0x5a bytes from there on (outputs the failed
+ * calls must leave as they were). Returns NULL, or what failed (runtime_buffers_free then frees what
+ * was made). */
+const char *runtime_buffers_make(const kvq_vulkan_device *device, int count, const size_t *sizes,
+                                 const float *const *inputs, int outputs_from, runtime_buffer *buffers);
+/* Frees what runtime_buffers_make made (before runtime_device_stop) and clears `buffers`. */
+void runtime_buffers_free(const kvq_vulkan_device *device, int count, runtime_buffer *buffers);
+#endif
+
 #endif /* KVQ_TESTS_FAULT_FIXTURE_H */

@@ -53,10 +53,7 @@ typedef struct runtime_side {
   int async;  /* the vulkan-runtime-async rows: kvq_context_set_async(ctx, 1), each call then waited for */
   uint64_t device_info[3];
   kvq_vulkan_device handed;
-  uint64_t buffers[RT_BUFFERS];
-  uint64_t memories[RT_BUFFERS];
-  void *mapped[RT_BUFFERS];
-  size_t bytes[RT_BUFFERS];
+  runtime_buffer buf[RT_BUFFERS];
 } runtime_side;
 static runtime_side runtime;
 
@@ -64,7 +61,7 @@ static runtime_side runtime;
 static kvq_tensor tensor3(float *data, int which, int64_t d0, int64_t d1, int64_t d2) {
   int64_t shape[3] = {d0, d1, d2};
   if (!runtime.active) return kvq_tensor_host(data, KVQ_DTYPE_F32, 3, shape);
-  return kvq_tensor_vulkan(runtime.buffers[which], 0, KVQ_DTYPE_F32, 3, shape);
+  return kvq_tensor_vulkan(runtime.buf[which].buffer, 0, KVQ_DTYPE_F32, 3, shape);
 }
 
 /* What a scenario works on: the context, the cache the setup made (NULL for `create`), its sequence,
@@ -145,8 +142,8 @@ static kvq_status call_dequantize(fixture *f) {
  * instead of in place; a failed call must leave both as they were. */
 static kvq_status call_dequantize_staged(fixture *f) {
   const int64_t shape[3] = {PAGE * 2, HKV, D};
-  kvq_tensor k = kvq_tensor_vulkan(runtime.buffers[RT_DEQ_KEYS], 2, KVQ_DTYPE_F16, 3, shape),
-             v = kvq_tensor_vulkan(runtime.buffers[RT_DEQ_VALUES], 2, KVQ_DTYPE_F16, 3, shape);
+  kvq_tensor k = kvq_tensor_vulkan(runtime.buf[RT_DEQ_KEYS].buffer, 2, KVQ_DTYPE_F16, 3, shape),
+             v = kvq_tensor_vulkan(runtime.buf[RT_DEQ_VALUES].buffer, 2, KVQ_DTYPE_F16, 3, shape);
   return kvq_dequantize(f->cache, f->sequence, 0, 0, PAGE * 2, &k, &v);
 }
 static kvq_status call_save(fixture *f) { return fault_save(f->cache); }
@@ -276,8 +273,8 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
    * same bytes would otherwise go unseen. */
   unsigned char *outputs[RT_BUFFERS] = {NULL};
   for (int b = RT_OUTPUTS_FROM; b < RT_BUFFERS && runtime.active; b++) {
-    memset(runtime.mapped[b], 0xa5, runtime.bytes[b]);
-    if ((outputs[b] = malloc(runtime.bytes[b]))) memcpy(outputs[b], runtime.mapped[b], runtime.bytes[b]);
+    memset(runtime.buf[b].mapped, 0xa5, runtime.buf[b].bytes);
+    if ((outputs[b] = malloc(runtime.buf[b].bytes))) memcpy(outputs[b], runtime.buf[b].mapped, runtime.buf[b].bytes);
   }
   kvq_fault_arm(k, lost);
   st = run_call(s, f);
@@ -322,7 +319,7 @@ static void fail_point(const scenario *s, fixture *f, uint64_t k, int lost, tall
   const int compared = !lost && !f->waited_failed;
   t->in_wait += !lost && f->waited_failed;
   for (int b = RT_OUTPUTS_FROM; b < RT_BUFFERS && runtime.active && compared; b++)
-    if (outputs[b] && memcmp(outputs[b], runtime.mapped[b], runtime.bytes[b]))
+    if (outputs[b] && memcmp(outputs[b], runtime.buf[b].mapped, runtime.buf[b].bytes))
       failure(&t->log, "point %llu (%s): the failed call wrote the runtime's output buffer %d", (unsigned long long)k,
               kind_names[kind], b);
   for (int b = 0; b < RT_BUFFERS; b++) free(outputs[b]);
@@ -421,49 +418,15 @@ static void run_scenario(const scenario *s, kvq_backend_kind backend, kvq_contex
 static const char *runtime_start(void) {
   const char *failed = runtime_device_start(&runtime.handed);
   if (failed) return failed;
-  VkDevice device = runtime.handed.device;
-  VkPhysicalDevice physical = runtime.handed.physical_device;
   const size_t sizes[RT_BUFFERS] = {sizeof keys_in, sizeof values_in, sizeof queries_in, Q_FLOATS * sizeof(float),
                                     NQ * HQ * TOKENS * sizeof(float), PAGE * 2 * HKV * D * sizeof(float),
                                     PAGE * 2 * HKV * D * sizeof(float)};
   const float *inputs[RT_BUFFERS] = {keys_in, values_in, queries_in};
-  VkPhysicalDeviceMemoryProperties mp;
-  vkGetPhysicalDeviceMemoryProperties(physical, &mp);
-  for (int b = 0; b < RT_BUFFERS; b++) {
-    VkBufferCreateInfo binfo = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = sizes[b],
-                                .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
-                                         VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
-    VkBuffer buffer;
-    if (vkCreateBuffer(device, &binfo, NULL, &buffer) != VK_SUCCESS) return "vkCreateBuffer";
-    runtime.buffers[b] = (uint64_t)(uintptr_t)buffer;
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(device, buffer, &req);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    uint32_t type = UINT32_MAX;
-    for (uint32_t i = 0; i < mp.memoryTypeCount && type == UINT32_MAX; i++)
-      if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = i;
-    if (type == UINT32_MAX) return "host-visible memory";
-    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
-                                  .memoryTypeIndex = type};
-    VkDeviceMemory memory;
-    if (vkAllocateMemory(device, &alloc, NULL, &memory) != VK_SUCCESS) return "vkAllocateMemory";
-    runtime.memories[b] = (uint64_t)(uintptr_t)memory;
-    if (vkBindBufferMemory(device, buffer, memory, 0) != VK_SUCCESS) return "vkBindBufferMemory";
-    if (vkMapMemory(device, memory, 0, VK_WHOLE_SIZE, 0, &runtime.mapped[b]) != VK_SUCCESS) return "vkMapMemory";
-    runtime.bytes[b] = sizes[b];
-    if (b < RT_OUTPUTS_FROM) memcpy(runtime.mapped[b], inputs[b], sizes[b]);
-    else memset(runtime.mapped[b], 0x5a, sizes[b]);
-  }
-  return NULL;
+  return runtime_buffers_make(&runtime.handed, RT_BUFFERS, sizes, inputs, RT_OUTPUTS_FROM, runtime.buf);
 }
 
 static void runtime_stop(void) {
-  VkDevice device = runtime.handed.device;
-  for (int b = 0; b < RT_BUFFERS && device; b++) {
-    if (runtime.mapped[b]) vkUnmapMemory(device, (VkDeviceMemory)(uintptr_t)runtime.memories[b]);
-    if (runtime.buffers[b]) vkDestroyBuffer(device, (VkBuffer)(uintptr_t)runtime.buffers[b], NULL);
-    if (runtime.memories[b]) vkFreeMemory(device, (VkDeviceMemory)(uintptr_t)runtime.memories[b], NULL);
-  }
+  runtime_buffers_free(&runtime.handed, RT_BUFFERS, runtime.buf);
   runtime_device_stop(&runtime.handed);
   memset(&runtime, 0, sizeof runtime);
 }

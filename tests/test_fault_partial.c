@@ -41,9 +41,7 @@ enum { RB_OUTPUTS_FROM = RB_OUT, DEQ_TOKENS = PAGE * 2 };
 static struct {
   int active;
   kvq_vulkan_device handed;
-  uint64_t buffers[RB_COUNT], memories[RB_COUNT];
-  void *mapped[RB_COUNT];
-  size_t bytes[RB_COUNT];
+  runtime_buffer buf[RB_COUNT];
 } rt;
 
 typedef struct fixture {
@@ -62,7 +60,7 @@ typedef struct fixture {
 static kvq_tensor t3(float *host, int which, kvq_dtype dtype, uint64_t offset, int64_t d0, int64_t d1, int64_t d2) {
   const int64_t shape[3] = {d0, d1, d2};
   if (!rt.active) return kvq_tensor_host(host, KVQ_DTYPE_F32, 3, shape);
-  return kvq_tensor_vulkan(rt.buffers[which], offset, dtype, 3, shape);
+  return kvq_tensor_vulkan(rt.buf[which].buffer, offset, dtype, 3, shape);
 }
 
 static kvq_status attend_one(fixture *f) {
@@ -224,8 +222,8 @@ static void outputs_fill(fixture *f, outputs *o) {
   memset(host, 0xa5, host_bytes);
   if ((o->copy[RB_COUNT] = malloc(host_bytes))) memcpy(o->copy[RB_COUNT], host, host_bytes);
   for (int b = RB_OUTPUTS_FROM; b < RB_COUNT && rt.active; b++) {
-    memset(rt.mapped[b], 0xa5, rt.bytes[b]);
-    if ((o->copy[b] = malloc(rt.bytes[b]))) memcpy(o->copy[b], rt.mapped[b], rt.bytes[b]);
+    memset(rt.buf[b].mapped, 0xa5, rt.buf[b].bytes);
+    if ((o->copy[b] = malloc(rt.buf[b].bytes))) memcpy(o->copy[b], rt.buf[b].mapped, rt.buf[b].bytes);
   }
 }
 /* The first output the failed call changed (RB_COUNT: the host arrays), or -1. */
@@ -234,7 +232,7 @@ static int outputs_changed(fixture *f, outputs *o) {
   const size_t host_bytes = sizeof f->out + sizeof f->scores + sizeof f->dequantized;
   if (o->copy[RB_COUNT] && memcmp(o->copy[RB_COUNT], f->out, host_bytes)) changed = RB_COUNT;
   for (int b = RB_OUTPUTS_FROM; b < RB_COUNT && rt.active && changed < 0; b++)
-    if (o->copy[b] && memcmp(o->copy[b], rt.mapped[b], rt.bytes[b])) changed = b;
+    if (o->copy[b] && memcmp(o->copy[b], rt.buf[b].mapped, rt.buf[b].bytes)) changed = b;
   for (int b = 0; b <= RB_COUNT; b++) free(o->copy[b]);
   return changed;
 }
@@ -368,47 +366,14 @@ static void run_scenario(const scenario *s, kvq_context **ctx, tally *t) {
 static const char *runtime_start(void) {
   const char *failed = runtime_device_start(&rt.handed);
   if (failed) return failed;
-  VkDevice device = rt.handed.device;
   const size_t sizes[RB_COUNT] = {sizeof keys_in, sizeof values_in, sizeof queries_in, Q_FLOATS * 4, Q_FLOATS * 2 + 4,
                                   NQ * HQ * TOKENS * 4, DEQ_TOKENS * HKV * D * 4, DEQ_TOKENS * HKV * D * 4};
   const float *inputs[RB_COUNT] = {keys_in, values_in, queries_in};
-  VkPhysicalDeviceMemoryProperties mp;
-  vkGetPhysicalDeviceMemoryProperties(rt.handed.physical_device, &mp);
-  for (int b = 0; b < RB_COUNT; b++) {
-    VkBufferCreateInfo info = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = sizes[b],
-                               .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
-                                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
-    VkBuffer buffer;
-    if (vkCreateBuffer(device, &info, NULL, &buffer) != VK_SUCCESS) return "vkCreateBuffer";
-    rt.buffers[b] = (uint64_t)(uintptr_t)buffer;
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(device, buffer, &req);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    uint32_t type = UINT32_MAX;
-    for (uint32_t i = 0; i < mp.memoryTypeCount && type == UINT32_MAX; i++)
-      if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = i;
-    if (type == UINT32_MAX) return "host-visible memory";
-    VkMemoryAllocateInfo alloc = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
-                                  .memoryTypeIndex = type};
-    VkDeviceMemory memory;
-    if (vkAllocateMemory(device, &alloc, NULL, &memory) != VK_SUCCESS) return "vkAllocateMemory";
-    rt.memories[b] = (uint64_t)(uintptr_t)memory;
-    if (vkBindBufferMemory(device, buffer, memory, 0) != VK_SUCCESS) return "vkBindBufferMemory";
-    if (vkMapMemory(device, memory, 0, VK_WHOLE_SIZE, 0, &rt.mapped[b]) != VK_SUCCESS) return "vkMapMemory";
-    rt.bytes[b] = sizes[b];
-    if (b < RB_OUTPUTS_FROM) memcpy(rt.mapped[b], inputs[b], sizes[b]);
-    else memset(rt.mapped[b], 0x5a, sizes[b]);
-  }
-  return NULL;
+  return runtime_buffers_make(&rt.handed, RB_COUNT, sizes, inputs, RB_OUTPUTS_FROM, rt.buf);
 }
 
 static void runtime_stop(void) {
-  VkDevice device = rt.handed.device;
-  for (int b = 0; b < RB_COUNT && device; b++) {
-    if (rt.mapped[b]) vkUnmapMemory(device, (VkDeviceMemory)(uintptr_t)rt.memories[b]);
-    if (rt.buffers[b]) vkDestroyBuffer(device, (VkBuffer)(uintptr_t)rt.buffers[b], NULL);
-    if (rt.memories[b]) vkFreeMemory(device, (VkDeviceMemory)(uintptr_t)rt.memories[b], NULL);
-  }
+  runtime_buffers_free(&rt.handed, RB_COUNT, rt.buf);
   runtime_device_stop(&rt.handed);
   memset(&rt, 0, sizeof rt);
 }
