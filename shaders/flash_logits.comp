@@ -18,6 +18,8 @@
 // called by every invocation (it may hold barriers); the loop below then scores the window only.
 #ifdef KVQ_VK_METHOD_QJL
 #include "shaders/methods/qjl_flash.glsl"
+#elif defined(KVQ_VK_METHOD_KIVI)
+#include "shaders/methods/kivi_flash.glsl"
 #endif
 
 void main() {

@@ -22,20 +22,29 @@ static const uint8_t *head_block(const kvq_side_layout *s, const uint8_t *pages,
 }
 
 /* Value of element c of token t (page index i within its block of kv head h) for EXACT, UNIFORM,
- * KIVI and CQ, with the rounding error an fp32 decode may add. */
-static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_t h, uint32_t i, uint32_t c, double *err) {
+ * KIVI and CQ, with the rounding error an fp32 decode may add; *mag: the largest magnitude a term
+ * of a sum over it may have, |value| except for UNIFORM and KIVI, where it is |min| + code |scale|
+ * (the terms of a sum that folds the query into the parameters, q min and (q scale) code, as the
+ * Vulkan fused logits do for KIVI keys, shaders/methods/kivi_flash.glsl). */
+static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_t h, uint32_t i, uint32_t c, double *err,
+                     double *mag) {
   const kvq_side_layout *s = side ? &L->values : &L->keys;
   const uint32_t d = s->head_dim;
   *err = 0;
+  double value;
   if (s->method == KVQ_LAYOUT_EXACT) {
     const uint8_t *p = block + kvq_exact_offset(d, s->dtype, i, c);
-    if (s->dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(kvq_le32(p));
-    return s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(kvq_le16(p)) : kvq_bf16_bits_to_f32(kvq_le16(p));
+    if (s->dtype == KVQ_LAYOUT_F32) value = kvq_bits_to_f32(kvq_le32(p));
+    else value = s->dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(kvq_le16(p)) : kvq_bf16_bits_to_f32(kvq_le16(p));
+    *mag = fabs(value);
+    return value;
   }
   if (s->method == KVQ_LAYOUT_CQ) { /* a centroid's fp32 value, read exactly */
     const uint32_t groups = d / s->channels, code = golden_packed_code(block, i * groups + c / s->channels, s->code_bits);
-    return L->fixed[side][1][(((size_t)h * groups + c / s->channels) << s->code_bits) * s->channels +
-                             (size_t)code * s->channels + c % s->channels];
+    value = L->fixed[side][1][(((size_t)h * groups + c / s->channels) << s->code_bits) * s->channels +
+                              (size_t)code * s->channels + c % s->channels];
+    *mag = fabs(value);
+    return value;
   }
   /* UNIFORM and KIVI: min + code * scale, two fp32 roundings */
   const uint32_t b = s->bits, idx = i * d + c;
@@ -44,6 +53,7 @@ static double decode(const ref_layer *L, int side, const uint8_t *block, uint32_
   uint32_t code = golden_packed_code(block, idx, b);
   double mn = kvq_uniform_param_min(params), scale = kvq_uniform_param_scale(params);
   *err = 2 * u * (fabs(mn) + code * fabs(scale)) + 2 * FLT_MIN;
+  *mag = fabs(mn) + code * fabs(scale);
   return mn + code * scale;
 }
 
@@ -138,9 +148,11 @@ static int ref_logits(const ref_layer *L, const ref_sequence *seq, const float *
           for (uint32_t i = 0; i < count; i++) {
             s[i] = a[i] = 0;
             for (uint32_t c = 0; c < d; c++) {
-              double err, k = decode(L, 0, block, kvh, i, c, &err);
+              double err, mag, k = decode(L, 0, block, kvh, i, c, &err, &mag);
               s[i] += q[c] * k;
-              a[i] += fabs(q[c]) * (fabs(k) + err);
+              /* KIVI: a fused logit may sum q min and (q scale) code, each term as large as mag;
+               * mag + err >= |k| + err, so the bound of decoding first is covered too */
+              a[i] += fabs(q[c]) * ((L->keys.method == KVQ_LAYOUT_KIVI ? mag : fabs(k)) + err);
             }
           }
           ops = d + 4;
@@ -212,8 +224,8 @@ static void ref_output(const ref_layer *L, const ref_sequence *seq, uint32_t kvh
       continue;
     }
     for (uint32_t c = 0; c < d; c++) {
-      double err = 0, v;
-      if (t < seq->slots) v = decode(L, 1, head_block(vs, seq->value_pages, t, kvh), kvh, t % P, c, &err);
+      double err = 0, mag, v;
+      if (t < seq->slots) v = decode(L, 1, head_block(vs, seq->value_pages, t, kvh), kvh, t % P, c, &err, &mag);
       else v = seq->values[((size_t)seq->kept_position[j] * hkv + kvh) * d + c];
       o[c] += p[j] * v;
       ob[c] += pb[j] * fabs(v) + p[j] * err;
