@@ -22,6 +22,16 @@
 #include "shaders/methods/kivi_flash.glsl"
 #endif
 
+// Methods whose paged keys the loop below decodes by runs (KVQ_DECODES_RUN: exact, uniform) read the
+// pass's queries from shared memory, staged once by the workgroup, 4 channels a load: llvmpipe runs
+// each load lane by lane (docs/VULKAN.md), and a float loaded from the query buffer per channel and
+// head was most of exact fp16's call (118 -> 76 CPU ms per fused call at 4k, docs/BENCH.md, "The
+// query in shared memory"). Same products in the same order: the same floats.
+#if defined(KVQ_DECODES_RUN) && !defined(KVQ_FLASH_SPLIT_SCORES) && !defined(KVQ_SCORES_HEADS) && !defined(KVQ_PREPARES)
+#define KVQ_FLASH_QUERY_SHARED
+shared vec4 kvq_flash_query[KVQ_FLASH_HEADS_PER_PASS * KVQ_MAX_HEAD_DIM / 4u]; // 8 KiB: [head][channel / 4]
+#endif
+
 void main() {
   uint unit;
   if (!kvq_locate(KVQ_PLAN_FLASH, unit)) return; // uniform over the workgroup
@@ -34,6 +44,15 @@ void main() {
   bool visible = t < n && kvq_visible(r, t);
   float logit[KVQ_FLASH_HEADS_PER_PASS];
   for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) logit[g] = 0.0;
+#ifdef KVQ_FLASH_QUERY_SHARED
+  {
+    uint q0 = ((kvq_seq(KVQ_SEQ_QUERY_FIRST) + r) * pc.query_heads + h0) * d;
+    for (uint i = lane; i < heads * (d / 4u); i += KVQ_GPU_GROUP_SIZE)
+      kvq_flash_query[i] = vec4(uintBitsToFloat(src[q0 + 4u * i]), uintBitsToFloat(src[q0 + 4u * i + 1u]),
+                                uintBitsToFloat(src[q0 + 4u * i + 2u]), uintBitsToFloat(src[q0 + 4u * i + 3u]));
+    barrier();
+  }
+#endif
 #ifdef KVQ_FLASH_SPLIT_SCORES
   kvq_flash_split_scores(r, kvh, h0, heads, split * KVQ_FLASH_SPLIT, visible, logit); // uniform control flow
 #endif
@@ -58,13 +77,28 @@ void main() {
       for (uint g = 0u; g < heads; g++)
         logit[g] = kvq_score_dot(block, t % pc.page_size, q + g * d, (row + g) * kvq_prepared_floats());
     } else
-#elif defined(KVQ_RUNS_ALWAYS)
-    if (paged) { // the method's run decode (exact caches: a run in one or two 16-byte loads)
+#elif defined(KVQ_FLASH_QUERY_SHARED)
+#ifdef KVQ_RUNS_ALWAYS
+    const bool runs = true;
+#else
+    float probe[KVQ_DECODE_RUN];
+    bool runs = paged && kvq_decode_run(token, 0u, probe); // whether this cache's parameters allow runs: uniform
+#endif
+    if (paged && runs) { // the method's run decode (exact caches: a run in one or two 16-byte loads)
       for (uint c0 = 0u; c0 < d; c0 += KVQ_DECODE_RUN) {
         float k[KVQ_DECODE_RUN];
         kvq_decode_run(token, c0, k);
-        for (uint j = 0u; j < KVQ_DECODE_RUN; j++) // constant trips: k stays in registers
-          for (uint g = 0u; g < heads; g++) logit[g] += uintBitsToFloat(src[q + g * d + c0 + j]) * k[j];
+        for (uint g = 0u; g < heads; g++) { // channel by channel, as the loops below
+          vec4 a = kvq_flash_query[g * (d / 4u) + c0 / 4u], b = kvq_flash_query[g * (d / 4u) + c0 / 4u + 1u];
+          logit[g] += a.x * k[0];
+          logit[g] += a.y * k[1];
+          logit[g] += a.z * k[2];
+          logit[g] += a.w * k[3];
+          logit[g] += b.x * k[4];
+          logit[g] += b.y * k[5];
+          logit[g] += b.z * k[6];
+          logit[g] += b.w * k[7];
+        }
       }
     } else
 #endif
