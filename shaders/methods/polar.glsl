@@ -95,7 +95,7 @@ uint polar_tables(uint block) {
 //   atomicOr per code; the search evaluates 4 register slots for codebooks of up to 4 entries (2-bit
 //   levels) and POLAR_K for larger ones (polar_level); larger codebooks than POLAR_K read the table
 //   as the CPU does (kvq_polar_nearest, kvq_polar_boundaries_passed).
-// Shared memory, polar_s: 16 KiB at T = 8, what every Vulkan device offers. Region 0 (T arrays of
+// Shared memory, polar_s4: 16 KiB at T = 8, what every Vulkan device offers. Region 0 (T arrays of
 // KVQ_MAX_HEAD_DIM floats) takes the rotated tokens, region 1 (before it, as large) first the dense
 // rotation's inputs, then, once the rotation is done, the two regions take turns to hold a level's
 // entries (in place, angle a would overwrite entry a while another invocation still reads it).
@@ -103,7 +103,13 @@ uint polar_tables(uint block) {
 #define POLAR_A KVQ_MAX_HEAD_DIM
 #define POLAR_R 8u  // dense rows per invocation block (d is a multiple of 16)
 #define POLAR_K 16u // codebooks of up to 4 bits go to registers (b4222's largest, 16 centroids)
-shared float polar_s[2u * POLAR_T * POLAR_A];
+shared vec4 polar_s4[2u * POLAR_T * POLAR_A / 4u];
+// polar_s4 entry by entry: entry i is component i % 4 of vec4 i / 4 (a store writes that float only).
+// The array is of vec4s so that the dense rotation reads 4 inputs with one load and a level reads an
+// angle's 2 entries with one: llvmpipe pays a loop over the lanes for every load, whatever its width
+// (docs/BENCH.md, "PolarQuant appends: the staging in vec4s").
+float polar_get(uint i) { return polar_s4[i >> 2u][i & 3u]; }
+void polar_set(uint i, float v) { polar_s4[i >> 2u][i & 3u] = v; }
 #define KVQ_ENCODES_BY_WORKGROUP
 
 // The dense rotation (fixed0) four entries at a time: the same words as KVQ_POLAR_ROTATION reads
@@ -116,7 +122,7 @@ void polar_sync() {
   barrier();
 }
 
-// Where token k's entries start in region `which` (0 or 1) of polar_s: arithmetic, not a choice
+// Where token k's entries start in region `which` (0 or 1) of polar_s4: arithmetic, not a choice
 // between two arrays, so that reading an entry is one load.
 uint polar_at(uint which, uint k) { return which == 0u ? (POLAR_T + k) * POLAR_A : k * POLAR_A; }
 
@@ -140,7 +146,10 @@ void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo,
   for (uint w = first_word + lane; w < end_word; w += lanes) {
     uint i = max(w * cpw, lo), end = min(w * cpw + cpw, hi), k = i / angles - t0, a = i % angles, word = 0u;
     for (; i < end; i++) {
-      float first = polar_s[polar_at(from, k) + 2u * a], second = polar_s[polar_at(from, k) + 2u * a + 1u];
+      uint e = polar_at(from, k) + 2u * a; // even: the pair is half of one vec4
+      vec4 quad = polar_s4[e >> 2u];
+      vec2 pair = (e & 2u) != 0u ? quad.zw : quad.xy;
+      float first = pair.x, second = pair.y;
       uint code = 0u;
       if (slots == 0u) {
         code = nearest ? kvq_polar_nearest(first, second, table, K) : kvq_polar_boundaries_passed(first, second, table, K);
@@ -157,7 +166,7 @@ void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo,
         [[unroll]] for (uint j = 0u; j + 1u < slots; j++) code += j + 1u < K ? kvq_polar_past(first, second, cb0[j], cb1[j]) : 0u;
       }
       word |= code << ((i - w * cpw) * b);
-      polar_s[polar_at(1u - from, k) + a] = kvq_polar_next_entry(l, first, second);
+      polar_set(polar_at(1u - from, k) + a, kvq_polar_next_entry(l, first, second));
       a++;
       if (a == angles) {
         a = 0u;
@@ -193,17 +202,14 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
     // increasing, for each row and token on its own. The staging takes channels lane, lane + lanes,
     // .. of each token in turn: no division per element (llvmpipe divides lane by lane).
     for (uint k = 0u; k < POLAR_T; k++)
-      for (uint c = lane; c < d; c += lanes) polar_s[polar_at(1u, k) + c] = k < tokens ? KVQ_IN(x + (t0 + k) * stride + c) : 0.0;
+      for (uint c = lane; c < d; c += lanes) polar_set(polar_at(1u, k) + c, k < tokens ? KVQ_IN(x + (t0 + k) * stride + c) : 0.0);
     polar_sync();
     for (uint i = lane * POLAR_R; i < d; i += lanes * POLAR_R) {
       precise float p[POLAR_R * POLAR_T]; // row i + r of token k at r * POLAR_T + k
       [[unroll]] for (uint j = 0u; j < POLAR_R * POLAR_T; j++) p[j] = 0.0;
       for (uint c = 0u; c < d / 4u; c++) { // four columns a trip (the loop limit: d / 4 trips)
         vec4 v[POLAR_T];
-        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) {
-          uint at = polar_at(1u, k) + 4u * c;
-          v[k] = vec4(polar_s[at], polar_s[at + 1u], polar_s[at + 2u], polar_s[at + 3u]);
-        }
+        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) v[k] = polar_s4[(polar_at(1u, k) >> 2u) + c];
         [[unroll]] for (uint r = 0u; r < POLAR_R; r++) {
           vec4 m = uintBitsToFloat(fixed0_vec4[(i + r) * (d / 4u) + c]);
           [[unroll]] for (uint k = 0u; k < POLAR_T; k++) {
@@ -216,22 +222,22 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
         }
       }
       [[unroll]] for (uint r = 0u; r < POLAR_R; r++)
-        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) polar_s[polar_at(0u, k) + i + r] = p[r * POLAR_T + k];
+        [[unroll]] for (uint k = 0u; k < POLAR_T; k++) polar_set(polar_at(0u, k) + i + r, p[r * POLAR_T + k]);
     }
   } else {
     // The signs, then each butterfly stage shared (one stage's butterflies touch disjoint entries;
     // a barrier between stages), then the scale.
     for (uint k = 0u; k < POLAR_T; k++)
       for (uint c = lane; c < d; c += lanes)
-        polar_s[polar_at(0u, k) + c] = k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0;
+        polar_set(polar_at(0u, k) + c, k < tokens ? kvq_polar_sign_in(x + (t0 + k) * stride, c) : 0.0);
     polar_sync();
     for (uint len = 1u; len < d; len <<= 1u) {
       for (uint e = lane; e < POLAR_T * (d / 2u); e += lanes) {
         uint j = polar_at(0u, e / (d / 2u)) + kvq_polar_butterfly_at(len, e % (d / 2u));
-        precise float a = polar_s[j], b = polar_s[j + len];
+        precise float a = polar_get(j), b = polar_get(j + len);
         precise float sum = KVQ_FADD(a, b), difference = KVQ_FSUB(a, b);
-        polar_s[j] = sum;
-        polar_s[j + len] = difference;
+        polar_set(j, sum);
+        polar_set(j + len, difference);
       }
       polar_sync();
     }
@@ -239,8 +245,8 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
     for (uint k = 0u; k < POLAR_T; k++)
       for (uint c = lane; c < d; c += lanes) {
         uint j = polar_at(0u, k) + c;
-        precise float scaled = KVQ_FMUL(polar_s[j], scale);
-        polar_s[j] = scaled;
+        precise float scaled = KVQ_FMUL(polar_get(j), scale);
+        polar_set(j, scaled);
       }
   }
   polar_sync();
@@ -267,7 +273,7 @@ void kvq_encode_unit_group(uint block, uint u, uint n, uint x) {
   }
   for (uint e = lane; e < tokens * (d >> L); e += lanes) {
     uint k = e / (d >> L), r = e % (d >> L);
-    kvq_polar_put_radius(block, t0 + k, r, polar_s[polar_at(from, k) + r], P, d, L, bits);
+    kvq_polar_put_radius(block, t0 + k, r, polar_get(polar_at(from, k) + r), P, d, L, bits);
   }
 }
 #endif // KVQ_QUANTIZE_SHADER
