@@ -39,10 +39,29 @@ float kvq_decode(uint block, uint t, uint c) {
 // The tables of one query head: entry e = g * 2^b + j (core/config.c's kvq_prepared_floats), one per
 // invocation; summed in fp32 (kvq_acc), as CUDA does: prepared queries only feed scores (class 3,
 // docs/ACCURACY.md).
+// Where c is a multiple of 4 and the query starts on a 16-byte boundary, the query's group and the
+// centroid are read four floats a load (kvq_cq_quads below; centroids start at multiples of c
+// floats): llvmpipe runs each load lane by lane (docs/VULKAN.md). The same products summed in the
+// same order as kvq_cq_prepare_entry: the same floats.
+layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Quads { vec4 kvq_cq_quads[]; };
+layout(std430, binding = KVQ_BINDING_SRC) readonly buffer CqSrcVec4 { vec4 kvq_cq_src4[]; };
 uint kvq_prepared_floats() { return (pc.head_dim / pc.channels) << pc.code_bits; }
 void kvq_prepare_unit(uint q, uint h, uint e, uint out_at) {
-  dst[out_at + e] = floatBitsToUint(
-      kvq_cq_prepare_entry(q, e >> pc.code_bits, e & ((1u << pc.code_bits) - 1u), pc.head_dim, pc.channels, pc.code_bits, h));
+  uint c = pc.channels, b = pc.code_bits, g = e >> b, j = e & ((1u << b) - 1u);
+  if ((q & 3u) != 0u || (c & 3u) != 0u) { // uniform (q is src_word + r d, d a multiple of 16)
+    dst[out_at + e] = floatBitsToUint(kvq_cq_prepare_entry(q, g, j, pc.head_dim, c, b, h));
+    return;
+  }
+  uint mu = (kvq_cq_centroids(h, g, pc.head_dim, c, b) + j * c) >> 2u, x0 = (q + g * c) >> 2u;
+  float dot = 0.0;
+  for (uint i = 0u; i < c / 4u; i++) {
+    vec4 m = kvq_cq_quads[mu + i], x = kvq_cq_src4[x0 + i];
+    dot += x.x * m.x;
+    dot += x.y * m.y;
+    dot += x.z * m.z;
+    dot += x.w * m.w;
+  }
+  dst[out_at + e] = floatBitsToUint(dot);
 }
 
 // q.k_t: the tables of the query prepared at element p of results, kvq_cq_score's sum.
@@ -50,9 +69,39 @@ float kvq_score_dot(uint block, uint t, uint q, uint p) {
   return kvq_cq_score(block, t, p, pc.head_dim, pc.channels, pc.code_bits);
 }
 
-// The codebooks seen four floats at a time (the same buffer as fixed1, bound at offset 0): a
-// centroid of c >= 4 channels starts at a multiple of c floats, so its quads are aligned.
-layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Quads { vec4 kvq_cq_quads[]; };
+// The fused logits (shaders/flash_logits.comp, KVQ_SCORES_HEADS): a token's codes read once for every
+// head of the pass, a word at a time, and each code's entry added to each head's sum; kvq_score_dot
+// re-read the token's code words and re-derived their shifts once per head, and llvmpipe runs each
+// load lane by lane (docs/VULKAN.md). Each head's sum takes the same entries in the same group order
+// as kvq_cq_score, from 0: the same logits. For 1-, 2-, 4- and 8-bit codes where a token's codes fill
+// whole words (d/c a multiple of 32/b: cq-c4-b8's 32 groups are 8 words), so that the token's first
+// code starts a word and no shift needs a division; other layouts take kvq_cq_score per head.
+#define KVQ_SCORES_HEADS
+void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[KVQ_FLASH_HEADS_PER_PASS]) {
+  uint b = pc.code_bits, stride = kvq_prepared_floats();
+  uint groups = pc.head_dim >> kvq_log2_pow2(pc.channels); // c: a power of two (core/config.c)
+  uint per_word_log2 = 5u - kvq_log2_pow2(b);
+  if ((b & (b - 1u)) != 0u || b > 8u || (groups & ((1u << per_word_log2) - 1u)) != 0u) { // uniform
+    for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++) // a constant trip count: logit[g] in registers
+      if (g < heads) logit[g] += kvq_cq_score(block, t, p + g * stride, pc.head_dim, pc.channels, b);
+    return;
+  }
+  uint words = groups >> per_word_log2, w0 = (block >> 2u) + t * words, mask = (1u << b) - 1u;
+  for (uint w = 0u; w < words; w++) {
+    uint word = KVQ_PAGE(w0 + w), e = (w << per_word_log2) << b; // group w * 32/b's first entry
+    for (uint j = 0u; j < (1u << per_word_log2); j++) {
+      uint at = p + e + (word & mask);
+      for (uint g = 0u; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+        if (g < heads) logit[g] += KVQ_PREPARED(at + g * stride);
+      word >>= b;
+      e += 1u << b;
+    }
+  }
+}
+
+// The codebooks seen four floats at a time (kvq_cq_quads, declared above: the same buffer as fixed1,
+// bound at offset 0): a centroid of c >= 4 channels starts at a multiple of c floats, so its quads
+// are aligned.
 
 // A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl), for
 // c >= 4 channels per group and 1-, 2-, 4- or 8-bit codes: the run covers 8 / c groups (or part of
