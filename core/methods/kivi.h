@@ -32,4 +32,33 @@ KVQ_SHARED_FN kvq_f32 kvq_kivi_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq
   return kvq_uniform_decode_at(KVQ_IO block >> 2u, t * d, kvq_kivi_token_params(block, t, P, d, b, Gt), c, b, 0u);
 }
 
+/* Scoring a query q against the keys of one token group without decoding them (issue 11): channel c
+ * of each token t of the group decodes to min_c + code_tc scale_c with the group's (scale_c, min_c),
+ * so
+ *   q . k_t = sum_c q_c min_c + sum_c (q_c scale_c) code_tc,
+ * where the first sum (the bias) and the folded query q_c scale_c are the same for every token of
+ * the group: a scorer computes them once per group (kvq_kivi_fold_bias over the channels in order,
+ * kvq_kivi_fold_scale per channel, `params` the channel's parameter word, kvq_kivi_token_params + c)
+ * and then per token only sums codes (kvq_kivi_code_at) times folded query. The floats are rounded
+ * in another order than kvq_kivi_decode's values dotted with q, so the logits differ from the
+ * unfused SCORE's in the last bits; docs/ACCURACY.md's KIVI bound covers both orders (its A sums
+ * |q_c| (|min_c| + code scale_c), the size of the folded terms). Not used for encoding. */
+#if defined(KVQ_LANG_GLSL)
+float kvq_kivi_fold_scale(float q, uint params) { return q * kvq_uniform_read_params(params).x; }
+float kvq_kivi_fold_bias(float bias, float q, uint params) { return bias + q * kvq_uniform_read_params(params).y; }
+#else
+KVQ_SHARED_FN kvq_f32 kvq_kivi_fold_scale(kvq_f32 q, kvq_u32 params) { return q * kvq_f16_read(params & 0xffffu); }
+KVQ_SHARED_FN kvq_f32 kvq_kivi_fold_bias(kvq_f32 bias, kvq_f32 q, kvq_u32 params) {
+  return bias + q * kvq_f16_read(params >> 16);
+}
+#endif
+
+/* Code j (0-based, j < 32 / b) of a code word already shifted to its run: codes are token-major,
+ * so consecutive channels of a token lie in consecutive b-bit fields of a word (core/methods/io.h),
+ * and one 32-bit word holds the codes of 32 / b consecutive channels for b = 1, 2, 4. As a float,
+ * the factor of the folded query. */
+KVQ_SHARED_FN kvq_f32 kvq_kivi_code_at(kvq_u32 word, kvq_u32 j, kvq_u32 b) {
+  return KVQ_F32((word >> (j * b)) & ((1u << b) - 1u));
+}
+
 #endif /* KVQ_CORE_METHODS_KIVI_H */

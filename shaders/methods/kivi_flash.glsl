@@ -1,6 +1,7 @@
 // KIVI keys in the fused logits pass (shaders/flash_logits.comp's KVQ_FLASH_SPLIT_SCORES hook). A
 // KIVI key channel decodes to min_c + code_tc scale_c with min_c and scale_c shared by the tokens of
-// a token group (core/methods/kivi.h), so over a group
+// a token group, so over a group (the math: core/methods/kivi.h, kvq_kivi_fold_scale,
+// kvq_kivi_fold_bias and kvq_kivi_code_at; this file decides who computes what)
 //   q . k_t = sum_c q_c min_c + sum_c (q_c scale_c) code_tc:
 // the workgroup folds the query into the parameters once per head of the pass and token group of
 // the split (the folded query q_c scale_c into shared memory, 4 channels a vec4, and the bias
@@ -65,14 +66,14 @@ void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, b
     uint params = kvq_kivi_token_params(kvq_slot_block(t0, kvh), t0 & (P - 1u), P, d, b, Gt) + c;
     vec4 folded;
     for (uint j = 0u; j < 4u; j++) // (scale, minimum) of channel c + j
-      folded[j] = uintBitsToFloat(src[(row0 + g) * d + c + j]) * kvq_uniform_read_params(KVQ_PAGE(params + j)).x;
+      folded[j] = kvq_kivi_fold_scale(uintBitsToFloat(src[(row0 + g) * d + c + j]), KVQ_PAGE(params + j));
     kvq_kivi_folded[i] = folded;
   }
   for (uint i = lane; i < slots * heads; i += KVQ_GPU_GROUP_SIZE) { // the biases, channels in order
     uint s = i / heads, g = i % heads, t0 = first + s * span;
     uint params = kvq_kivi_token_params(kvq_slot_block(t0, kvh), t0 & (P - 1u), P, d, b, Gt);
     float bias = 0.0;
-    for (uint c = 0u; c < d; c++) bias += uintBitsToFloat(src[(row0 + g) * d + c]) * kvq_uniform_read_params(KVQ_PAGE(params + c)).y;
+    for (uint c = 0u; c < d; c++) bias = kvq_kivi_fold_bias(bias, uintBitsToFloat(src[(row0 + g) * d + c]), KVQ_PAGE(params + c));
     kvq_kivi_bias[i] = bias;
   }
   barrier();
@@ -83,11 +84,11 @@ void kvq_flash_split_scores(uint r, uint kvh, uint h0, uint heads, uint first, b
   // 1-, 2- and 4-bit codes: a run of 8 channels starts a whole run into a word (code index
   // tp * d + c0, a multiple of 8) and fills part of it: one load. 3- and 8-bit codes: one per channel.
   if ((b & (b - 1u)) == 0u && b <= 4u) { // uniform; the branch outside the loops, which llvmpipe would run both sides of
-    uint per_word_log2 = 5u - kvq_log2_pow2(b), mask = (1u << b) - 1u;
+    uint per_word_log2 = 5u - kvq_log2_pow2(b);
     for (uint c0 = 0u; c0 < d; c0 += 8u) {
       uint i = i0 + c0, word = KVQ_PAGE(codes + (i >> per_word_log2)) >> ((i & ((1u << per_word_log2) - 1u)) * b);
       float code[8];
-      for (uint j = 0u; j < 8u; j++) code[j] = float((word >> (j * b)) & mask); // constant trips: unrolled
+      for (uint j = 0u; j < 8u; j++) code[j] = kvq_kivi_code_at(word, j, b); // constant trips: unrolled
       kvq_kivi_add_run(at + c0 / 4u, d4, heads, code, sum);
     }
   } else {
