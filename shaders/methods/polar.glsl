@@ -177,17 +177,30 @@ void polar_level(bool run, uint slots, bool nearest, uint l, uint from, uint lo,
   }
 }
 
-// The first POLAR_K entries of a level's codebook (two floats each from element `at` of fixed1; slots
-// past its K hold its last entry, which no search reads) into registers for polar_level: once per
-// level, by every invocation and unconditionally. Loaded inside each search's call under its `run`
-// condition, as before, llvmpipe ran the loads of the four calls not taken too (a branch's sides
-// all run, masked, and a masked load still walks the lanes one by one): 80 loads per level and
-// invocation instead of 32.
+// The first POLAR_K entries of a level's codebook (two floats each from element `at` of fixed1,
+// which is a multiple of 4: every level's and head's tables are multiples of 4 floats, core/layout.h)
+// into registers for polar_level: once per level, by every invocation and unconditionally. Loaded
+// inside each search's call under its `run` condition, as once, llvmpipe ran the loads of the four
+// calls not taken too (a branch's sides all run, masked, and a masked load still walks the lanes one
+// by one). Two entries per 16-byte load (llvmpipe pays a loop over the lanes per load, whatever its
+// width), and entries 4 .. POLAR_K - 1 only where the codebook has more than 4 (b4222's levels 2 to
+// 4 have 4): 2 or 8 loads per level and invocation instead of 32 (docs/BENCH.md, "PolarQuant
+// appends: codebooks in 16-byte loads"). Slots past the codebook's K hold copies of its entries,
+// which no search reads (they test j < K).
+layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Vec4 { uvec4 fixed1_vec4[]; };
 void polar_codebook(uint at, uint K, out float cb0[POLAR_K], out float cb1[POLAR_K]) {
-  [[unroll]] for (uint j = 0u; j < POLAR_K; j++) {
-    uint e = at + 2u * min(j, K - 1u);
-    cb0[j] = KVQ_POLAR_TABLE(e);
-    cb1[j] = KVQ_POLAR_TABLE(e + 1u);
+  uint last = K / 2u - 1u; // the last pair of entries (K >= 2)
+  vec4 pairs[POLAR_K / 2u];
+  pairs[0] = uintBitsToFloat(fixed1_vec4[at >> 2u]);
+  pairs[1] = uintBitsToFloat(fixed1_vec4[(at >> 2u) + min(1u, last)]);
+  [[unroll]] for (uint m = 2u; m < POLAR_K / 2u; m++) pairs[m] = pairs[1];
+  if (K > 4u)
+    [[unroll]] for (uint m = 2u; m < POLAR_K / 2u; m++) pairs[m] = uintBitsToFloat(fixed1_vec4[(at >> 2u) + min(m, last)]);
+  [[unroll]] for (uint m = 0u; m < POLAR_K / 2u; m++) {
+    cb0[2u * m] = pairs[m].x;
+    cb1[2u * m] = pairs[m].y;
+    cb0[2u * m + 1u] = pairs[m].z;
+    cb1[2u * m + 1u] = pairs[m].w;
   }
 }
 
