@@ -62,8 +62,11 @@
 //                                                       multiple of KVQ_DECODE_RUN), each = kvq_decode_token;
 //                                                       false (v unset) where this cache's parameters
 //                                                       (push constants: uniform) do not allow it
-//   KVQ_RUNS_ALWAYS   (with KVQ_DECODES_RUN, without KVQ_PREPARES) kvq_decode_run never returns false,
-//                     so the fused logits decode paged keys by runs too, with no per-channel fallback
+//   KVQ_RUNS_ALWAYS   (with KVQ_DECODES_RUN) kvq_decode_run never returns false, so the fused logits
+//                     take their run loop without probing it first (methods with KVQ_DECODES_RUN and
+//                     no scoring hook of their own, KVQ_PREPARES, KVQ_SCORES_HEADS or
+//                     KVQ_FLASH_SPLIT_SCORES, score paged keys by runs wherever kvq_decode_run accepts
+//                     the cache: shaders/flash_logits.comp)
 // Channels of kvq_decode_run: flash_values.comp's run (a power of two dividing every head_dim, which
 // is a multiple of 16, core/layout.h).
 #define KVQ_DECODE_RUN 8u

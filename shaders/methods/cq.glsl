@@ -40,8 +40,9 @@ float kvq_decode(uint block, uint t, uint c) {
 // invocation; summed in fp32 (kvq_acc), as CUDA does: prepared queries only feed scores (class 3,
 // docs/ACCURACY.md).
 // Where c is a multiple of 4 and the query starts on a 16-byte boundary, the query's group and the
-// centroid are read four floats a load (kvq_cq_quads below; centroids start at multiples of c
-// floats): llvmpipe runs each load lane by lane (docs/VULKAN.md). The same products summed in the
+// centroid are read four floats a load (kvq_cq_quads: the codebooks, the same buffer as fixed1 bound
+// at offset 0; a centroid of c >= 4 channels starts at a multiple of c floats, so its quads are
+// aligned; the value pass's runs below read them too): llvmpipe runs each load lane by lane (docs/VULKAN.md). The same products summed in the
 // same order as kvq_cq_prepare_entry: the same floats.
 layout(std430, binding = KVQ_BINDING_FIXED1) readonly buffer Fixed1Quads { vec4 kvq_cq_quads[]; };
 layout(std430, binding = KVQ_BINDING_SRC) readonly buffer CqSrcVec4 { vec4 kvq_cq_src4[]; };
@@ -98,10 +99,6 @@ void kvq_score_heads(uint block, uint t, uint p, uint heads, inout float logit[K
     }
   }
 }
-
-// The codebooks seen four floats at a time (kvq_cq_quads, declared above: the same buffer as fixed1,
-// bound at offset 0): a centroid of c >= 4 channels starts at a multiple of c floats, so its quads
-// are aligned.
 
 // A run of KVQ_DECODE_RUN channels of the value pass (KVQ_DECODES_RUN, shaders/method.glsl), for
 // c >= 4 channels per group and 1-, 2-, 4- or 8-bit codes: the run covers 8 / c groups (or part of
