@@ -51,6 +51,7 @@ typedef struct bench_options {
   uint64_t flush_bytes;                 /* 0: chosen per device (clock.c) */
   uint64_t copy_bytes;                  /* 0: chosen per device */
   double check_bound;                   /* relative error of an output against attention over the cache's tokens */
+  int keep_going;                        /* a method that fails at a point: its rows marked failed, the run goes on */
   double time_limit;                    /* seconds: points not started by then are skipped rows (0: none) */
   double started;                       /* bench_now() at the start */
 } bench_options;

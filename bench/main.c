@@ -32,7 +32,7 @@ static void usage(FILE *f) {
           "                 [--contexts N,...] [--batch N,...] [--gqa N,...] [--head-dim N,...] [--kv-heads N]\n"
           "                 [--page-size N] [--cases append,fused,scores,wsum] [--warmup N] [--samples N]\n"
           "                 [--max-tokens N] [--time-limit S] [--flush-mb N] [--copy-mb N] [--check-bound X]\n"
-          "                 [--json FILE] [--csv FILE] [--plot DIR]\n"
+          "                 [--keep-going] [--json FILE] [--csv FILE] [--plot DIR]\n"
           "Sizes take k and M (1k = 1024 tokens). Without --quick: the standard run, meant for a GPU (contexts\n"
           "1k..1M, batch 1 and 8, GQA 4, head_dim 128, 8 kv heads); --quick: seconds on the CPU and lavapipe.\n"
           "Options override --quick's values wherever they stand. docs/BENCH.md explains every column.\n");
@@ -135,6 +135,10 @@ static int parse_args(int argc, char **argv, bench_options *o, char **methods_bu
       exit(0);
     }
     int takes_value = 1, rc = 0;
+    if (!strcmp(a, "--keep-going")) {
+      o->keep_going = 1;
+      continue;
+    }
     if (!strcmp(a, "--contexts")) rc = parse_list(a, v, 0x7fffffffu, o->grid.contexts, &o->grid.n_contexts);
     else if (!strcmp(a, "--batch")) rc = parse_list(a, v, 65534, o->grid.batches, &o->grid.n_batches);
     else if (!strcmp(a, "--gqa")) rc = parse_list(a, v, 65536, o->grid.gqas, &o->grid.n_gqas);
@@ -212,6 +216,33 @@ static int parse_args(int argc, char **argv, bench_options *o, char **methods_bu
   return 0;
 }
 
+/* --keep-going, after a method's run failed at a point (wrong output, a failed call; the message is
+ * above): the row of the case that failed, the last one the run added (cases.c adds a case's row as it
+ * starts it), is no result and becomes a skipped row saying so; the cases it did not reach get skipped
+ * rows too, so that the table shows every case. Rows of cases that passed keep their figures. */
+static int mark_failed(bench_results *res, size_t first, const bench_options *o, const bench_device *dev,
+                       const bench_point *p, const char *method) {
+  if (res->count > first && !res->rows[res->count - 1].skipped) {
+    bench_row *r = &res->rows[res->count - 1];
+    r->skipped = 1;
+    snprintf(r->note, sizeof r->note, "FAILED: the message above; --keep-going went on");
+  }
+  const size_t added = res->count;
+  for (int c = 0; c < CASE_COUNT; c++) {
+    int seen = !o->cases[c];
+    for (size_t i = first; i < added && !seen; i++) seen = res->rows[i].kase == (bench_case)c;
+    if (seen) continue;
+    bench_row *r = bench_add_row(res);
+    if (!r) return 2;
+    *r = (bench_row){.dev = dev, .method = method, .kase = (bench_case)c, .context = p->context, .batch = p->batch,
+                     .query_heads = p->query_heads, .kv_heads = p->kv_heads, .head_dim = p->head_dim,
+                     .bits = added > first ? res->rows[first].bits : 0, .skipped = 1, .error = -1, .check = "-",
+                     .plan = "-"};
+    snprintf(r->note, sizeof r->note, "not run: an earlier step of this method failed here");
+  }
+  return 0;
+}
+
 /* A context per backend asked for (or every available one): its device, clock and bandwidth. */
 static int open_device(kvq_backend_kind kind, int explicit, const bench_options *o, kvq_context **ctx, bench_device *dev) {
   kvq_backend_info infos[8];
@@ -260,6 +291,7 @@ int main(int argc, char **argv) {
   const size_t total = (size_t)o.n_backends * o.n_methods * o.grid.n_contexts * o.grid.n_batches * o.grid.n_gqas *
                        o.grid.n_head_dims;
   size_t done = 0;
+  unsigned failures = 0; /* method runs that failed under --keep-going */
   double written = o.started;
   const int tty = isatty(2);
   for (unsigned b = 0; b < o.n_backends && rc == 0; b++) {
@@ -294,7 +326,12 @@ int main(int argc, char **argv) {
             for (unsigned m = 0; m < o.n_methods && rc == 0; m++) {
               fprintf(stderr, "%s[%zu/%zu] %s %s context %u batch %u gqa %u d %u%s", tty ? "\r\033[K" : "", ++done, total,
                       dev->backend, o.methods[m], p.context, p.batch, o.grid.gqas[g], p.head_dim, tty ? "" : "\n");
+              const size_t method_first = res.count;
               rc = bench_run_method(ctx, &o, dev, cold, &p, o.methods[m], &res);
+              if (rc != 0 && o.keep_going) { /* its rows are no result; the run goes on, exits 2 at its end */
+                failures++;
+                rc = mark_failed(&res, method_first, &o, dev, &p, o.methods[m]);
+              }
               /* the point's speed-ups once all its methods ran (whichever order --methods gave), a
                * failed run's partial point included: the files below and at the end show them */
               if (rc != 0 || m + 1 == o.n_methods) bench_fill_speedups(&res, point_first);
@@ -311,6 +348,11 @@ int main(int argc, char **argv) {
     if (tty) fprintf(stderr, "\n");
     bench_cold_destroy(cold);
     kvq_context_destroy(ctx);
+  }
+  if (rc == 0 && failures) {
+    fprintf(stderr, "kvq-bench: %u method run%s failed (--keep-going went on; each failure is above, its rows are "
+            "marked failed)\n", failures, failures == 1 ? "" : "s");
+    rc = 2;
   }
   if (rc == 0 && res.n_devices == 0) {
     fprintf(stderr, "kvq-bench: no backend available\n");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kvq on a real NVIDIA GPU in one command (docs/CUDA.md, "Verified on a GPU"): builds kvq with CUDA
-# and Vulkan, runs the test suite, `kvq golden --check` on CUDA and on Vulkan through the NVIDIA
-# driver, compute-sanitizer's four tools over the golden check on CUDA, and the benchmark's standard
-# run on both backends, and writes one report. Whoever gets a GPU runs it first.
+# and Vulkan, runs the tests that use the GPU, `kvq golden --check` on CUDA and on Vulkan through the
+# NVIDIA driver, compute-sanitizer's four tools over the golden check on CUDA, the benchmark at the
+# long-context points of issue 11's targets on both backends, and the rest of the test suite in the
+# time left, and writes one report. Whoever gets a GPU runs it first.
 #
 #   scripts/gpu-check.sh [--out DIR] [--debs DIR]
 #
@@ -112,6 +113,7 @@ fi
 for dir in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
   if ! command -v nvcc >/dev/null && [ -x "$dir/nvcc" ]; then export PATH=$PATH:$dir; fi
 done
+system_meson=$(command -v meson || true) # before the carried packages' bin goes first on PATH
 # The carried Debian packages go into a private prefix: the compiler, pkg-config, the loader and the
 # tests find them through the variables below.
 if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
@@ -139,39 +141,72 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$
 } >>"$logs/system.txt"
 
 # ---- The checks ---------------------------------------------------------------------------------
+# Ordered by what only a GPU can show, so that the deadline cuts the least telling steps: the tests
+# that run on the GPU, the golden checks, compute-sanitizer's memcheck, the benchmark's decode and
+# append figures at long context, the other sanitizers, and last the rest of the suite (which CI runs
+# too, on the CPU and lavapipe).
 kvq=$build/tools/kvq
 bench=$build/bench/kvq-bench
 built=0
-if step configure 120 meson setup "$build" --wipe -Dbuildtype=release -Dcuda=enabled -Dvulkan=enabled -Dtests=enabled &&
-   step build 240 ninja -C "$build"; then
+setup_opts=(-Dbuildtype=release -Dcuda=enabled -Dvulkan=enabled -Dtests=enabled)
+# meson: the machine's own (GPU images carry one from PyPI), else the carried Debian one (CI's meson).
+# A fresh tree has no build directory (`meson setup --wipe` fails on one that does not exist).
+meson_cmd=()
+if [ -n "$system_meson" ]; then
+  rm -rf "$build"
+  if step configure 120 "$system_meson" setup "$build" "${setup_opts[@]}"; then meson_cmd=("$system_meson"); fi
+fi
+if [ ${#meson_cmd[@]} -eq 0 ] && [ -n "${prefix:-}" ] && [ -f "$prefix/usr/bin/meson" ]; then
+  export PYTHONPATH=$prefix/usr/lib/python3/dist-packages${PYTHONPATH:+:$PYTHONPATH}
+  rm -rf "$build"
+  if step configure-carried-meson 120 python3 "$prefix/usr/bin/meson" setup "$build" "${setup_opts[@]}"; then
+    meson_cmd=(python3 "$prefix/usr/bin/meson")
+  fi
+fi
+if [ ${#meson_cmd[@]} -gt 0 ] && step build 240 ninja -C "$build"; then
   built=1
 fi
 if [ $built -eq 1 ]; then
   step info 30 "$kvq" info
-  # suite setup (the README's commands on a fresh copy) installs packages: GPU machines have no registry
-  step tests 240 meson test -C "$build" --print-errorlogs --num-processes "$(nproc)" --no-suite setup
-  step golden-cuda 90 "$kvq" golden --check --backend cuda
-  step golden-vulkan 90 "$kvq" golden --check --backend vulkan
+  # The tests that use a real device (CUDA, and Vulkan through the NVIDIA driver) first.
+  gpu_tests=(cuda gpu_cuda gpu_vulkan vulkan determinism limits threads bad_input golden attention model_bounds
+             cuda_ptxas bench_quick)
+  step tests-gpu 150 "${meson_cmd[@]}" test -C "$build" --print-errorlogs --num-processes "$(nproc)" "${gpu_tests[@]}"
+  step golden-cuda 60 "$kvq" golden --check --backend cuda
+  step golden-vulkan 60 "$kvq" golden --check --backend vulkan
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  for tool in memcheck racecheck synccheck initcheck; do
+  sanitize() {
     if [ -n "$sanitizer" ]; then
-      step "sanitizer-$tool" 90 "$sanitizer" --tool "$tool" --error-exitcode 1 "$kvq" golden --check --backend cuda
+      step "sanitizer-$1" 75 "$sanitizer" --tool "$1" --error-exitcode 1 "$kvq" golden --check --backend cuda
     else
-      step "sanitizer-$tool" 5 sh -c 'echo "compute-sanitizer is not installed here"; exit 77'
+      step "sanitizer-$1" 5 sh -c 'echo "compute-sanitizer is not installed here"; exit 77'
     fi
-  done
-  # the standard run (docs/BENCH.md) within the step's time: points not started after the time
-  # limit are rows marked skipped (smallest contexts first); JSON, CSV and plots go with the logs.
-  # The limit is 90 s, or less where the whole check's deadline cuts the step below 120 s: a fixed
-  # 90 s in a step cut to 60 would be killed by `timeout` and fail instead of ending with what it
-  # measured. The 30 s left over are for the point running at the limit and the plots.
+  }
+  sanitize memcheck
+  # The benchmark at the issue's target points (docs/BENCH.md, "On a GPU"): every default method at
+  # 256k tokens (decode against the copy bandwidth, the speed-up over fp16, the cuBLAS baseline) and
+  # 32k (appends of a prefill), batch 1, GQA 4, head_dim 128, 8 kv heads. --time-limit ends a run
+  # with what it measured (methods not started by then are skipped rows), 30 s before the step's own
+  # limit; --keep-going: a method that fails its check is marked and the others still run.
   for backend in cuda vulkan; do
     left=$((deadline - $(date +%s)))
-    bench_limit=$((left < 120 ? left - 30 : 90))
+    bench_step=$((left < 110 ? left : 110))
+    bench_limit=$((bench_step - 30))
     if [ "$bench_limit" -lt 10 ]; then bench_limit=10; fi
-    step "bench-$backend" 120 "$bench" --backend "$backend" --time-limit "$bench_limit" \
+    step "bench-$backend" "$bench_step" "$bench" --backend "$backend" --contexts 256k,32k --batch 1 --cases fused,append \
+      --keep-going --time-limit "$bench_limit" \
       --json "$logs/bench-$backend.json" --csv "$logs/bench-$backend.csv" --plot "$logs/bench-$backend-plots"
   done
+  for tool in racecheck synccheck initcheck; do sanitize "$tool"; done
+  # The rest of the suite in what time is left (suite setup installs packages: no registry here).
+  rest=()
+  while read -r name; do
+    name=${name#kvq / }
+    case " ${gpu_tests[*]} " in *" $name "*) continue ;; esac
+    case $name in kvq:setup* | *readme_commands*) continue ;; esac
+    rest+=("$name")
+  done < <("${meson_cmd[@]}" test -C "$build" --list 2>/dev/null | grep '^kvq')
+  step tests-rest 600 "${meson_cmd[@]}" test -C "$build" --print-errorlogs --num-processes "$(nproc)" "${rest[@]}"
 fi
 write_report ran
 exit $failed

@@ -34,7 +34,7 @@ info = subprocess.run([tool, "info"], capture_output=True, text=True).stdout
 # `kvq info` lists "  vulkan  available: DEVICE" when a Vulkan device is there (lavapipe in CI)
 available = [line.split()[0] for line in info.splitlines() if line.split()[1:2] == ["available:"]]
 backends = ["cpu"] + [b for b in ("vulkan", "cuda") if b in available]
-print("1..%d" % (4 * len(backends) + 1))
+print("1..%d" % (4 * len(backends) + 3))
 
 for backend in backends:
     js, cs = os.path.join(out, "bench-quick-%s.json" % backend), os.path.join(out, "bench-quick-%s.csv" % backend)
@@ -88,3 +88,31 @@ for backend in backends:
 bad_flag = subprocess.run([bench, "--contexts", "12x"], capture_output=True, text=True)
 ok(bad_flag.returncode == 2 and "--contexts" in bad_flag.stderr, "a bad flag: exit 2 and a message naming it",
    bad_flag.stderr)
+
+# --keep-going (scripts/gpu-check.sh's runs on a GPU): a method whose check fails must not end the run.
+# A check bound of 1e-300 fails every fused check (fp32 arithmetic is never that close to the double
+# reference), while appends are not checked against a bound: the appends keep their figures, the
+# fused rows are marked failed, and the second method still runs. Without the flag the first failure
+# ends the run, so the second method has no row.
+two = ["--quick", "--backend", "cpu", "--methods", "exact-f16/exact-f16,uniform-b4/uniform-b4",
+       "--cases", "append,fused", "--check-bound", "1e-300"]
+for keep in (True, False):
+    kg = os.path.join(out, "bench-keep-going-%d.json" % keep)
+    run = subprocess.run([bench] + two + (["--keep-going"] if keep else []) + ["--json", kg],
+                         capture_output=True, text=True)
+    try:
+        with open(kg) as f:
+            rows = json.load(f, parse_constant=not_json)["rows"]
+    except Exception as e:  # noqa: BLE001
+        rows = [{"error": repr(e)}]
+    by = {(r.get("method"), r.get("case")): r for r in rows}
+    if keep:
+        good = run.returncode == 2 and len(rows) == 4 and all(
+            "skipped" not in by.get((m, "append"), {"skipped": 1}) and
+            by.get((m, "fused"), {}).get("skipped", "").startswith("FAILED")
+            for m in ("exact-f16/exact-f16", "uniform-b4/uniform-b4"))
+        what = "--keep-going: both methods run, fused rows marked FAILED, appends kept, exit 2"
+    else:
+        good = run.returncode == 2 and not any(r.get("method") == "uniform-b4/uniform-b4" for r in rows)
+        what = "without --keep-going the first failed check ends the run (exit 2)"
+    ok(good, what, json.dumps(rows)[:1500] + "\n" + run.stderr)
