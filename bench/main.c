@@ -273,6 +273,17 @@ static int open_device(kvq_backend_kind kind, int explicit, const bench_options 
   dev->copy_bytes = o->copy_bytes ? o->copy_bytes : dev->gpu ? (uint64_t)1 << 30 : o->quick ? (uint64_t)64 << 20 : (uint64_t)256 << 20;
   /* >= 4x an H100's or H200's 50 MiB L2 on a GPU; > 100 MB through the host's caches elsewhere */
   dev->flush_bytes = o->flush_bytes ? o->flush_bytes : dev->gpu ? (uint64_t)256 << 20 : (uint64_t)128 << 20;
+  /* each is one buffer, so at most the device's largest (lavapipe's maxStorageBufferRange is 128 MiB,
+   * below the 256 MiB copy above): cut to it, saying so, rather than failing the run */
+  const uint64_t largest = (*ctx)->backend->max_buffer_bytes & ~(((uint64_t)1 << 20) - 1);
+  uint64_t *sizes[2] = {&dev->copy_bytes, &dev->flush_bytes};
+  for (int i = 0; i < 2; i++)
+    if (largest && *sizes[i] > largest) {
+      fprintf(stderr, "kvq-bench: %s: the %s buffer cut from %llu to %llu MiB, this device's largest buffer\n",
+              dev->backend, i ? "cold-cache" : "copy", (unsigned long long)(*sizes[i] >> 20),
+              (unsigned long long)(largest >> 20));
+      *sizes[i] = largest;
+    }
   return 0;
 }
 
@@ -311,8 +322,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kvq-bench: %s (%s): measuring copy bandwidth over %llu MiB\n", dev->backend, dev->device,
             (unsigned long long)(dev->copy_bytes >> 20));
     if (bench_measure_copy(ctx, dev) != 0 || bench_cold_create(ctx, dev->flush_bytes, &cold) != 0) {
-      fprintf(stderr, "kvq-bench: %s: cannot allocate the bandwidth or cold-cache buffers: %s\n", dev->backend,
-              kvq_context_last_error(ctx));
+      fprintf(stderr, "kvq-bench: %s: cannot allocate the copy buffers (2 x %llu MiB) or the cold-cache buffer (%llu "
+              "MiB) on this device\n", dev->backend, (unsigned long long)(dev->copy_bytes >> 20),
+              (unsigned long long)(dev->flush_bytes >> 20));
       rc = 2;
     }
     for (unsigned hd = 0; hd < o.grid.n_head_dims && rc == 0; hd++)

@@ -136,7 +136,7 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$icd" ]; then export VK_DRIVER_FILES=$
 {
   echo "nvcc:     $(nvcc --version 2>&1 | grep -m1 release || echo 'not found')"
   echo "cc:       $(cc --version 2>&1 | head -n 1)"
-  echo "meson:    $(meson --version 2>&1) ninja: $(ninja --version 2>&1)"
+  echo "meson:    ${system_meson:-not on the PATH} $([ -n "$system_meson" ] && "$system_meson" --version 2>&1), carried: $([ -f "${prefix:-/nonexistent}/usr/bin/meson" ] && echo 1.0.1 || echo none); ninja: $(ninja --version 2>&1)"
   echo "vulkan:   VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
 } >>"$logs/system.txt"
 
