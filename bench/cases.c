@@ -426,8 +426,18 @@ static int cublas_rows(run *r) {
 int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_device *dev, bench_cold *cold,
                      const bench_point *p, const char *method, bench_results *res) {
   run r = {.ctx = ctx, .o = o, .dev = dev, .cold = cold, .p = p, .method = method, .res = res};
-  if (!strcmp(method, BENCH_CUBLAS_METHOD)) /* a baseline of CUDA's only: no rows elsewhere */
-    return dev->kind == KVQ_BACKEND_CUDA && o->cases[CASE_FUSED] ? cublas_rows(&r) : 0;
+  const int late = o->time_limit > 0 && bench_now() - o->started > o->time_limit;
+  if (!strcmp(method, BENCH_CUBLAS_METHOD)) { /* a baseline of CUDA's only: no rows elsewhere */
+    if (dev->kind != KVQ_BACKEND_CUDA || !o->cases[CASE_FUSED]) return 0;
+    if (late) { /* its one case, skipped like every method's after the time limit */
+      bench_row *row = new_row(&r, CASE_FUSED);
+      if (!row) return 2;
+      row->skipped = 1;
+      snprintf(row->note, sizeof row->note, "beyond --time-limit");
+      return 0;
+    }
+    return cublas_rows(&r);
+  }
   kvq_layer_config layer = {.query_heads = p->query_heads, .kv_heads = p->kv_heads, .head_dim = p->head_dim};
   if (kvq_parse_layer_spec(method, strlen(method), p->head_dim, &layer.keys, &layer.values) != 0) {
     fprintf(stderr, "kvq-bench: cannot read method '%s' (the names of kvq eval, docs/EVAL.md)\n", method);
@@ -435,7 +445,7 @@ int bench_run_method(kvq_context *ctx, const bench_options *o, const bench_devic
   }
   double kb = 0, vb = 0;
   if (kvq_layer_bits_per_number(&layer, o->page_size, &kb, &vb) == KVQ_OK) r.bits = (kb + vb) / 2;
-  if (o->time_limit > 0 && bench_now() - o->started > o->time_limit) return skip_all(&r, "beyond --time-limit");
+  if (late) return skip_all(&r, "beyond --time-limit");
   if ((uint64_t)p->batch * p->context > o->max_tokens) {
     char why[96];
     snprintf(why, sizeof why, "batch x context beyond --max-tokens %llu", (unsigned long long)o->max_tokens);
