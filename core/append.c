@@ -331,17 +331,21 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   int writes_recorded = 0;     /* pages or window writes may be recorded: a failure must not submit them */
   uint8_t *packed[2] = {NULL, NULL};
   token_source sources[2] = {{0}};
-  if (!in_place) {
-    packed[0] = malloc(token_bytes * count), packed[1] = malloc(token_bytes * count);
-    if (!packed[0] || !packed[1]) {
-      st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
-      goto done;
-    }
-    sources[0].host = packed[0], sources[1].host = packed[1];
-  }
   for (int s = 0; s < 2 && st == KVQ_OK && !in_place; s++) {
-    if ((st = kvq_tensor_read(ctx, tensors[s], packed[s], cache->config.input_dtype)) != KVQ_OK) break;
-    st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, packed[s], count,
+    /* A host tensor already packed in the input dtype (row-major, no gaps: the usual prefill) is
+     * checked and copied to the device in place, as the packed copy would be: it is only read, and
+     * only during this call. Others are gathered (and device tensors staged) into host memory. */
+    const uint8_t *bytes = kvq_tensor_packed_host(tensors[s], cache->config.input_dtype);
+    if (!bytes) {
+      if (!(packed[s] = malloc(token_bytes * count))) {
+        st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);
+        break;
+      }
+      if ((st = kvq_tensor_read(ctx, tensors[s], packed[s], cache->config.input_dtype)) != KVQ_OK) break;
+      bytes = packed[s];
+    }
+    sources[s].host = bytes;
+    st = kvq_check_tokens(ctx, &cache->storage[layer].side[s].layout, cache->config.input_dtype, bytes, count,
                           s ? "kvq_append values" : "kvq_append keys", n);
   }
   if (in_place) { /* both sides' new tokens, gathered in the input dtype into one device buffer */

@@ -145,9 +145,26 @@ kvq_status kvq_convert(const void *src, kvq_dtype src_dtype, void *dst, kvq_dtyp
   return KVQ_OK;
 }
 
+const uint8_t *kvq_tensor_packed_host(const kvq_tensor *t, kvq_dtype dtype) {
+  if (t->memory != KVQ_MEMORY_HOST || !t->data || t->dtype != dtype || t->rank != 3) return NULL;
+  if (t->strides[2] != 1 || t->strides[1] != t->shape[2] || t->strides[0] != t->shape[1] * t->shape[2]) return NULL;
+  return (const uint8_t *)t->data + t->offset;
+}
+
 void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype) {
   uint8_t *out = dst;
   const size_t out_size = esize(dst_dtype);
+  /* rows of contiguous elements in the same dtype (a slice of a wider tensor, say): a copy per row,
+   * not per element */
+  if (t->dtype == dst_dtype && t->strides[2] == 1) {
+    const size_t row = out_size * (size_t)t->shape[2];
+    for (int64_t i0 = 0; i0 < t->shape[0]; i0++)
+      for (int64_t i1 = 0; i1 < t->shape[1]; i1++) {
+        if (row) memcpy(out, element(t, i0, i1, 0), row);
+        out += row;
+      }
+    return;
+  }
   for (int64_t i0 = 0; i0 < t->shape[0]; i0++)
     for (int64_t i1 = 0; i1 < t->shape[1]; i1++)
       for (int64_t i2 = 0; i2 < t->shape[2]; i2++) {

@@ -22,6 +22,11 @@ uint64_t kvq_tensor_count(const kvq_tensor *t);
  * else converted (to fp32 exactly; fp32 to fp16/bf16 rounding half to even). */
 void kvq_tensor_gather(const kvq_tensor *t, void *dst, kvq_dtype dst_dtype);
 
+/* The elements of a rank-3 host tensor whose bytes already are what kvq_tensor_gather would write in
+ * `dtype` (the same dtype, row-major without gaps): a caller reads them in place rather than gathering
+ * a copy (kvq_append: a prefill's input is not copied on the host). NULL for any other tensor. */
+const uint8_t *kvq_tensor_packed_host(const kvq_tensor *t, kvq_dtype dtype);
+
 /* kvq_tensor_gather and kvq_tensor_scatter for tensors in any memory the check accepted: device
  * tensors are imported and the bytes they span read into host memory (and written back after a
  * scatter, gaps between strided elements included, unchanged). Fail with a message in ctx. */

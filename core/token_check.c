@@ -1,6 +1,7 @@
 #include "token_check.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "halfconv.h"
@@ -61,15 +62,18 @@ static kvq_status check_vector(kvq_context *ctx, const kvq_side_layout *s, const
 
 kvq_status kvq_check_tokens(kvq_context *ctx, const kvq_side_layout *s, kvq_dtype dtype, const void *raw,
                             uint32_t count, const char *side, uint64_t first) {
-  float *x = malloc(sizeof(float) * s->head_dim);
-  if (!x) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory checking tokens");
+  /* fp32 vectors are read where they are (aligned: the caller's fp32 tensor, or a malloc'd copy),
+   * others converted to fp32 one vector at a time */
+  const int in_place = dtype == KVQ_DTYPE_F32 && (uintptr_t)raw % _Alignof(float) == 0;
+  float *x = in_place ? NULL : malloc(sizeof(float) * s->head_dim);
+  if (!in_place && !x) return kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "out of host memory checking tokens");
   const uint8_t *p = raw;
   const size_t vector_bytes = (size_t)s->head_dim * (dtype == KVQ_DTYPE_F32 ? 4 : 2);
   kvq_status st = KVQ_OK;
   for (uint32_t t = 0; t < count && st == KVQ_OK; t++)
     for (uint32_t h = 0; h < s->kv_heads && st == KVQ_OK; h++) {
-      kvq_convert_to_f32(dtype, p, x, s->head_dim);
-      st = check_vector(ctx, s, x, side, first + t, h);
+      if (!in_place) kvq_convert_to_f32(dtype, p, x, s->head_dim);
+      st = check_vector(ctx, s, in_place ? (const float *)(const void *)p : x, side, first + t, h);
       p += vector_bytes;
     }
   free(x);

@@ -315,3 +315,79 @@ Test(cache, fp16_outputs_that_would_overflow) {
   kvq_cache_destroy(cache);
   kvq_context_destroy(ctx);
 }
+
+/* kvq_append reads a host tensor already packed in the input dtype in place (no host copy,
+ * core/append.c), gathers a strided one row by row or element by element (core/tensor.c), and checks
+ * an fp32 buffer in place only where it is aligned (core/token_check.c). Every layout of the same
+ * numbers must store the same bytes, and a non-finite number must be refused, changing nothing, on
+ * each path: these are four code paths to one result. */
+static kvq_tensor layout_of(int which, const float *src, void **storage, uint32_t n, uint32_t hkv, uint32_t d) {
+  const int64_t shape[3] = {n, hkv, d};
+  const size_t count = (size_t)n * hkv * d;
+  if (which == 0) { /* packed: read in place */
+    *storage = NULL;
+    return kvq_tensor_host((void *)src, KVQ_DTYPE_F32, 3, shape);
+  }
+  if (which == 3) { /* packed but 2 bytes off alignment: read in place, checked through a copy */
+    uint8_t *bytes = malloc(sizeof(float) * count + 2);
+    memcpy(bytes + 2, src, sizeof(float) * count);
+    *storage = bytes;
+    return kvq_tensor_host(bytes + 2, KVQ_DTYPE_F32, 3, shape);
+  }
+  /* 1: rows of d with 8 floats between them (a slice of a wider tensor); 2: every other float */
+  const int64_t row = which == 1 ? d + 8 : 2 * (int64_t)d, step = which == 1 ? 1 : 2;
+  float *wide = calloc((size_t)n * hkv * (size_t)row, sizeof(float));
+  for (size_t t = 0; t < (size_t)n * hkv; t++)
+    for (uint32_t c = 0; c < d; c++) wide[t * (size_t)row + c * (size_t)step] = src[t * d + c];
+  *storage = wide;
+  kvq_tensor tensor = kvq_tensor_host(wide, KVQ_DTYPE_F32, 3, shape);
+  tensor.strides[0] = hkv * row, tensor.strides[1] = row, tensor.strides[2] = step;
+  return tensor;
+}
+
+Test(cache, host_input_layouts_append_the_same_bytes) {
+  const uint32_t hkv = 2, d = 64, P = 16, n = 70, hq = 4;
+  const kvq_method_config uni = kvq_method_defaults(KVQ_METHOD_UNIFORM, d);
+  const kvq_layer_config layer = th_layer(hq, hkv, d, uni, uni);
+  const size_t count = (size_t)n * hkv * d;
+  float *k = malloc(sizeof(float) * count), *v = malloc(sizeof(float) * count);
+  kvq_synth_config sc = kvq_synth_defaults(n, hkv, hq, d, 17);
+  kvq_synth_generate(&sc, k, v, NULL);
+  float *out[4][2];
+  for (int which = 0; which < 4; which++) {
+    const kvq_cache_config config = th_config(&layer, 1, KVQ_DTYPE_F32, P, 16, 16, 1, 3);
+    kvq_context *ctx = th_cpu_context();
+    kvq_cache *cache;
+    KVQ_CHECK(ctx, kvq_cache_create(ctx, &config, &cache));
+    uint32_t seq;
+    KVQ_CHECK(ctx, kvq_sequence_add(cache, &seq));
+    /* the values with a NaN in their last number, in the same layout: refused, nothing appended */
+    v[count - 1] = NAN;
+    void *ks, *vs;
+    kvq_tensor kt = layout_of(which, k, &ks, n, hkv, d), vt = layout_of(which, v, &vs, n, hkv, d);
+    kvq_status st = kvq_append(cache, seq, 0, &kt, &vt);
+    cr_assert_eq(st, KVQ_ERROR_NON_FINITE, "layout %d: a NaN value gave %s", which, kvq_status_string(st));
+    kvq_sequence_info info;
+    KVQ_CHECK(ctx, kvq_sequence_info_get(cache, seq, 0, &info));
+    cr_assert_eq(info.tokens, 0, "layout %d: a refused append left %llu tokens", which, (unsigned long long)info.tokens);
+    free(vs);
+    v[count - 1] = v[count - 2];
+    vt = layout_of(which, v, &vs, n, hkv, d);
+    KVQ_CHECK(ctx, kvq_append(cache, seq, 0, &kt, &vt));
+    KVQ_CHECK(ctx, kvq_flush(cache, seq));
+    const int64_t shape[3] = {n, hkv, d};
+    out[which][0] = malloc(sizeof(float) * count), out[which][1] = malloc(sizeof(float) * count);
+    kvq_tensor ko = kvq_tensor_host(out[which][0], KVQ_DTYPE_F32, 3, shape);
+    kvq_tensor vo = kvq_tensor_host(out[which][1], KVQ_DTYPE_F32, 3, shape);
+    KVQ_CHECK(ctx, kvq_dequantize(cache, seq, 0, 0, n, &ko, &vo));
+    if (which > 0) {
+      cr_assert_eq(memcmp(out[which][0], out[0][0], sizeof(float) * count), 0, "layout %d: keys differ from the packed input's", which);
+      cr_assert_eq(memcmp(out[which][1], out[0][1], sizeof(float) * count), 0, "layout %d: values differ from the packed input's", which);
+    }
+    free(ks), free(vs);
+    kvq_cache_destroy(cache);
+    kvq_context_destroy(ctx);
+  }
+  for (int which = 0; which < 4; which++) free(out[which][0]), free(out[which][1]);
+  free(k), free(v);
+}
