@@ -2,8 +2,9 @@
 # kvq on a real NVIDIA GPU in one command (docs/CUDA.md, "Verified on a GPU"): builds kvq with CUDA
 # and Vulkan, runs the tests that use the GPU, `kvq golden --check` on CUDA and on Vulkan through the
 # NVIDIA driver, compute-sanitizer's four tools over the golden check on CUDA, the benchmark at the
-# long-context points of issue 11's targets on both backends, and the rest of the test suite in the
-# time left, and writes one report. Whoever gets a GPU runs it first.
+# long-context point of issue 11's targets on both backends, Nsight Compute's profile of the fused
+# decode kernels there, and the rest of the test suite in the time left, and writes one report.
+# Whoever gets a GPU runs it first.
 #
 #   scripts/gpu-check.sh [--out DIR] [--debs DIR]
 #
@@ -199,6 +200,20 @@ if [ $built -eq 1 ]; then
       --keep-going --time-limit "$bench_limit" \
       --json "$logs/bench-$backend.json" --csv "$logs/bench-$backend.csv" --plot "$logs/bench-$backend-plots"
   done
+  # Where the fused decode's time goes (issue 11 asks for the profile behind every missed target):
+  # Nsight Compute over the flash kernels at the same point, for the exact fp16 cache, QJL k0 and
+  # PolarQuant b4222 (the first call of each, a warm-up, is profiled: --launch-count 6, two kernels
+  # a call). 66 s on the H200 of 2026-11-27.
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$ncu" ]; then
+    step ncu-fused 100 "$ncu" --clock-control none -k regex:kvq_cuda_flash --launch-count 6 --section SpeedOfLight \
+      --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section ComputeWorkloadAnalysis \
+      "$bench" --backend cuda --contexts 256k --batch 1 --cases fused \
+      --methods exact-f16/exact-f16,qjl-m256-k0/uniform-b2,polar-b4222 --warmup 1 --samples 1 --copy-mb 64 --flush-mb 64
+  else
+    step ncu-fused 5 sh -c 'echo "Nsight Compute (ncu) is not installed here"; exit 77'
+  fi
   for tool in racecheck synccheck initcheck; do sanitize "$tool"; done
   # The rest of the suite in what time is left (suite setup installs packages: no registry here).
   # The deadline usually cuts it: a cut run in which no test failed is a SKIP that says how far it
