@@ -29,13 +29,20 @@ void main() {
   float M = minus_inf;
   for (uint s = 0u; s < kvq_flash_splits(n); s++) M = max(M, uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]));
   float sum = 0.0, out_c = 0.0, window_c = 0.0;
+  // Latency-bound on a GPU (every split's entries, one after another: 4096 splits at 256k tokens), so
+  // each split's entries are loaded before the test that may skip them, which lets the compiler
+  // overlap the loads of consecutive splits; the values a skipped split loaded are not used, and the
+  // sums are added in split order as before (the same bits). The CUDA combine does the same.
   for (uint s = 0u; s < kvq_flash_splits(n); s++) {
     float m = uintBitsToFloat(dst[kvq_flash_max(rows, n, row_head, s)]);
+    float l = uintBitsToFloat(dst[kvq_flash_sum(rows, n, row_head, s)]);
+    float o_c = uintBitsToFloat(dst[kvq_flash_out(rows, n, row_head, s, c)]);
+    float ow_c = rotated ? uintBitsToFloat(dst[kvq_flash_window(rows, n, row_head, s, c)]) : 0.0;
     if (m == minus_inf) continue; // a split without a visible token
     float w = exp(m - M);
-    sum += w * uintBitsToFloat(dst[kvq_flash_sum(rows, n, row_head, s)]);
-    out_c += w * uintBitsToFloat(dst[kvq_flash_out(rows, n, row_head, s, c)]);
-    if (rotated) window_c += w * uintBitsToFloat(dst[kvq_flash_window(rows, n, row_head, s, c)]);
+    sum += w * l;
+    out_c += w * o_c;
+    if (rotated) window_c += w * ow_c;
   }
   if (rotated) {
     dst[pc.dst_word + o] = floatBitsToUint(out_c / sum);

@@ -34,10 +34,14 @@
 
 // Before a loop of constant trip count whose per-thread arrays must stay in registers (indexed by
 // constants once unrolled): nvcc's unroll pragma; nothing for the emulator's host compiler.
+// KVQ_UNROLL_BY_8: before a loop of runtime trip count whose iterations' loads are independent, so
+// that eight iterations' loads are in flight at once (a latency-bound loop over memory).
 #if defined(__CUDACC__)
 #define KVQ_UNROLL _Pragma("unroll")
+#define KVQ_UNROLL_BY_8 _Pragma("unroll 8")
 #else
 #define KVQ_UNROLL
+#define KVQ_UNROLL_BY_8
 #endif
 
 #define KVQ_FULL_MASK 0xffffffffu

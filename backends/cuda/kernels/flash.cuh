@@ -317,16 +317,26 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
   const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * H, c = id % d, row_head = id / d;
   if (row_head >= R) return;
   const unsigned splits = kvq_flash_splits(n);
+  // Both loops are latency-bound (a thread reads every split's entries: 4096 at 256k tokens; 1.8 ms
+  // on an H200 when each iteration waited for its own loads, docs/BENCH.md "The first GPU run"), so
+  // eight iterations are unrolled and every entry is loaded before the test that may skip it: the
+  // flash kernel writes all of a split's entries (0 where no slot is visible). The sums are added in
+  // split order as before: the same bits.
   float M = -INFINITY;
+  KVQ_UNROLL_BY_8
   for (unsigned s = 0; s < splits; s++) M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
   float sum = 0.0f, out = 0.0f, window = 0.0f;
+  KVQ_UNROLL_BY_8
   for (unsigned s = 0; s < splits; s++) {
     const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
+    const float l = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
+    const float o = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, s, c))];
+    const float ow = rotated ? scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_window_at(R, n, d, row_head, s, c))] : 0.0f;
     if (m == -INFINITY) continue; // a split without a visible slot
     const float w = expf(m - M);
-    sum += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
-    out += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, s, c))];
-    if (rotated) window += w * scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_window_at(R, n, d, row_head, s, c))];
+    sum += w * l;
+    out += w * o;
+    if (rotated) window += w * ow;
   }
   const unsigned r = row_head / H, h = row_head % H;
   const size_t o = (static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c;
