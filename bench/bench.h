@@ -70,7 +70,11 @@ typedef struct bench_device {
   int gpu;                /* a real GPU (not the CPU backend, not lavapipe): GiB-sized copies, 256 MiB flushes */
   int device_clock;       /* the backend has kvq_context_device_time */
   uint64_t copy_bytes;    /* buffer size of the bandwidth figures */
-  double copy_gbs;        /* device-to-device copy: bytes read plus bytes written per second / 1e9 */
+  double copy_gbs;        /* device-to-device copy: bytes read plus bytes written per second / 1e9, the
+                           * better of the two below (the reference of every "of cp" figure) */
+  double copy_engine_gbs; /* the backend's buffer copy (vkCmdCopyBuffer, cudaMemcpyAsync, memmove); <0: none */
+  double copy_kernel_gbs; /* kvq's own copy kernel (the CONVERT job, fp32 to fp32); <0: none */
+  char copy_how_buf[256]; /* copy_how when it names both */
   double read_gbs;        /* read-only pass over copy_bytes / second / 1e9 (<0: not measured) */
   const char *copy_how, *read_how; /* what was measured, in words */
   uint64_t flush_bytes;   /* written between samples to push the cases' data out of the caches */

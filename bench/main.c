@@ -268,8 +268,10 @@ static int open_device(kvq_backend_kind kind, int explicit, const bench_options 
   snprintf(dev->device, sizeof dev->device, "%s", (*ctx)->backend->device[0] ? (*ctx)->backend->device : info->device);
   uint64_t ns;
   dev->device_clock = kvq_context_device_time(*ctx, &ns) == KVQ_OK;
-  /* lavapipe's device memory is host memory and its "kernels" run on the CPU: it is sized like the CPU */
-  dev->gpu = kind != KVQ_BACKEND_CPU && !strstr(dev->device, "llvmpipe");
+  /* lavapipe's device memory is host memory and its "kernels" run on the CPU: it is sized like the
+   * CPU, as is kvq's CUDA emulator (KVQ_CUDA_EMULATOR=1, tests only), whose copy kernel of 1 GiB
+   * would take a minute */
+  dev->gpu = kind != KVQ_BACKEND_CPU && !strstr(dev->device, "llvmpipe") && !strstr(dev->device, "emulator");
   dev->copy_bytes = o->copy_bytes ? o->copy_bytes : dev->gpu ? (uint64_t)1 << 30 : o->quick ? (uint64_t)64 << 20 : (uint64_t)256 << 20;
   /* >= 4x an H100's or H200's 50 MiB L2 on a GPU; > 100 MB through the host's caches elsewhere */
   dev->flush_bytes = o->flush_bytes ? o->flush_bytes : dev->gpu ? (uint64_t)256 << 20 : (uint64_t)128 << 20;

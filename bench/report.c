@@ -184,6 +184,10 @@ int bench_write_json(const char *path, const bench_results *res, const bench_opt
     fprintf(f, ", \"gpu\": %s, \"device_clock\": %s, \"copy_bytes\": %llu, \"copy_gb_per_s\": ", d->gpu ? "true" : "false",
             d->device_clock ? "true" : "false", (unsigned long long)d->copy_bytes);
     json_number(f, d->copy_gbs > 0 ? d->copy_gbs : NAN); /* -1: the copy failed or was not timed */
+    fprintf(f, ", \"copy_engine_gb_per_s\": ");
+    json_number(f, d->copy_engine_gbs > 0 ? d->copy_engine_gbs : NAN);
+    fprintf(f, ", \"copy_kernel_gb_per_s\": ");
+    json_number(f, d->copy_kernel_gbs > 0 ? d->copy_kernel_gbs : NAN); /* null: no copy kernel (CPU backend) */
     fprintf(f, ", \"read_gb_per_s\": ");
     json_number(f, d->read_gbs > 0 ? d->read_gbs : NAN);
     fprintf(f, ", \"copy_how\": ");
