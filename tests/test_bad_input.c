@@ -2028,6 +2028,16 @@ Test(append, exact_bf16_storage_out_of_range) {
   build_single(&f, KVQ_DTYPE_F32, bf, bf); /* FLT_MAX rounds up to bf16 infinity */
   REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 0, 1, FLT_MAX), KVQ_ERROR_NON_FINITE, "bf16");
   REJECTS(&f, append_with_block(&f, f.seq[A], 0, 1, 9, 10, -FLT_MAX), KVQ_ERROR_NON_FINITE, "bf16");
+  /* the edge (core/token_check.c passes magnitudes up to the largest bf16 without converting them):
+   * halfway between the largest bf16 (bits 0x7f7f0000) and infinity rounds to even, up, and is
+   * refused; the largest bf16 and the float just below halfway (which rounds down to it) are stored */
+  const uint32_t edge[3] = {0x7f7f8000u, 0x7f7f0000u, 0x7f7f7fffu};
+  float at[3];
+  memcpy(at, edge, sizeof at);
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 5, 6, at[0]), KVQ_ERROR_NON_FINITE, "bf16");
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[A], 0, 0, 5, 6, at[1]));
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[A], 0, 1, 5, 6, -at[2]));
   destroy(&f);
 }
 
