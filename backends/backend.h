@@ -237,6 +237,9 @@ typedef struct kvq_backend_stats {
    * took, and steps to the next descriptor pool of the chain (tests check their calls outgrew them) */
   uint64_t staging_overflows;
   uint64_t pool_steps;
+  /* Of those overflow staging buffers, the ones allocated: the others were spare ones, kept from
+   * earlier recordings (Vulkan: KVQ_VK_SPARE_STAGES) */
+  uint64_t staging_allocations;
 } kvq_backend_stats;
 
 /* Caller tensors in place: one strided rank-3 tensor (elements at offset + i0 strides[0] + i1

@@ -49,6 +49,9 @@
  * small calls outgrow them (tests/test_fault_partial.c). */
 #define KVQ_VK_SETS_PER_BATCH 256
 #define KVQ_VK_STAGING_BYTES (8u << 20)
+/* Overflow staging buffers kept for reuse (vk_backend.spare_stages): 16 x 8 MiB, the staging of a
+ * 16k-token fp32 prefill of 8 kv heads at head_dim 128, keys and values. */
+#define KVQ_VK_SPARE_STAGES 16u
 
 typedef enum kvq_vk_shader {
 #define KVQ_VK_SHADER_ENUM(name) KVQ_VK_SHADER_##name,
@@ -89,8 +92,10 @@ struct kvq_buffer {
   void *mapped; /* host-visible buffers only (staging, metadata) */
   int unfilled;             /* on vk_backend.unfilled: its zero fill has not been submitted yet */
   kvq_buffer *next_unfilled;
-  /* on vk_backend.retired (a list, so that retiring a buffer needs no allocation that could fail) */
+  /* on vk_backend.retired (a list, so that retiring a buffer needs no allocation that could fail),
+   * then, for overflow staging, on vk_backend.spare_stages */
   kvq_buffer *next_retired;
+  int overflow_stage; /* an overflow staging buffer (kvq_vk_staging): kept for reuse once retired */
 };
 
 typedef struct vk_backend {
@@ -134,6 +139,13 @@ typedef struct vk_backend {
   /* Freed once the recorded or in-flight work that may use them is done (a list through
    * kvq_buffer.next_retired): buffers destroyed meanwhile, and the recording's overflow staging. */
   kvq_buffer *retired;
+  /* Overflow staging buffers the device is done with, for the next recordings that outgrow their
+   * staging buffer (a list through next_retired, at most KVQ_VK_SPARE_STAGES): a large append takes
+   * one per 8 MiB of its input, and allocating host-visible memory (pinned, on a discrete GPU) and
+   * touching its fresh pages again for every such call cost more than keeping them. Freed with the
+   * context. */
+  kvq_buffer *spare_stages;
+  uint32_t spare_stage_count;
   /* The reads buffer_read_later recorded: `bytes` at `src` (staging memory) go to dst once the
    * submission that copies them there is waited for (kvq_vk_wait); dropped if it fails. */
   struct kvq_vk_later {
@@ -242,8 +254,11 @@ kvq_status kvq_vk_wait(vk_backend *b);
 kvq_status kvq_vk_done(vk_backend *b, kvq_status st);
 /* Frees a buffer now, or once recorded or in-flight work that may use it is done. */
 void kvq_vk_retire(vk_backend *b, kvq_buffer *buffer);
-/* Frees every retired buffer: the device is done with them (a submission waited for or dropped). */
+/* Frees every retired buffer: the device is done with them (a submission waited for or dropped).
+ * Overflow staging goes to the spare list instead while it has room. */
 void kvq_vk_free_retired(vk_backend *b);
+/* Frees the spare overflow staging (vk_destroy). */
+void kvq_vk_free_spare_stages(vk_backend *b);
 /* Space for `bytes` (at most b->staging_limit) of staging memory for the recording, which it begins:
  * *buffer (host-visible, mapped) at byte *offset. When the recording has used b->staging_limit bytes
  * of its staging buffer, it takes a new overflow buffer (retired: freed with the submission), or,

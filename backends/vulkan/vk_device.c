@@ -442,6 +442,7 @@ static void vk_destroy(kvq_backend *backend) {
   if (b->device && b->vk.vkDeviceWaitIdle) { /* the table is loaded once the device is known good */
     b->vk.vkDeviceWaitIdle(b->device);
     kvq_vk_free_retired(b);
+    kvq_vk_free_spare_stages(b);
     free(b->later);
     kvq_vk_buffer_free(b, b->staging);
     kvq_vk_buffer_free(b, b->metadata);

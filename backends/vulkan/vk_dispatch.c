@@ -167,8 +167,23 @@ void kvq_vk_free_retired(vk_backend *b) {
   while (b->retired) {
     kvq_buffer *r = b->retired;
     b->retired = r->next_retired;
+    if (r->overflow_stage && b->spare_stage_count < KVQ_VK_SPARE_STAGES) {
+      r->next_retired = b->spare_stages;
+      b->spare_stages = r;
+      b->spare_stage_count++;
+    } else {
+      kvq_vk_buffer_free(b, r);
+    }
+  }
+}
+
+void kvq_vk_free_spare_stages(vk_backend *b) {
+  while (b->spare_stages) {
+    kvq_buffer *r = b->spare_stages;
+    b->spare_stages = r->next_retired;
     kvq_vk_buffer_free(b, r);
   }
+  b->spare_stage_count = 0;
 }
 
 /* Once a submission is done (or failed to start): its command buffer, descriptor sets (every pool of
@@ -319,8 +334,15 @@ kvq_status kvq_vk_staging(vk_backend *b, uint64_t bytes, kvq_buffer **buffer, ui
     if (b->deferring && !b->in_parts) {
       /* A call that must not submit part way (a failed call drops its whole recording): an overflow
        * buffer for the rest of it, freed once its submission is done or dropped. */
-      kvq_buffer *overflow;
-      if ((st = kvq_vk_buffer_make(b, b->staging_limit, 1, &overflow)) != KVQ_OK) return st;
+      kvq_buffer *overflow = b->spare_stages;
+      if (overflow) { /* one the device is done with (kvq_vk_free_retired) */
+        b->spare_stages = overflow->next_retired;
+        b->spare_stage_count--;
+      } else {
+        if ((st = kvq_vk_buffer_make(b, b->staging_limit, 1, &overflow)) != KVQ_OK) return st;
+        overflow->overflow_stage = 1;
+        b->stats.staging_allocations++;
+      }
       kvq_vk_retire(b, overflow);
       b->stage = overflow;
       b->staging_used = 0;
