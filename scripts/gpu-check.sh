@@ -226,16 +226,16 @@ if [ $built -eq 1 ]; then
     rest+=("$name")
   done < <("${meson_cmd[@]}" test -C "$build" --list 2>/dev/null | grep '^kvq')
   left=$((deadline - $(date +%s)))
-  export LOG=$logs/tests-rest.log N=${#rest[@]}
+  export GPU_CHECK_LOG=$logs/tests-rest.log GPU_CHECK_TESTS=${#rest[@]}
   step tests-rest 600 bash -c '
     limit=$1; shift
     timeout "$limit" "$@"; rc=$?
-    ran=$(grep -cE "^ *[0-9]+/[0-9]+ .* (OK|SKIP|FAIL|ERROR|TIMEOUT|EXPECTEDFAIL|UNEXPECTEDPASS) " "$LOG" 2>/dev/null)
-    bad=$(grep -cE "^ *[0-9]+/[0-9]+ .* (FAIL|ERROR|TIMEOUT|UNEXPECTEDPASS) " "$LOG" 2>/dev/null)
+    ran=$(grep -cE "^ *[0-9]+/[0-9]+ .* (OK|SKIP|FAIL|ERROR|TIMEOUT|EXPECTEDFAIL|UNEXPECTEDPASS) " "$GPU_CHECK_LOG" 2>/dev/null)
+    bad=$(grep -cE "^ *[0-9]+/[0-9]+ .* (FAIL|ERROR|TIMEOUT|UNEXPECTEDPASS) " "$GPU_CHECK_LOG" 2>/dev/null)
     if [ "$rc" -eq 124 ] && [ "$bad" -eq 0 ]; then
-      echo "cut by the deadline after $ran of $N tests, none failed"; exit 77
+      echo "cut by the deadline after $ran of $GPU_CHECK_TESTS tests, none failed"; exit 77
     fi
-    if [ "$rc" -eq 124 ]; then echo "cut by the deadline after $ran of $N tests, $bad failed"; exit 1; fi
+    if [ "$rc" -eq 124 ]; then echo "cut by the deadline after $ran of $GPU_CHECK_TESTS tests, $bad failed"; exit 1; fi
     exit "$rc"' _ "$((left > 20 ? left - 15 : 5))" "${meson_cmd[@]}" test -C "$build" --print-errorlogs \
     --num-processes "$(nproc)" "${rest[@]}"
 fi
