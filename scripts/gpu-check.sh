@@ -202,11 +202,11 @@ if [ $built -eq 1 ]; then
   done
   # Where the fused decode's time goes (issue 11 asks for the profile behind every missed target):
   # Nsight Compute over the flash kernels at the same point, for the exact fp16 cache, QJL k0 and
-  # PolarQuant b4222 (the first call of each, a warm-up, is profiled: --launch-count 6, two kernels
-  # a call). 66 s on the H200 of 2026-11-27.
+  # PolarQuant b4222: both calls of each (a warm-up and a sample), two kernels a call, hence
+  # --launch-count 12. 66 s on the H200 of 2026-11-27.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -n "$ncu" ]; then
-    step ncu-fused 100 "$ncu" --clock-control none -k regex:kvq_cuda_flash --launch-count 6 --section SpeedOfLight \
+    step ncu-fused 100 "$ncu" --clock-control none -k regex:kvq_cuda_flash --launch-count 12 --section SpeedOfLight \
       --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section ComputeWorkloadAnalysis \
       "$bench" --backend cuda --contexts 256k --batch 1 --cases fused \
