@@ -2041,6 +2041,27 @@ Test(append, exact_bf16_storage_out_of_range) {
   destroy(&f);
 }
 
+/* KIVI stores channel scales in fp16 and refuses |x| > 32752; PolarQuant refuses a token whose norm
+ * passes 65440 (its fp16 radii). Both edges, also where core/token_check.c passes a vector without
+ * range.h's test (every |x| <= 32752; d top^2 <= 4e9 for PolarQuant). */
+Test(append, kivi_and_polar_ranges) {
+  fixture f;
+  build_single(&f, KVQ_DTYPE_F32, method(KVQ_METHOD_KIVI), method(KVQ_METHOD_UNIFORM));
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 3, 4, 32753.0f), KVQ_ERROR_NON_FINITE, "32752");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 3, 4, -32753.0f), KVQ_ERROR_NON_FINITE, "32752");
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[A], 0, 0, 3, 4, -32752.0f));
+  destroy(&f);
+  build_single(&f, KVQ_DTYPE_F32, method(KVQ_METHOD_POLAR), method(KVQ_METHOD_UNIFORM));
+  /* one channel of 65500 (norm above 65440), and all 32 channels at 11600 (norm 65620, though every
+   * number is small) are refused; 32 channels of 11500 (norm 65054) are stored */
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 3, 4, 65500.0f), KVQ_ERROR_NON_FINITE, "norm");
+  REJECTS(&f, append_with_block(&f, f.seq[A], 0, 0, 0, D, 11600.0f), KVQ_ERROR_NON_FINITE, "norm");
+  invalidate(&f);
+  KVQ_CHECK(f.ctx, append_with_block(&f, f.seq[A], 0, 0, 0, D, 11500.0f));
+  destroy(&f);
+}
+
 /* ================================================================================================
  * kvq_flush
  * ============================================================================================== */
