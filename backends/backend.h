@@ -397,6 +397,12 @@ enum { KVQ_BACKEND_CORE_META = 2u };
  * each runs as it is issued (in stream order), so a call that fails part way has done what came
  * before: core then undoes in-place writes itself (the window, core/append.c). */
 enum { KVQ_BACKEND_RECORDS = 4u };
+/* KVQ_BACKEND_WRITE_COPIES: its buffer_write has read all of src when it returns (copied into staging
+ * memory or into the buffer), even where the work stays in flight (asynchronous mode), so core may
+ * pass a caller's host tensor to it in place: kvq.h promises that host tensors may be reused as soon
+ * as a call returns. Without it (CUDA: cudaMemcpyAsync reads page-locked host memory after it
+ * returns) core hands it a copy of its own in asynchronous mode (core/append.c). */
+enum { KVQ_BACKEND_WRITE_COPIES = 8u };
 
 struct kvq_backend {
   const kvq_backend_ops *ops;

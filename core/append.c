@@ -334,8 +334,11 @@ static kvq_status append_call(kvq_cache *cache, uint32_t id, uint32_t layer, con
   for (int s = 0; s < 2 && st == KVQ_OK && !in_place; s++) {
     /* A host tensor already packed in the input dtype (row-major, no gaps: the usual prefill) is
      * checked and copied to the device in place, as the packed copy would be: it is only read, and
-     * only during this call. Others are gathered (and device tensors staged) into host memory. */
-    const uint8_t *bytes = kvq_tensor_packed_host(tensors[s], cache->config.input_dtype);
+     * only during this call (a backend whose writes may read it later, in asynchronous mode, gets a
+     * copy: KVQ_BACKEND_WRITE_COPIES). Others are gathered (and device tensors staged) into host
+     * memory. */
+    const int in_call = !ctx->async || (ctx->backend->features & KVQ_BACKEND_WRITE_COPIES);
+    const uint8_t *bytes = in_call ? kvq_tensor_packed_host(tensors[s], cache->config.input_dtype) : NULL;
     if (!bytes) {
       if (!(packed[s] = malloc(token_bytes * count))) {
         st = kvq_fail(ctx, KVQ_ERROR_OUT_OF_MEMORY, "kvq_append: out of host memory for %u tokens", count);

@@ -146,6 +146,7 @@ kvq_status kvq_cpu_backend_create(kvq_backend **out, char *why, size_t why_size)
   snprintf(b->base.device, sizeof b->base.device, "scalar C reference (host)");
   /* its buffers are host memory: a cache beyond the machine's memory is refused up front */
   b->base.memory_bytes = b->base.max_buffer_bytes = kvq_host_memory_bytes();
+  b->base.features = KVQ_BACKEND_WRITE_COPIES; /* buffer_write is a memcpy, done when it returns */
   *out = &b->base;
   return KVQ_OK;
 }

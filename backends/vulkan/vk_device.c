@@ -510,7 +510,7 @@ kvq_status kvq_vk_backend_create(const kvq_context_options *options, kvq_backend
   b->base.ops = &vk_ops;
   b->base.kind = KVQ_BACKEND_VULKAN;
   /* kvq_vk_quantize honours if_clear; attention jobs take core's packed metadata */
-  b->base.features = KVQ_BACKEND_IF_CLEAR | KVQ_BACKEND_CORE_META | KVQ_BACKEND_RECORDS;
+  b->base.features = KVQ_BACKEND_IF_CLEAR | KVQ_BACKEND_CORE_META | KVQ_BACKEND_RECORDS | KVQ_BACKEND_WRITE_COPIES;
   kvq_status st;
   if (options && options->vulkan) {
     *availability = KVQ_UNAVAILABLE_ERROR;
