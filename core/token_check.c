@@ -34,24 +34,21 @@ static kvq_status check_vector(kvq_context *ctx, const kvq_side_layout *s, const
       if (!isfinite(x[c]))
         return kvq_fail(ctx, KVQ_ERROR_NON_FINITE, "%s: token %llu, head %u, channel %u is %g", side,
                         (unsigned long long)token, head, c, (double)x[c]);
-  /* EXACT's fp16 / bf16 storage: no magnitude up to the format's largest finite value (fp16 65504,
-   * bits 0x477fe000; bf16 0x7f7f0000) rounds to infinity, so such a vector passes without range.h's
-   * conversion of every number, which was most of this check's time for an exact cache. The same
-   * decision: larger magnitudes still go through range.h. */
-  if (s->method == KVQ_LAYOUT_EXACT && ((s->dtype == KVQ_LAYOUT_F16 && top <= 0x477fe000u) ||
-                                        (s->dtype == KVQ_LAYOUT_BF16 && top <= 0x7f7f0000u)))
-    return KVQ_OK;
-  /* UNIFORM and KIVI: with every |x| <= 32752 (bits 0x46ffe000) a group's minimum fits fp16 and its
-   * range, at most 65504 in fp32, times 1 / (2^b - 1) <= 1 gives a scale that fits too (KIVI's own
-   * test is that bound). QJL and PolarQuant: the sum of squares is at most d top^2 <= 4e9 before
-   * rounding and within d 2^-24 of it after, so its root stays below 63300, under PolarQuant's 65440
-   * and fp16's 65520. Such vectors pass without range.h's per-group fp16 conversions or sums: the
-   * same decision, since range.h would pass them too. */
+  /* Shortcuts from the largest magnitude that pass only vectors range.h passes (the same decisions),
+   * without its conversion of every number, per-group fp16 parameters or sums, which were most of
+   * an append's host time:
+   * - EXACT: fp16 and bf16 rounding is monotone, so the vector fits iff its largest magnitude does;
+   * - UNIFORM and KIVI: with every |x| within KIVI's bound (32752) a group's minimum fits fp16 and its
+   *   range, at most 65504 in fp32, times 1 / (2^b - 1) <= 1 gives a scale that fits too;
+   * - QJL and PolarQuant: the sum of squares is at most d largest^2 <= 4e9 before rounding and within
+   *   d 2^-24 of it after, so its root stays below 63300, under PolarQuant's 65440 and fp16's 65520. */
   float largest;
   memcpy(&largest, &top, sizeof largest);
-  if (((s->method == KVQ_LAYOUT_UNIFORM || s->method == KVQ_LAYOUT_KIVI) && top <= 0x46ffe000u) ||
-      ((s->method == KVQ_LAYOUT_QJL || s->method == KVQ_LAYOUT_POLAR) && (double)largest * largest * d <= 4.0e9))
-    return KVQ_OK;
+  const int fits = s->method == KVQ_LAYOUT_EXACT ? !kvq_range_exact_fails(largest, s->dtype)
+                   : s->method == KVQ_LAYOUT_UNIFORM || s->method == KVQ_LAYOUT_KIVI ? !kvq_range_kivi_fails(largest)
+                   : s->method == KVQ_LAYOUT_QJL || s->method == KVQ_LAYOUT_POLAR ? (double)largest * largest * d <= 4.0e9
+                                                                                  : 0;
+  if (fits) return KVQ_OK;
   if (s->method > KVQ_LAYOUT_CQ) return kvq_fail(ctx, KVQ_ERROR_INTERNAL, "%s: unknown layout method %u", side, s->method);
   if (!kvq_range_vector_fails(x, 0, s->method, d, s->dtype, s->group, s->bits)) return KVQ_OK;
   switch (s->method) {
