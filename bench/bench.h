@@ -74,9 +74,9 @@ typedef struct bench_device {
                            * better of the two below (the reference of every "of cp" figure) */
   double copy_engine_gbs; /* the backend's buffer copy (vkCmdCopyBuffer, cudaMemcpyAsync, memmove); <0: none */
   double copy_kernel_gbs; /* kvq's own copy kernel (the CONVERT job, fp32 to fp32); <0: none */
-  char copy_how_buf[256]; /* copy_how when it names both */
   double read_gbs;        /* read-only pass over copy_bytes / second / 1e9 (<0: not measured) */
-  const char *copy_how, *read_how; /* what was measured, in words */
+  char copy_how[256];     /* what was measured, in words (both copies, with their figures) */
+  const char *read_how;   /* how the read pass was measured, in words */
   uint64_t flush_bytes;   /* written between samples to push the cases' data out of the caches */
 } bench_device;
 

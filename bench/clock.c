@@ -162,8 +162,7 @@ int bench_measure_copy(kvq_context *ctx, bench_device *dev) {
                        : dev->kind == KVQ_BACKEND_CUDA ? "cudaMemcpyAsync"
                                                        : "memmove between two host buffers";
   const char *clock = dev->kind == KVQ_BACKEND_CPU ? "wall clock" : dev->kind == KVQ_BACKEND_CUDA ? "device clock (events)" : "device clock";
-  snprintf(dev->copy_how_buf, sizeof dev->copy_how_buf, "%s, %s, best of 3", engine, clock);
-  dev->copy_how = dev->copy_how_buf;
+  snprintf(dev->copy_how, sizeof dev->copy_how, "%s, %s, best of 3", engine, clock);
   dev->read_how = "not measured";
   if (be->ops->buffer_create(be, c.bytes, &c.a) != KVQ_OK || be->ops->buffer_create(be, c.bytes, &c.b) != KVQ_OK) {
     if (c.a) be->ops->buffer_destroy(be, c.a);
@@ -184,7 +183,7 @@ int bench_measure_copy(kvq_context *ctx, bench_device *dev) {
     if (c.bytes != whole) snprintf(size, sizeof size, " over %llu MiB", (unsigned long long)(c.bytes >> 20));
     c.bytes = whole;
     if (dev->copy_kernel_gbs > dev->copy_gbs) dev->copy_gbs = dev->copy_kernel_gbs;
-    snprintf(dev->copy_how_buf, sizeof dev->copy_how_buf,
+    snprintf(dev->copy_how, sizeof dev->copy_how,
              "the better of %s (%.2f GB/s) and kvq's copy kernel, the fp32 CONVERT job (%.2f GB/s%s), %s, best of 3 each",
              engine, dev->copy_engine_gbs, dev->copy_kernel_gbs, size, clock);
   }
