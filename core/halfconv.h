@@ -70,7 +70,9 @@ KVQ_SHARED_FN kvq_f32 kvq_f16_bits_to_f32(kvq_u32 h) {
  * Inf and NaN convert to Inf and NaN as the spec says, but side data never holds them (the range
  * checks of core/methods/range.h refuse tokens whose minimum or scale would overflow), and neither do
  * exact fp16 caches (core/methods/range.h refuses tokens that would overflow the dtype). So it returns
- * the same floats as kvq_f16_bits_to_f32 for every stored scale and minimum; C and CUDA call that. */
+ * the same floats as kvq_f16_bits_to_f32 for every stored scale and minimum. CUDA device code uses
+ * the hardware conversion too (cvt.f32.f16: one instruction, exact for every fp16 value, subnormals
+ * included, as PTX defines it); C and the CUDA emulator call kvq_f16_bits_to_f32. */
 #if defined(KVQ_LANG_GLSL)
 /* GLSL reads both fp16 halves of a word at once (x: the low half, y: the high one), as side data
  * stores them in pairs: one unpackHalf2x16, with the exact subnormals selected, not branched to (a
@@ -80,6 +82,13 @@ vec2 kvq_f16_read2(uint word) {
   vec2 subnormal = vec2(h & 0x3ffu) * 5.9604644775390625e-8; /* 2^-24 */
   subnormal = mix(subnormal, -subnormal, notEqual(h & 0x8000u, uvec2(0u)));
   return mix(unpackHalf2x16(word), subnormal, equal(h & 0x7c00u, uvec2(0u)));
+}
+float kvq_f16_read(uint h) { return kvq_f16_read2(h & 0xffffu).x; }
+#elif defined(__CUDA_ARCH__)
+KVQ_SHARED_FN kvq_f32 kvq_f16_read(kvq_u32 h) {
+  kvq_f32 f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xffffu)));
+  return f;
 }
 #else
 KVQ_SHARED_FN kvq_f32 kvq_f16_read(kvq_u32 h) { return kvq_f16_bits_to_f32(h); }

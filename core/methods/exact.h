@@ -27,12 +27,12 @@ KVQ_SHARED_FN void kvq_exact_encode_unit(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, 
   }
 }
 
-/* Channel c of token t. */
+/* Channel c of token t (a read: fp16 through kvq_f16_read, core/halfconv.h, the same floats). */
 KVQ_SHARED_FN kvq_f32 kvq_exact_decode(KVQ_IO_PARAM kvq_u32 block, kvq_u32 t, kvq_u32 c, kvq_u32 d, kvq_u32 dtype) {
   kvq_u32 at = block + kvq_exact_offset(d, dtype, t, c);
   if (dtype == KVQ_LAYOUT_F32) return kvq_bits_to_f32(KVQ_PAGE(at >> 2u));
   kvq_u32 h = kvq_io_u16(KVQ_IO at);
-  return dtype == KVQ_LAYOUT_F16 ? kvq_f16_bits_to_f32(h) : kvq_bf16_bits_to_f32(h);
+  return dtype == KVQ_LAYOUT_F16 ? kvq_f16_read(h) : kvq_bf16_bits_to_f32(h);
 }
 
 #endif /* KVQ_CORE_METHODS_EXACT_H */

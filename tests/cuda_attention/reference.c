@@ -278,6 +278,17 @@ int main(int argc, char **argv) {
       {"CQ c=2 b=8 learned keys, EXACT fp32 values, 2/2 heads, no window, H2O sums", 2, 2, F16, 0, 1, mc_cq(2, 8), mc_exact(F32)},
       {"EXACT fp32 keys, UNIFORM 4 bits G=16 values, 9/1 heads, fp32 window", 9, 1, F32, 1, 0, mc_exact(F32), mc_uniform(4, 16)},
       {"QJL m=160 k=0 keys, EXACT fp16 values, 8/1 heads, fp16 window", 8, 1, F16, 1, 0, mc_qjl(160, 0, 32), mc_exact(F16)},
+      /* every layout the fused keys decode by runs of 8 channels (backends/cuda/kernels/runs.cuh):
+       * EXACT bf16, UNIFORM 1, 2 and 8 bits with a parameter word per 4 channels (two per run), KIVI
+       * 1, 2, 4 and 8 bits */
+      {"EXACT bf16 keys, KIVI 1 bit Gt=4 values, 4/2 heads, bf16 window", 4, 2, BF16, 1, 0, mc_exact(BF16), mc_kivi(1, 4)},
+      {"UNIFORM 2 bits G=4 keys, KIVI 8 bits Gt=8 values, 2/1 heads, fp16 window", 2, 1, F16, 1, 0, mc_uniform(2, 4), mc_kivi(8, 8)},
+      {"UNIFORM 8 bits G=4 keys, UNIFORM 1 bit G=4 values, 3/1 heads, no window", 3, 1, F32, 0, 0, mc_uniform(8, 4), mc_uniform(1, 4)},
+      {"UNIFORM 1 bit G=8 keys, UNIFORM 8 bits G=8 values, 2/2 heads, fp32 window", 2, 2, F32, 1, 0, mc_uniform(1, 8), mc_uniform(8, 8)},
+      {"KIVI 1 bit Gt=4 keys, UNIFORM 2 bits G=4 values, 4/1 heads, fp32 window", 4, 1, F32, 1, 0, mc_kivi(1, 4), mc_uniform(2, 4)},
+      {"KIVI 2 bits Gt=8 keys, EXACT fp16 values, 4/1 heads, fp16 window, H2O sums", 4, 1, F16, 1, 1, mc_kivi(2, 8), mc_exact(F16)},
+      {"KIVI 4 bits whole page keys, KIVI 4 bits values, 2/1 heads, bf16 window", 2, 1, BF16, 1, 0, mc_kivi(4, 0), mc_kivi(4, 0)},
+      {"KIVI 8 bits Gt=4 keys, EXACT bf16 values, 1/1 heads, no window", 1, 1, F32, 0, 0, mc_kivi(8, 4), mc_exact(BF16)},
   };
   FILE *f = fopen(argv[1], "wb");
   if (!f) {

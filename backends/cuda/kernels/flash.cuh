@@ -87,6 +87,7 @@
 #include "attention.cuh"
 #include "key_dots.cuh"
 #include "qjl_lut.cuh"
+#include "runs.cuh"
 
 static_assert(KVQ_FLASH_SPLIT == KVQ_CUDA_ATTENTION_THREADS, "flash.cuh: a thread per slot of a split");
 
@@ -181,6 +182,8 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
   KVQ_SHARED(float, lut, KVQ_QJL_LUT_FLOATS);                            // QJL: the tables
   KVQ_SHARED(float, qparts, KVQ_QJL_LUT_ROWS);                           // QJL: the query parts of 128 rows
   KVQ_SHARED(unsigned, outliers, KVQ_MAX_OUTLIERS);                      // QJL: the page's outlier list
+  KVQ_SHARED(unsigned, value_block, KVQ_FLASH_SPLIT); // the values' head block of each paged slot of the split
+  KVQ_SHARED(unsigned, value_seen, KVQ_FLASH_SPLIT);  // whether a head of the pass sees the slot (p != 0)
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_FLASH, wg);
   if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
   const unsigned n = kvq_gpu_seq_tokens(meta, seq);
@@ -201,6 +204,16 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
   // (unrolled: no local memory), or in shared memory (QJL).
   const bool visible = t < n && kvq_gpu_visible(meta, seq, r, t, P, a.alive_words) != 0u;
   const kvq_cuda_side &ks = a.side;
+  // The pass's queries in shared memory (in QJL's tables, which the other methods leave unused):
+  // query[g * d + c] = channel c of head g, read by every thread from there instead of from global
+  // memory per channel and head.
+  static_assert(KVQ_FLASH_HEADS_PER_PASS * KVQ_MAX_HEAD_DIM <= KVQ_QJL_LUT_FLOATS, "flash.cuh: the queries fit QJL's tables");
+  const bool staged = ks.method != KVQ_LAYOUT_QJL;
+  const float *query = staged ? lut : queries + row0 * d;
+  if (staged) {
+    for (unsigned i = lane; i < heads * d; i += KVQ_CUDA_ATTENTION_THREADS) lut[i] = queries[row0 * d + i];
+    __syncthreads(); // uniform: ks.method is the job's
+  }
   if (ks.method == KVQ_LAYOUT_QJL) // every thread: barriers
     kvq_cuda_flash_qjl(a, meta, seq, kvh, first, quantized, visible, heads, key_pages, key_fixed0, key_fixed1, queries, prepared, row0,
                        prob, sums, lut, qparts, outliers);
@@ -226,13 +239,24 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
         for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
           if (g < heads) logit[g] += KVQ_ACC(prepared[(row0 + g) * pf + code]);
       }
-    } else { // EXACT, UNIFORM, KIVI and the window: each channel decoded once for every head
+    } else if (t < quantized && kvq_cuda_decodes_runs(ks)) { // runs of 8 channels (runs.cuh): the same floats, the same order
+      for (unsigned c0 = 0; c0 < d; c0 += KVQ_CUDA_RUN) {
+        float k[KVQ_CUDA_RUN];
+        kvq_cuda_decode_run(&io_value, ks, block, tp, c0, k);
+        KVQ_UNROLL
+        for (unsigned j = 0; j < KVQ_CUDA_RUN; j++) {
+          KVQ_UNROLL
+          for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+            if (g < heads) logit[g] += KVQ_ACC(query[g * d + c0 + j]) * KVQ_ACC(k[j]);
+        }
+      }
+    } else { // EXACT, UNIFORM, KIVI (3-bit) and the window: each channel decoded once for every head
       for (unsigned c = 0; c < d; c++) {
         const float k = t < quantized ? kvq_cuda_decode_channel(&io_value, ks, block, kvh, tp, c)
                                       : kvq_cuda_window_value(a, meta, key_ring, seq, t, kvh, c);
         KVQ_UNROLL
         for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
-          if (g < heads) logit[g] += KVQ_ACC(queries[(row0 + g) * d + c]) * KVQ_ACC(k);
+          if (g < heads) logit[g] += KVQ_ACC(query[g * d + c]) * KVQ_ACC(k);
       }
     }
     KVQ_UNROLL
@@ -252,11 +276,17 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
       scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, split))] = l;
     }
   }
-  __syncthreads(); // every thread's probabilities in prob
-
-  // Values: thread `lane` sums channels c = lane, lane + 64, ... over the split's slots, in order.
   kvq_cuda_attention av = a; // the values' layout for their page blocks and the ring
   av.side = values;
+  { // what the value loop asks per slot, found once by the slot's own thread
+    bool seen = false; // a slot no head of the pass sees adds nothing
+    for (unsigned g = 0; g < heads; g++) seen = seen || prob[g][lane] != 0.0f;
+    value_seen[lane] = seen ? 1u : 0u;
+    value_block[lane] = seen && t < quantized ? kvq_cuda_slot_block(av, meta, seq, t, kvh) : 0u;
+  }
+  __syncthreads(); // every thread's probabilities in prob, the slots' blocks in value_block
+
+  // Values: thread `lane` sums channels c = lane, lane + 64, ... over the split's slots, in order.
   const kvq_io io_value = {const_cast<unsigned *>(value_pages), nullptr, KVQ_LAYOUT_F32, value_fixed0, value_fixed1, nullptr};
   // PolarQuant sums the page slots in its rotated space (coordinate c of y_t, kvq_polar_decode_coord)
   // and the window slots apart (kvq_flash_window_at): the combine keeps the two apart and only the
@@ -277,17 +307,14 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
             acc[g] = 0.0f;
           }
       }
-      bool any = false; // a slot no head of the pass sees adds nothing
-      for (unsigned g = 0; g < heads; g++) any = any || prob[g][i] != 0.0f;
-      if (!any) continue;
+      if (value_seen[i] == 0u) continue;
       float v;
       if (ti >= quantized)
         v = kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
       else if (polar)
-        v = kvq_polar_decode_coord(&io_value, kvq_cuda_slot_block(av, meta, seq, ti, kvh), ti % P, c, P, d, values.levels,
-                                   values.level_bits, tables);
+        v = kvq_polar_decode_coord(&io_value, value_block[i], ti % P, c, P, d, values.levels, values.level_bits, tables);
       else
-        v = kvq_cuda_decode_channel(&io_value, values, kvq_cuda_slot_block(av, meta, seq, ti, kvh), kvh, ti % P, c);
+        v = kvq_cuda_decode_channel(&io_value, values, value_block[i], kvh, ti % P, c);
       KVQ_UNROLL
       for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
         if (g < heads) acc[g] += prob[g][i] * v;
