@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
   KVQ_SHARED(unsigned, outliers, KVQ_MAX_OUTLIERS);                      // QJL: the page's outlier list
   KVQ_SHARED(unsigned, value_block, KVQ_FLASH_SPLIT); // the values' head block of each paged slot of the split
   KVQ_SHARED(unsigned, value_seen, KVQ_FLASH_SPLIT);  // whether a head of the pass sees the slot (p != 0)
+  KVQ_SHARED(unsigned, value_token, KVQ_FLASH_SPLIT); // the paged slot's token in its page (t % P)
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_FLASH, wg);
   if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
   const unsigned n = kvq_gpu_seq_tokens(meta, seq);
@@ -283,11 +284,47 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
     for (unsigned g = 0; g < heads; g++) seen = seen || prob[g][lane] != 0.0f;
     value_seen[lane] = seen ? 1u : 0u;
     value_block[lane] = seen && t < quantized ? kvq_cuda_slot_block(av, meta, seq, t, kvh) : 0u;
+    value_token[lane] = t % P;
   }
   __syncthreads(); // every thread's probabilities in prob, the slots' blocks in value_block
 
-  // Values: thread `lane` sums channels c = lane, lane + 64, ... over the split's slots, in order.
   const kvq_io io_value = {const_cast<unsigned *>(value_pages), nullptr, KVQ_LAYOUT_F32, value_fixed0, value_fixed1, nullptr};
+  if (kvq_cuda_decodes_runs(values)) { // uniform over the block: its own loop, its own registers
+    // Thread `lane` sums the channel pairs (c, c + 1), c = 2 lane + 128 i, over the split's slots in
+    // order, each pair decoded at once (kvq_cuda_decode_pair): each channel's sum as below.
+    for (unsigned c = 2u * lane; c < d; c += 2u * KVQ_CUDA_ATTENTION_THREADS) {
+      float acc0[KVQ_FLASH_HEADS_PER_PASS], acc1[KVQ_FLASH_HEADS_PER_PASS];
+      KVQ_UNROLL
+      for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++) acc0[g] = acc1[g] = 0.0f;
+      for (unsigned i = 0; i < count; i++) {
+        if (value_seen[i] == 0u) continue;
+        const unsigned ti = first + i;
+        float v0, v1;
+        if (ti >= quantized) {
+          v0 = kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
+          v1 = kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c + 1u);
+        } else {
+          kvq_cuda_decode_pair(&io_value, values, value_block[i], value_token[i], c, v0, v1);
+        }
+        KVQ_UNROLL
+        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+          if (g < heads) {
+            const float p = prob[g][i];
+            acc0[g] += p * v0;
+            acc1[g] += p * v1;
+          }
+      }
+      KVQ_UNROLL
+      for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+        if (g < heads) {
+          const unsigned row_head = r * H + h0 + g;
+          scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, split, c))] = acc0[g];
+          scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, split, c + 1u))] = acc1[g];
+        }
+    }
+    return;
+  }
+  // Values: thread `lane` sums channels c = lane, lane + 64, ... over the split's slots, in order.
   // PolarQuant sums the page slots in its rotated space (coordinate c of y_t, kvq_polar_decode_coord)
   // and the window slots apart (kvq_flash_window_at): the combine keeps the two apart and only the
   // page part is rotated back, once per output row (kvq_cuda_rotate).
@@ -312,9 +349,9 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
       if (ti >= quantized)
         v = kvq_cuda_window_value(av, meta, value_ring, seq, ti, kvh, c);
       else if (polar)
-        v = kvq_polar_decode_coord(&io_value, value_block[i], ti % P, c, P, d, values.levels, values.level_bits, tables);
+        v = kvq_polar_decode_coord(&io_value, value_block[i], value_token[i], c, P, d, values.levels, values.level_bits, tables);
       else
-        v = kvq_cuda_decode_channel(&io_value, values, value_block[i], kvh, ti % P, c);
+        v = kvq_cuda_decode_channel(&io_value, values, value_block[i], kvh, value_token[i], c);
       KVQ_UNROLL
       for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
         if (g < heads) acc[g] += prob[g][i] * v;

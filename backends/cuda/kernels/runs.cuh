@@ -83,4 +83,30 @@ static inline __device__ void kvq_cuda_decode_run(const kvq_io *io, const kvq_cu
   }
 }
 
+// Channels c and c + 1 (c even) of token t, where kvq_cuda_decodes_runs(s): v0, v1 =
+// kvq_cuda_decode_channel(io, s, block, h, t, c) and (.., c + 1). For the value pass, where a thread
+// sums a channel pair: the pair's two fp16 / bf16 values are one word, its two codes one field of
+// 2 b bits of one word (2 b <= 16, starting at a multiple of 2 b), and UNIFORM's pair shares its
+// parameter word (G >= 4, c even).
+static inline __device__ void kvq_cuda_decode_pair(const kvq_io *io, const kvq_cuda_side &s, unsigned block, unsigned t, unsigned c,
+                                                   float &v0, float &v1) {
+  const unsigned d = s.head_dim, P = s.page_size;
+  if (s.method == KVQ_LAYOUT_EXACT) {
+    const unsigned at = (block + kvq_exact_offset(d, s.dtype, t, c)) >> 2u, w = io->page[at];
+    if (s.dtype == KVQ_LAYOUT_F32) v0 = kvq_bits_to_f32(w), v1 = kvq_bits_to_f32(io->page[at + 1u]);
+    else if (s.dtype == KVQ_LAYOUT_F16) v0 = kvq_f16_read(w & 0xffffu), v1 = kvq_f16_read(w >> 16);
+    else v0 = kvq_bf16_bits_to_f32(w), v1 = kvq_bf16_bits_to_f32(w >> 16);
+    return;
+  }
+  const unsigned b = s.bits, first = (t * d + c) * b, codes = io->page[(block >> 2u) + (first >> 5u)] >> (first & 31u);
+  const unsigned code0 = static_cast<unsigned>(kvq_kivi_code_at(codes, 0u, b)), code1 = static_cast<unsigned>(kvq_kivi_code_at(codes, 1u, b));
+  if (s.method == KVQ_LAYOUT_UNIFORM) {
+    const unsigned pw = io->page[kvq_uniform_token_params(block, t, P, d, b, s.group) + (c >> kvq_log2_pow2(s.group))];
+    v0 = kvq_uniform_read_value(pw, code0), v1 = kvq_uniform_read_value(pw, code1);
+  } else {
+    const unsigned params = kvq_kivi_token_params(block, t, P, d, b, s.group) + c;
+    v0 = kvq_uniform_read_value(io->page[params], code0), v1 = kvq_uniform_read_value(io->page[params + 1u], code1);
+  }
+}
+
 #endif // KVQ_BACKENDS_CUDA_KERNELS_RUNS_CUH
