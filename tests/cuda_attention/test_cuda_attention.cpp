@@ -614,7 +614,7 @@ static void test_flash(const fixture_case &fc) {
   const unsigned combine = c.fused_units[KVQ_PLAN_COMBINE], gx = 3u;
   float *const rotated = polar ? scratch.data() + c.fused_rotated_at : nullptr;
   if (r.ok)
-    r = kvq_emu::launch(kvq_cuda_flash_combine, dim3(gx, (combine + gx - 1u) / gx + 1u), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
+    r = kvq_emu::launch(kvq_cuda_flash_combine, dim3(gx, (combine + gx - 1u) / gx + 1u), dim3(KVQ_CUDA_COMBINE_THREADS), 0u, av, meta,
                         static_cast<const float *>(scratch.data()), output.data(), rotated);
   if (r.ok && polar)
     r = kvq_emu::launch(kvq_cuda_rotate, dim3(c.fused_units[KVQ_PLAN_ROTATE]), dim3(KVQ_CUDA_ATTENTION_THREADS), 0u, av, meta,
@@ -765,6 +765,79 @@ static void test_qjl_tables() {
   }
 }
 
+// The combine (kvq_cuda_flash_combine) over many splits, which the fixture's short sequences never
+// have (at most 2 splits): a block's 8 groups of threads then each take several splits (S = 37 with
+// groups of 4 and 5), and the groups' partial sums are added; and with one group of 64 threads, as
+// the emulated backend launches it (backends/cuda/host/attention.cuh). One sequence of n = 37 * 64 - 5 slots,
+// 3 row-heads of d = 32 (96 outputs: two blocks, the second one's lanes past the last output idle),
+// hand-made metadata (core/gpu_plan.h) and scratch: split maxima m_s in [-4, 4] with every 7th split
+// seeing no slot (-inf, skipped), sums l_s in [1, 64], outputs o_s in [-l_s, l_s]. Against the exact
+// combination out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s (double), the bound to first order
+// (u = 2^-24, D_s = M - m_s): a weight expf(fl(m_s - M)) within (D_s + 4) u of e^(m_s - M)
+// (relative: the subtraction's rounding u D_s, expf's 2 ulp), its product with l_s or o_s one more
+// rounding, and no term through more than S additions (flash.cuh: ceil(S / 8) in its group, then
+// the groups'): the numerator within sum_s w_s |o_s| (D_s + S + 5) u, the denominator within
+// sum_s w_s l_s (D_s + S + 5) u relative, so |gpu - exact| <= (N + |out| L) / den + u |out|, N and L
+// those two sums, times 1 + 2^-9 for the second-order terms. A group that kept only its last split,
+// or a partial sum left out, is off by whole terms.
+static void test_combine_many_splits(unsigned threads) {
+  const unsigned S = 37u, n = S * KVQ_FLASH_SPLIT - 5u, H = 3u, d = 32u, R = H, outputs = R * d;
+  const unsigned units = (outputs + KVQ_CUDA_ATTENTION_THREADS - 1u) / KVQ_CUDA_ATTENTION_THREADS;
+  // metadata: the header, one record, each kernel's unit table (2 words); no pages
+  std::vector<unsigned> meta(KVQ_META_RECORDS + KVQ_SEQ_WORDS + 2u * KVQ_PLAN_KERNELS, 0u);
+  meta[KVQ_META_SEQS] = 1u;
+  for (unsigned k = 0; k < KVQ_PLAN_KERNELS; k++) {
+    const unsigned table = KVQ_META_RECORDS + KVQ_SEQ_WORDS + 2u * k;
+    meta[KVQ_META_UNITS + k] = table;
+    meta[table + 1u] = k == KVQ_PLAN_COMBINE ? units : 0u;
+  }
+  unsigned *record = meta.data() + KVQ_META_RECORDS;
+  record[KVQ_SEQ_QUANTIZED] = n, record[KVQ_SEQ_QUERY_COUNT] = 1u, record[KVQ_SEQ_SCRATCH] = 0u;
+  std::vector<float> scratch(kvq_flash_out_at(R, n, d, R - 1u, S - 1u, d - 1u) + 1u, 0.0f), output = garbage(outputs);
+  uint64_t state = 0x2545f4914f6cdd1dull;
+  const auto uniform = [&state](double lo, double hi) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return static_cast<float>(lo + (hi - lo) * static_cast<double>(state >> 11) / 9007199254740992.0);
+  };
+  for (unsigned rh = 0; rh < R; rh++)
+    for (unsigned sp = 0; sp < S; sp++) {
+      const bool empty = sp % 7u == 3u;
+      const float l = uniform(1.0, 64.0);
+      scratch[kvq_flash_max_at(R, n, rh, sp)] = empty ? -INFINITY : uniform(-4.0, 4.0);
+      scratch[kvq_flash_sum_at(R, n, rh, sp)] = empty ? 0.0f : l;
+      for (unsigned c = 0; c < d; c++) scratch[kvq_flash_out_at(R, n, d, rh, sp, c)] = empty ? 0.0f : uniform(-l, l);
+    }
+  kvq_cuda_attention a = {};
+  a.side.head_dim = d, a.query_heads = H;
+  const kvq_emu::Result r = kvq_emu::launch(kvq_cuda_flash_combine, dim3(units), dim3(threads), 0u, a,
+                                            static_cast<const unsigned *>(meta.data()), static_cast<const float *>(scratch.data()),
+                                            output.data(), static_cast<float *>(nullptr));
+  size_t over = 0;
+  double worst = 0.0;
+  for (unsigned rh = 0; rh < R && r.ok; rh++) {
+    double M = -INFINITY;
+    for (unsigned sp = 0; sp < S; sp++) M = std::max(M, static_cast<double>(scratch[kvq_flash_max_at(R, n, rh, sp)]));
+    for (unsigned c = 0; c < d; c++) {
+      double num = 0.0, den = 0.0, N = 0.0, L = 0.0;
+      for (unsigned sp = 0; sp < S; sp++) {
+        const double m = scratch[kvq_flash_max_at(R, n, rh, sp)];
+        if (std::isinf(m)) continue;
+        const double w = std::exp(m - M), l = scratch[kvq_flash_sum_at(R, n, rh, sp)], o = scratch[kvq_flash_out_at(R, n, d, rh, sp, c)];
+        const double k = (M - m + S + 5.0) * u; // S additions at most, with any number of groups
+        num += w * o, den += w * l, N += w * std::fabs(o) * k, L += w * l * k;
+      }
+      const double exact = num / den, bound = ((N + std::fabs(exact) * L) / den + u * std::fabs(exact)) * (1.0 + std::ldexp(1.0, -9));
+      const double diff = std::fabs(output[rh * d + c] - exact);
+      if (!(diff <= bound)) over++;
+      worst = std::max(worst, diff / bound);
+    }
+  }
+  const std::string groups = std::to_string(threads / KVQ_CUDA_ATTENTION_THREADS);
+  std::printf("# the combine over %u splits in %s groups: largest |gpu - exact| / bound %.3g\n", S, groups.c_str(), worst);
+  check(r.ok && over == 0, "the combine over 37 splits in " + groups + " groups gives sum_s w_s o_s / sum_s w_s l_s within the derived bound",
+        r.ok ? std::to_string(over) + " of " + std::to_string(outputs) + " outputs past the bound" : r.message);
+}
+
 int main(int argc, char **argv) {
   FILE *f = argc == 2 ? std::fopen(argv[1], "rb") : nullptr;
   if (!f) {
@@ -772,6 +845,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   test_qjl_tables();
+  test_combine_many_splits(KVQ_CUDA_COMBINE_THREADS);
+  test_combine_many_splits(KVQ_CUDA_ATTENTION_THREADS);
   unsigned cases = 0;
   for (fixture_case fc; read_case(f, fc); cases++) {
     test_score(fc);

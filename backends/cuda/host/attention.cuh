@@ -201,6 +201,16 @@ kvq_status cuda_weighted_sum(kvq_backend *backend, const kvq_job_attention *job)
   return run_alone(backend, job, RUN_WEIGHTED_SUM, "weighted sum", launch_weighted_sum);
 }
 
+// The combine's block (kernels/flash.cuh): 8 groups of 64 threads sharing the splits on a GPU; one
+// group in the emulated backend (tests without a GPU), where every thread is a fiber and 512-thread
+// blocks made gpu_cuda_emulated's ThreadSanitizer run 5x slower (65 -> 353 s) for no other check:
+// tests/cuda_attention runs the combine with both, over many splits.
+#if defined(KVQ_CUDA_EMU)
+#define KVQ_CUDA_COMBINE_LAUNCH_THREADS KVQ_CUDA_ATTENTION_THREADS
+#else
+#define KVQ_CUDA_COMBINE_LAUNCH_THREADS KVQ_CUDA_COMBINE_THREADS
+#endif
+
 // ATTENTION: the fused split-token kernels (kernels/flash.cuh) where the plan takes them, one
 // kvq_cuda_flash launch (logits and value sums of every split) and one kvq_cuda_flash_combine (then
 // kvq_cuda_rotate where the values sum rotated, and with the H2O / Q-Hitter sums
@@ -236,7 +246,7 @@ kvq_status cuda_attention(kvq_backend *backend, const kvq_job_attention *job) {
   }
   if (st == KVQ_OK && run.plan.units[KVQ_PLAN_COMBINE]) {
     const cudaError_t e = KVQ_CUDA_LAUNCH(kvq_cuda_flash_combine, attention_grid(run.plan.units[KVQ_PLAN_COMBINE]),
-                                          dim3(KVQ_CUDA_ATTENTION_THREADS), 0, b->stream, values, run.meta,
+                                          dim3(KVQ_CUDA_COMBINE_LAUNCH_THREADS), 0, b->stream, values, run.meta,
                                           static_cast<const float *>(splits), at<float>(job->output), rotated);
     st = launched(b, e, "the fused attention's combine (kvq_cuda_flash_combine)");
   }

@@ -21,7 +21,7 @@
 //   kvq_cuda_flash<<<plan.units[KVQ_PLAN_FLASH], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //       a, values, meta, key_pages, key_fixed0, key_fixed1, key_ring, value_pages, value_fixed0,
 //       value_fixed1, value_ring, queries, prepared, scratch)
-//   kvq_cuda_flash_combine<<<plan.units[KVQ_PLAN_COMBINE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
+//   kvq_cuda_flash_combine<<<plan.units[KVQ_PLAN_COMBINE], KVQ_CUDA_COMBINE_THREADS (512; any multiple of 64 up to it), 0>>>(
 //       a, meta, scratch, output, rotated)    rotated = scratch + plan.rotated_at with rotated sums, else null
 //   with plan.rotated_sums only: kvq_cuda_rotate<<<plan.units[KVQ_PLAN_ROTATE], ...>>>(a, meta,
 //       value_fixed0, value_fixed1, rotated, output) (weighted_sum.cuh), a the values' constants
@@ -31,11 +31,12 @@
 //   kvq_cuda_flash_accumulate<<<plan.units[KVQ_PLAN_ACCUMULATE], KVQ_CUDA_ATTENTION_THREADS, 0>>>(
 //       a, meta, scratch, accumulate)
 // Grids: (units), or any (x, y) with x * y >= units (blocks past the last unit return); blocks of
-// KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads; no dynamic shared
-// memory (static shared memory: kvq_cuda_flash 21392 bytes as ptxas lays it out: KVQ_FLASH_HEADS_PER_PASS
-// x 64 floats of logits, then probabilities, as many of QJL's running sums, QJL's tables (16 groups
-// of 260 floats), 128 query parts and 32 outlier channels, the block reduction's two partials;
-// kvq_cuda_flash_combine none).
+// KVQ_CUDA_ATTENTION_THREADS (= KVQ_GPU_GROUP_SIZE = KVQ_FLASH_SPLIT, 64) threads but the combine's;
+// no dynamic shared memory (static shared memory: kvq_cuda_flash 22160 bytes as ptxas lays it out:
+// KVQ_FLASH_HEADS_PER_PASS x 64 floats of logits, then probabilities, as many of QJL's running sums,
+// QJL's tables (16 groups of 260 floats; the pass's queries for the other methods), 128 query parts
+// and 32 outlier channels, the block reduction's two partials, three words per slot for the values;
+// kvq_cuda_flash_combine 8 KiB: the groups' partial maxima and sums).
 //
 // kvq_cuda_flash: the logits pass and the values pass of Vulkan in one kernel (the same outputs).
 //   a          kvq_cuda_attention: side = the keys' layout, query_heads, alive_words, window_dtype, scale
@@ -67,8 +68,9 @@
 //   [rows][query_heads][head_dim]) = sum_s e^(m_s - M) o_s[c] / sum_s e^(m_s - M) l_s, M the largest
 //   m_s, splits with m_s = -inf skipped; 0 where no slot of the row is visible or the sequence has
 //   no slot (as the CPU and the unfused WEIGHTED_SUM; Vulkan's combine gives 0 / 0 for the first and
-//   writes nothing for the second). a: query_heads and side.head_dim (the values'). A thread per (r, h, c) of a
-//   sequence, c fastest (KVQ_PLAN_COMBINE: 64 per block). With `rotated` (PolarQuant values): the
+//   writes nothing for the second). a: query_heads and side.head_dim (the values'). An output (r, h, c) of a
+//   sequence per 64 threads' lane, c fastest (KVQ_PLAN_COMBINE: 64 per block), its splits shared by
+//   the block's 8 groups of 64 threads. With `rotated` (PolarQuant values): the
 //   same combination of the o_s (rotated page sums) into rotated[] and of the window sums into
 //   output[], at the output's element; kvq_cuda_rotate then turns rotated[] back and adds output[].
 //
@@ -371,27 +373,44 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
   }
 }
 
-__global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
+// The combine's block: G = blockDim.x / 64 groups of 64 threads (at most KVQ_CUDA_COMBINE_GROUPS;
+// the host launches KVQ_CUDA_COMBINE_THREADS), the same 64 outputs each (its unit of
+// KVQ_PLAN_COMBINE), group g reading splits g, g + G, ... (a thread per output reading all
+// 4096 splits at 256k tokens, one dependent round trip after another, took 1.8 ms on an H200 for
+// 64 MB: docs/BENCH.md). The partial sums are added in group order; no term goes through more
+// than S additions (ceil(S / G) in its group, then at most min(G, S) - 1 groups', the empty ones'
+// zeros exact), which is what tests/cuda_attention's bound allows the sum over the S splits.
+#define KVQ_CUDA_COMBINE_GROUPS 8u
+#define KVQ_CUDA_COMBINE_THREADS (KVQ_CUDA_COMBINE_GROUPS * KVQ_CUDA_ATTENTION_THREADS)
+__global__ void __launch_bounds__(KVQ_CUDA_COMBINE_THREADS)
     kvq_cuda_flash_combine(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ scratch,
                            float *__restrict__ output, float *__restrict__ rotated) {
+  KVQ_SHARED_2D(float, part_max, KVQ_CUDA_COMBINE_GROUPS, KVQ_CUDA_ATTENTION_THREADS);
+  KVQ_SHARED_2D(float, part_sum, KVQ_CUDA_COMBINE_GROUPS, KVQ_CUDA_ATTENTION_THREADS);
+  KVQ_SHARED_2D(float, part_out, KVQ_CUDA_COMBINE_GROUPS, KVQ_CUDA_ATTENTION_THREADS);
+  KVQ_SHARED_2D(float, part_window, KVQ_CUDA_COMBINE_GROUPS, KVQ_CUDA_ATTENTION_THREADS);
   const unsigned wg = kvq_cuda_workgroup(), seq = kvq_gpu_locate(meta, KVQ_PLAN_COMBINE, wg);
-  if (seq == meta[KVQ_META_SEQS]) return; // no barrier in this kernel
-  const unsigned id = kvq_gpu_unit(meta, KVQ_PLAN_COMBINE, seq, wg) * KVQ_CUDA_ATTENTION_THREADS + threadIdx.x;
+  if (seq == meta[KVQ_META_SEQS]) return; // uniform over the block, before any barrier
+  const unsigned lane = threadIdx.x % KVQ_CUDA_ATTENTION_THREADS, group = threadIdx.x / KVQ_CUDA_ATTENTION_THREADS;
+  const unsigned groups = blockDim.x / KVQ_CUDA_ATTENTION_THREADS;
+  const unsigned id = kvq_gpu_unit(meta, KVQ_PLAN_COMBINE, seq, wg) * KVQ_CUDA_ATTENTION_THREADS + lane;
   const unsigned d = a.side.head_dim, H = a.query_heads, n = kvq_gpu_seq_tokens(meta, seq);
   const unsigned R = kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_COUNT) * H, c = id % d, row_head = id / d;
-  if (row_head >= R) return;
-  const unsigned splits = kvq_flash_splits(n);
-  // Both loops are latency-bound (a thread reads every split's entries: 4096 at 256k tokens; 1.8 ms
-  // on an H200 when each iteration waited for its own loads, docs/BENCH.md "The first GPU run"), so
-  // eight iterations are unrolled and every entry is loaded before the test that may skip it: the
-  // flash kernel writes all of a split's entries (0 where no slot is visible). The sums are added in
-  // split order as before: the same bits.
+  const bool live = row_head < R; // not a return: the barriers below are the whole block's
+  const unsigned splits = live ? kvq_flash_splits(n) : 0u;
+  // M, the row's largest split maximum: the groups' own, then theirs (a maximum in any order). The
+  // loops are unrolled by 8 so that 8 loads are in flight; every entry is loaded before the test
+  // that may skip it (the flash kernel writes all of a split's entries, 0 where none is visible).
   float M = -INFINITY;
   KVQ_UNROLL_BY_8
-  for (unsigned s = 0; s < splits; s++) M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
+  for (unsigned s = group; s < splits; s += groups)
+    M = fmaxf(M, scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))]);
+  part_max[group][lane] = M;
+  __syncthreads();
+  for (unsigned g = 0; g < groups; g++) M = fmaxf(M, part_max[g][lane]);
   float sum = 0.0f, out = 0.0f, window = 0.0f;
   KVQ_UNROLL_BY_8
-  for (unsigned s = 0; s < splits; s++) {
+  for (unsigned s = group; s < splits; s += groups) {
     const float m = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_max_at(R, n, row_head, s))];
     const float l = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_sum_at(R, n, row_head, s))];
     const float o = scratch[kvq_cuda_flash_at(meta, seq, kvq_flash_out_at(R, n, d, row_head, s, c))];
@@ -402,6 +421,11 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS)
     out += w * o;
     if (rotated) window += w * ow;
   }
+  part_sum[group][lane] = sum, part_out[group][lane] = out, part_window[group][lane] = window;
+  __syncthreads();
+  if (group != 0u || !live) return;
+  sum = part_sum[0][lane], out = part_out[0][lane], window = part_window[0][lane];
+  for (unsigned g = 1; g < groups; g++) sum += part_sum[g][lane], out += part_out[g][lane], window += part_window[g][lane];
   const unsigned r = row_head / H, h = row_head % H;
   const size_t o = (static_cast<size_t>(kvq_gpu_seq(meta, seq, KVQ_SEQ_QUERY_FIRST) + r) * H + h) * d + c;
   if (rotated) { // the page part for kvq_cuda_rotate, which adds the window part it finds in output
