@@ -9,7 +9,12 @@
 #include "core/gpu_plan.h"
 #include "shaders/push.h"
 
-layout(local_size_x = KVQ_GPU_GROUP_SIZE) in;
+// Workgroups of KVQ_GPU_GROUP_SIZE invocations; a shader that defines KVQ_LOCAL_SIZE before including
+// this has its own (flash_combine.comp).
+#ifndef KVQ_LOCAL_SIZE
+#define KVQ_LOCAL_SIZE KVQ_GPU_GROUP_SIZE
+#endif
+layout(local_size_x = KVQ_LOCAL_SIZE) in;
 
 layout(push_constant) uniform Push { KVQ_PUSH_FIELDS(KVQ_PUSH_MEMBER) } pc;
 

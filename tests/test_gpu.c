@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/gpu_plan.h"
 #include "golden/cases.h"
 #include "golden/golden.h"
 #include "gpu_odd_sizes.h"
@@ -203,7 +204,7 @@ Test(gpu, polarquant_runs_of_several_radii_agree_with_the_cpu, .timeout = 300) {
  * sides rounding in fp32 or better: |dlogit| <= 2 * 16 u |q||k| <= 2^-18 here, with |q|, |k| <= 1
  * per channel and the scale 1/4); a probability's relative error is then at most |dlogit| for each of
  * the exp terms plus n u for the sum of n terms: (2 * 2^-18 + n * 2^-24) relative, about 0.5%. An
- * output, a convex combination of values in [-1, 1], moves by at most that relative error times
+ * output, a convex combination of values in [0, 1), moves by at most that relative error times
  * max |v| = 1, plus n u for its own sum.
  */
 Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
@@ -215,7 +216,15 @@ Test(gpu, long_sequences_agree_with_the_cpu, .timeout = 600) {
   float *probs[2] = {malloc(sizeof(float) * N), malloc(sizeof(float) * N)};
   float q[D], out[2][D];
   cr_assert(k && v && probs[0] && probs[1]);
-  for (int i = 0; i < N * D; i++) k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f, v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+  /* values in [0, 1), not centred on 0 (centred values average to about 0 whatever the weights, and
+   * hid a combine that halved its output), half of each set by its token's flash split modulo
+   * KVQ_FLASH_COMBINE_GROUPS (splits of KVQ_FLASH_SPLIT tokens, core/gpu_plan.h): a combine that
+   * drops or rescales splits, or one group of them, moves the output far past the bound */
+  for (int i = 0; i < N * D; i++) {
+    const int split = i / D / KVQ_FLASH_SPLIT;
+    k[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    v[i] = 0.5f * (float)((i * 53) % 97) / 97.0f + 0.5f * (float)(split % KVQ_FLASH_COMBINE_GROUPS) / KVQ_FLASH_COMBINE_GROUPS;
+  }
   for (int i = 0; i < D; i++) q[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
   kvq_context *ctxs[2] = {th_cpu_context(), gpu_context()};
   const int64_t qshape[3] = {1, 1, D}, sshape[3] = {1, 1, N};

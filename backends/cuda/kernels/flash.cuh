@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
 // 64 MB: docs/BENCH.md). The partial sums are added in group order; no term goes through more
 // than S additions (ceil(S / G) in its group, then at most min(G, S) - 1 groups', the empty ones'
 // zeros exact), which is what tests/cuda_attention's bound allows the sum over the S splits.
-#define KVQ_CUDA_COMBINE_GROUPS 8u
+#define KVQ_CUDA_COMBINE_GROUPS KVQ_FLASH_COMBINE_GROUPS
 #define KVQ_CUDA_COMBINE_THREADS (KVQ_CUDA_COMBINE_GROUPS * KVQ_CUDA_ATTENTION_THREADS)
 __global__ void __launch_bounds__(KVQ_CUDA_COMBINE_THREADS)
     kvq_cuda_flash_combine(const kvq_cuda_attention a, const unsigned *__restrict__ meta, const float *__restrict__ scratch,
