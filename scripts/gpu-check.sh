@@ -14,7 +14,9 @@
 #         scripts/gpu-check-pack.sh), for a GPU machine without a package registry.
 #
 # Every step has its own time limit and the whole stays under 9 minutes (GPU_CHECK_SECONDS=N: N
-# seconds, to leave a device call room for more). Exit status: 0 when every
+# seconds, to leave a device call room for more). A quicker recheck of a change: GPU_CHECK_GPU_TESTS (the
+# tests that use the GPU, space-separated), GPU_CHECK_BENCH_CASES (kvq-bench --cases, default
+# fused,append), GPU_CHECK_NCU_METHODS (kvq-bench --methods for the profile). Exit status: 0 when every
 # step that ran passed, 1 when one failed, 2 when there is no NVIDIA GPU here (nothing else is run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -173,6 +175,7 @@ if [ $built -eq 1 ]; then
   # The tests that use a real device (CUDA, and Vulkan through the NVIDIA driver) first.
   gpu_tests=(cuda gpu_cuda gpu_vulkan vulkan determinism limits threads bad_input golden attention model_bounds
              cuda_ptxas bench_quick)
+  if [ -n "${GPU_CHECK_GPU_TESTS:-}" ]; then read -ra gpu_tests <<<"$GPU_CHECK_GPU_TESTS"; fi
   step tests-gpu 150 "${meson_cmd[@]}" test -C "$build" --print-errorlogs --num-processes "$(nproc)" "${gpu_tests[@]}"
   step golden-cuda 60 "$kvq" golden --check --backend cuda
   step golden-vulkan 60 "$kvq" golden --check --backend vulkan
@@ -197,7 +200,7 @@ if [ $built -eq 1 ]; then
     bench_step=$((left < 130 ? left : 130))
     bench_limit=$((bench_step - 30))
     if [ "$bench_limit" -lt 10 ]; then bench_limit=10; fi
-    step "bench-$backend" "$bench_step" "$bench" --backend "$backend" --contexts 256k --batch 1 --cases fused,append \
+    step "bench-$backend" "$bench_step" "$bench" --backend "$backend" --contexts 256k --batch 1 --cases "${GPU_CHECK_BENCH_CASES:-fused,append}" \
       --keep-going --time-limit "$bench_limit" \
       --json "$logs/bench-$backend.json" --csv "$logs/bench-$backend.csv" --plot "$logs/bench-$backend-plots"
   done
@@ -206,12 +209,14 @@ if [ $built -eq 1 ]; then
   # PolarQuant b4222: both calls of each (a warm-up and a sample), two kernels a call, hence
   # --launch-count 12. 66 s on the H200 of 2026-11-27.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  ncu_methods=${GPU_CHECK_NCU_METHODS:-exact-f16/exact-f16,qjl-m256-k0/uniform-b2,polar-b4222}
+  ncu_launches=$((4 * $(tr ',' '\n' <<<"$ncu_methods" | grep -c .)))
   if [ -n "$ncu" ]; then
-    step ncu-fused 100 "$ncu" --clock-control none -k regex:kvq_cuda_flash --launch-count 12 --section SpeedOfLight \
+    step ncu-fused 100 "$ncu" --clock-control none -k regex:kvq_cuda_flash --launch-count "$ncu_launches" --section SpeedOfLight \
       --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section ComputeWorkloadAnalysis \
       "$bench" --backend cuda --contexts 256k --batch 1 --cases fused \
-      --methods exact-f16/exact-f16,qjl-m256-k0/uniform-b2,polar-b4222 --warmup 1 --samples 1 --copy-mb 64 --flush-mb 64
+      --methods "$ncu_methods" --warmup 1 --samples 1 --copy-mb 64 --flush-mb 64
   else
     step ncu-fused 5 sh -c 'echo "Nsight Compute (ncu) is not installed here"; exit 77'
   fi
