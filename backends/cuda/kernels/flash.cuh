@@ -228,12 +228,19 @@ __global__ void __launch_bounds__(KVQ_CUDA_ATTENTION_THREADS, KVQ_CUDA_FLASH_MIN
     const kvq_io io_value = {const_cast<unsigned *>(key_pages), nullptr, KVQ_LAYOUT_F32, key_fixed0, key_fixed1, nullptr};
     const size_t pf = kvq_cuda_prepared_floats(ks);
     if (t < quantized && ks.method == KVQ_LAYOUT_POLAR) { // against R q: kvq_polar_score's sum, each coordinate decoded once
+      // by runs of 8 rotated coordinates (kvq_polar_decode_run, as the Vulkan shaders: a level's
+      // codes and the radii read once per run, not once per coordinate and level as
+      // kvq_polar_decode_coord does; the same products in the same order, so the same floats)
       const unsigned tables = kvq_polar_tables(kvh, ks.codebook, ks.levels, ks.level_bits);
-      for (unsigned i = 0; i < d; i++) {
-        const float y = kvq_polar_decode_coord(&io_value, block, tp, i, P, d, ks.levels, ks.level_bits, tables);
+      for (unsigned c0 = 0; c0 < d; c0 += KVQ_POLAR_RUN) {
+        float y[KVQ_POLAR_RUN];
+        kvq_polar_decode_run(&io_value, block, tp, c0, P, d, ks.levels, ks.level_bits, tables, y);
         KVQ_UNROLL
-        for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
-          if (g < heads) logit[g] += KVQ_ACC(prepared[(row0 + g) * pf + i]) * KVQ_ACC(y);
+        for (unsigned j = 0; j < KVQ_POLAR_RUN; j++) {
+          KVQ_UNROLL
+          for (unsigned g = 0; g < KVQ_FLASH_HEADS_PER_PASS; g++)
+            if (g < heads) logit[g] += KVQ_ACC(prepared[(row0 + g) * pf + c0 + j]) * KVQ_ACC(y[j]);
+        }
       }
     } else if (t < quantized && ks.method == KVQ_LAYOUT_CQ) { // the prepared tables: kvq_cq_score's sum, each code read once
       for (unsigned j = 0; j < d / ks.channels; j++) {
